@@ -1,0 +1,55 @@
+//! The admin listener: `/healthz`, `/readyz`, `/metrics`.
+//!
+//! Kept off the lock API port so probes and scrapes never queue behind lock
+//! traffic, and so the API port can stay bound to loopback while the
+//! metrics port is reachable by Prometheus.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde_json::json;
+
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+
+pub type ReadyFuture = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+
+/// Something whose readiness `/readyz` reports.
+pub trait Readiness: Send + Sync + 'static {
+    fn check(&self) -> ReadyFuture;
+}
+
+pub struct AdminState {
+    pub metrics: Arc<Metrics>,
+    pub readiness: Arc<dyn Readiness>,
+}
+
+pub fn router(state: Arc<AdminState>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .fallback(|| async { ApiError::not_found("admin routes: /healthz, /readyz, /metrics") })
+        .with_state(state)
+}
+
+async fn readyz(State(state): State<Arc<AdminState>>) -> Response {
+    match state.readiness.check().await {
+        Ok(()) => Json(json!({"status": "ready"})).into_response(),
+        Err(reason) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "not_ready", reason).into_response(),
+    }
+}
+
+async fn metrics(State(state): State<Arc<AdminState>>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        state.metrics.render(),
+    )
+        .into_response()
+}

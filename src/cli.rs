@@ -1,0 +1,49 @@
+//! Command line: `fencer sidecar | gateway | dev | check-config`.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::settings::LogFormat;
+
+#[derive(Debug, Parser)]
+#[command(name = "fencer", version, about = "Distributed locks with fencing tokens, enforced at the storage")]
+pub struct Cli {
+    /// TOML configuration file; `FENCER__SECTION__FIELD` variables override it.
+    #[arg(long, short, global = true, env = "FENCER_CONFIG")]
+    pub config: Option<PathBuf>,
+
+    /// Log format (overrides `log.format`).
+    #[arg(long, global = true, value_enum)]
+    pub log_format: Option<LogFormatArg>,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum LogFormatArg {
+    Text,
+    Json,
+}
+
+impl From<LogFormatArg> for LogFormat {
+    fn from(a: LogFormatArg) -> LogFormat {
+        match a {
+            LogFormatArg::Text => LogFormat::Text,
+            LogFormatArg::Json => LogFormat::Json,
+        }
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the lock API beside an application.
+    Sidecar,
+    /// Run the storage gateway that enforces fencing tokens.
+    Gateway,
+    /// Everything in one process on embedded defaults (memory backend).
+    Dev,
+    /// Validate the configuration and print the effective settings.
+    CheckConfig,
+}

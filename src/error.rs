@@ -1,0 +1,80 @@
+//! HTTP error responses: every failure the API can report, mapped to a status
+//! and a JSON body `{"error": code, "message": text, ...}` in this one place.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Map, Value};
+
+use crate::sidecar::locks::LockError;
+
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+    pub extra: Map<String, Value>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+            extra: Map::new(),
+        }
+    }
+
+    pub fn with(mut self, field: &str, value: impl Into<Value>) -> ApiError {
+        self.extra.insert(field.to_owned(), value.into());
+        self
+    }
+
+    /// 400 `invalid_request`, naming the offending field.
+    pub fn invalid(field: &str, message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", message).with("field", field)
+    }
+
+    pub fn not_found(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut body = self.extra;
+        body.insert("error".into(), json!(self.code));
+        body.insert("message".into(), json!(self.message));
+        (self.status, axum::Json(Value::Object(body))).into_response()
+    }
+}
+
+impl From<LockError> for ApiError {
+    fn from(err: LockError) -> ApiError {
+        let message = err.to_string();
+        match err {
+            LockError::Held(key) => {
+                ApiError::new(StatusCode::CONFLICT, "lock_held", message).with("key", key.as_str())
+            }
+            LockError::LeaseLost(key) => {
+                ApiError::new(StatusCode::CONFLICT, "lease_lost", message).with("key", key.as_str())
+            }
+            LockError::NotOwner(key) => {
+                ApiError::new(StatusCode::CONFLICT, "not_owner", message).with("key", key.as_str())
+            }
+            LockError::NotFound(key) => ApiError::not_found(message).with("key", key.as_str()),
+            LockError::Backend(_) => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "backend_unavailable", message)
+            }
+            LockError::TooManyWaiters(_) => {
+                ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many_waiters", message)
+            }
+            LockError::TooManyLeases(_) => {
+                ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many_leases", message)
+            }
+            LockError::ShuttingDown => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", message)
+            }
+        }
+    }
+}

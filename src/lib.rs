@@ -1,0 +1,18 @@
+//! fencer: a distributed-lock sidecar with fencing tokens, and the storage
+//! gateway that enforces them.
+//!
+//! - [`lock`]: where locks live (Redis, memory), behind one trait;
+//! - [`sidecar`]: the application-facing lock API, wait queues, lease deadlines;
+//! - [`token`]: signed fencing tokens;
+//! - [`admin`], [`metrics`], [`telemetry`]: health, Prometheus, logs;
+//! - [`settings`]: configuration.
+
+pub mod admin;
+pub mod cli;
+pub mod error;
+pub mod lock;
+pub mod metrics;
+pub mod settings;
+pub mod sidecar;
+pub mod telemetry;
+pub mod token;

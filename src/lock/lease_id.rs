@@ -1,0 +1,64 @@
+//! Lease identifiers: the secret that proves who holds a lock.
+
+use std::fmt;
+
+use base64::Engine;
+use rand::RngCore;
+
+/// 128 random bits, base64url without padding (22 characters).
+///
+/// The lease id is the value stored in the backend's lock entry, so renew and
+/// release can be compare-and-set on it. It is a bearer credential: whoever
+/// knows it can release the lock, so it is random, not a counter.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct LeaseId(String);
+
+impl LeaseId {
+    pub fn generate() -> LeaseId {
+        let mut bytes = [0u8; 16];
+        rand::rng().fill_bytes(&mut bytes);
+        LeaseId(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes))
+    }
+
+    /// Accepts ids from clients: 1–64 characters of `[A-Za-z0-9_-]`. The
+    /// charset guarantees the id never contains the backend's separator.
+    pub fn parse(raw: &str) -> Option<LeaseId> {
+        let ok = !raw.is_empty()
+            && raw.len() <= 64
+            && raw
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        ok.then(|| LeaseId(raw.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for LeaseId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_ids_are_unique_and_parse() {
+        let a = LeaseId::generate();
+        let b = LeaseId::generate();
+        assert_ne!(a, b);
+        assert_eq!(a.as_str().len(), 22);
+        assert_eq!(LeaseId::parse(a.as_str()), Some(a));
+    }
+
+    #[test]
+    fn rejects_bad_ids() {
+        assert!(LeaseId::parse("").is_none());
+        assert!(LeaseId::parse("a b").is_none());
+        assert!(LeaseId::parse(&"a".repeat(65)).is_none());
+    }
+}

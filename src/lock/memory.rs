@@ -1,0 +1,135 @@
+//! In-process lock backend for `fencer dev` and tests.
+//!
+//! Same semantics as the real backends (idempotent acquire, per-key token
+//! counters that never reset, compare-and-set renew/release, wake on
+//! release), but nothing survives the process: not for production.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+
+use super::{Attempt, BackendError, LeaseId, LockBackend, LockKey, Ownership, WakeSink, WatchGuard};
+
+struct Entry {
+    lease: LeaseId,
+    token: u64,
+    expires: Instant,
+}
+
+#[derive(Default)]
+struct State {
+    locks: HashMap<LockKey, Entry>,
+    /// Token counters outlive their locks, as in Redis.
+    counters: HashMap<LockKey, u64>,
+}
+
+#[derive(Default)]
+pub struct MemoryBackend {
+    state: Mutex<State>,
+    wake: OnceLock<Arc<dyn WakeSink>>,
+}
+
+impl MemoryBackend {
+    pub fn new(wake: Arc<dyn WakeSink>) -> MemoryBackend {
+        let backend = MemoryBackend::default();
+        let _ = backend.wake.set(wake);
+        backend
+    }
+
+    /// Drops expired entries so a long-running dev process stays bounded.
+    fn live_entry<'a>(state: &'a mut State, key: &LockKey, now: Instant) -> Option<&'a mut Entry> {
+        if state.locks.get(key).is_some_and(|e| e.expires <= now) {
+            state.locks.remove(key);
+        }
+        state.locks.get_mut(key)
+    }
+}
+
+#[async_trait]
+impl LockBackend for MemoryBackend {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        lease: &LeaseId,
+        ttl: Duration,
+    ) -> Result<Attempt, BackendError> {
+        let now = Instant::now();
+        let mut state = self.state.lock().expect("memory backend poisoned");
+        if let Some(entry) = Self::live_entry(&mut state, key, now) {
+            if &entry.lease == lease {
+                return Ok(Attempt::Acquired { token: entry.token });
+            }
+            return Ok(Attempt::Held {
+                remaining: Some(entry.expires - now),
+            });
+        }
+        let counter = state.counters.entry(key.clone()).or_insert(0);
+        *counter += 1;
+        let token = *counter;
+        state.locks.insert(
+            key.clone(),
+            Entry {
+                lease: lease.clone(),
+                token,
+                expires: now + ttl,
+            },
+        );
+        Ok(Attempt::Acquired { token })
+    }
+
+    async fn renew(
+        &self,
+        key: &LockKey,
+        lease: &LeaseId,
+        ttl: Duration,
+    ) -> Result<Ownership, BackendError> {
+        let now = Instant::now();
+        let mut state = self.state.lock().expect("memory backend poisoned");
+        Ok(match Self::live_entry(&mut state, key, now) {
+            None => Ownership::Free,
+            Some(entry) if &entry.lease != lease => Ownership::OtherHolder,
+            Some(entry) => {
+                entry.expires = now + ttl;
+                Ownership::Owned { token: entry.token }
+            }
+        })
+    }
+
+    async fn release(&self, key: &LockKey, lease: &LeaseId) -> Result<Ownership, BackendError> {
+        let now = Instant::now();
+        let outcome = {
+            let mut state = self.state.lock().expect("memory backend poisoned");
+            match Self::live_entry(&mut state, key, now) {
+                None => Ownership::Free,
+                Some(entry) if &entry.lease != lease => Ownership::OtherHolder,
+                Some(entry) => {
+                    let token = entry.token;
+                    state.locks.remove(key);
+                    Ownership::Owned { token }
+                }
+            }
+        };
+        if matches!(outcome, Ownership::Owned { .. }) {
+            if let Some(wake) = self.wake.get() {
+                wake.released(key.as_str());
+            }
+        }
+        Ok(outcome)
+    }
+
+    async fn watch(&self, _key: &LockKey) -> WatchGuard {
+        // Releases notify the sink directly; nothing to subscribe to.
+        WatchGuard::none()
+    }
+
+    async fn ping(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
+}

@@ -1,0 +1,116 @@
+//! Lock backends: where locks and their fencing tokens actually live.
+//!
+//! Every backend implements [`LockBackend`] with the same semantics, so the
+//! sidecar's lock logic (queues, deadlines, the HTTP API) never depends on
+//! which one is configured, and one behavioural test suite covers them all.
+//!
+//! The contract each backend keeps:
+//! - `try_acquire` is atomic and **idempotent per lease id**: calling it again
+//!   with the same lease id while that lease holds the key returns the same
+//!   token instead of a second one. That lets the caller retry when it cannot
+//!   tell whether a request reached the backend.
+//! - tokens strictly increase per key and are never reset by fencer;
+//! - `renew` and `release` act only when the key is held by that lease id;
+//! - expiry is enforced by the backend's own clock, never the sidecar's;
+//! - a release wakes waiters through a [`WakeSink`] (pub/sub for Redis).
+
+pub mod key;
+pub mod lease_id;
+pub mod memory;
+pub mod redis;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+pub use key::LockKey;
+pub use lease_id::LeaseId;
+
+/// The result of one acquisition attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Attempt {
+    /// This lease now holds the key with this fencing token.
+    Acquired { token: u64 },
+    /// Someone else holds it; `remaining` is the backend's remaining TTL when
+    /// known (used to schedule the fallback re-check of waiters).
+    Held { remaining: Option<Duration> },
+}
+
+/// What a conditional operation (renew, release) found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ownership {
+    /// The lease held the key; the operation was applied. Carries the token.
+    Owned { token: u64 },
+    /// Nobody holds the key (the lease expired or was released).
+    Free,
+    /// Another lease holds the key.
+    OtherHolder,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// The backend could not be reached or did not answer in time. The
+    /// operation may or may not have been applied.
+    #[error("backend unavailable: {0}")]
+    Unavailable(String),
+    /// The backend answered something fencer does not understand.
+    #[error("unexpected backend reply: {0}")]
+    Protocol(String),
+}
+
+/// Receives release notifications from a backend. The sidecar's wait queues
+/// implement it; a backend calls it from its notification path.
+pub trait WakeSink: Send + Sync + 'static {
+    /// `key` was released: wake the first waiter for it.
+    fn released(&self, key: &str);
+    /// Notifications may have been missed (e.g. a reconnect): every queue
+    /// re-checks.
+    fn resync(&self);
+}
+
+/// Keeps release notifications for one key flowing while it lives.
+pub struct WatchGuard(#[allow(dead_code)] Option<Box<dyn Send + Sync>>);
+
+impl WatchGuard {
+    pub fn none() -> Self {
+        WatchGuard(None)
+    }
+    pub fn new(inner: impl Send + Sync + 'static) -> Self {
+        WatchGuard(Some(Box::new(inner)))
+    }
+}
+
+#[async_trait]
+pub trait LockBackend: Send + Sync + 'static {
+    /// A short stable name for metrics and logs ("memory", "redis").
+    fn name(&self) -> &'static str;
+
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        lease: &LeaseId,
+        ttl: Duration,
+    ) -> Result<Attempt, BackendError>;
+
+    /// Compare-and-extend: sets the remaining TTL to `ttl` if `lease` holds `key`.
+    async fn renew(
+        &self,
+        key: &LockKey,
+        lease: &LeaseId,
+        ttl: Duration,
+    ) -> Result<Ownership, BackendError>;
+
+    /// Compare-and-delete, then notify waiters.
+    async fn release(&self, key: &LockKey, lease: &LeaseId) -> Result<Ownership, BackendError>;
+
+    /// Subscribes to release notifications for `key` until the guard drops.
+    /// Must be in effect when it returns, so a release that happens after a
+    /// failed `try_acquire` is never missed.
+    async fn watch(&self, key: &LockKey) -> WatchGuard;
+
+    /// Cheap reachability check for `/readyz`.
+    async fn ping(&self) -> Result<(), BackendError>;
+}
+
+pub type DynBackend = Arc<dyn LockBackend>;

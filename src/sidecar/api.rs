@@ -1,0 +1,180 @@
+//! The lock API's HTTP surface (axum): routes, extraction, responses.
+//!
+//! Handlers are thin: they validate input (see [`super::request`]) and call
+//! the [`LockManager`]. Every rejection, including axum's own (bad path
+//! encoding, oversized body, unknown route), becomes the JSON error shape.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::extract::{DefaultBodyLimit, MatchedPath, Path, RawQuery, Request, State};
+use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::json;
+
+use super::locks::LockManager;
+use super::request;
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::settings::limits::MAX_BODY_BYTES;
+
+pub struct ApiState {
+    pub locks: Arc<LockManager>,
+    pub metrics: Arc<Metrics>,
+    pub default_ttl_ms: u64,
+    pub default_wait_ms: u64,
+}
+
+type St = State<Arc<ApiState>>;
+
+pub fn router(state: Arc<ApiState>) -> Router {
+    Router::new()
+        .route("/v1/locks", get(list))
+        .route("/v1/locks/{key}", get(get_one))
+        .route("/v1/locks/{key}/acquire", post(acquire))
+        .route("/v1/locks/{key}/renew", post(renew))
+        .route("/v1/locks/{key}/release", post(release))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(middleware::from_fn_with_state(state.clone(), count_requests))
+        .with_state(state)
+}
+
+async fn count_requests(State(state): St, req: Request, next: Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_else(|| "unmatched".to_owned());
+    let response = next.run(req).await;
+    state
+        .metrics
+        .http_requests
+        .with_label_values(&[route.as_str(), response.status().as_str()])
+        .inc();
+    response
+}
+
+async fn not_found() -> ApiError {
+    ApiError::not_found(
+        "no such route; the lock API is /v1/locks/{key}/acquire|renew|release (percent-encode `/` in keys)",
+    )
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "method not allowed on this route",
+    )
+}
+
+fn path_key(path: Result<Path<String>, PathRejection>) -> Result<crate::lock::LockKey, ApiError> {
+    let Path(raw) = path.map_err(|e| ApiError::invalid("key", format!("bad key in path: {e}")))?;
+    request::key(&raw)
+}
+
+fn body(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                format!("request body larger than {MAX_BODY_BYTES} bytes"),
+            )
+        } else {
+            ApiError::invalid("body", format!("cannot read body: {e}"))
+        }
+    })
+}
+
+async fn acquire(
+    State(state): St,
+    path: Result<Path<String>, PathRejection>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let key = path_key(path)?;
+    let req = request::acquire(&body(raw)?, state.default_ttl_ms, state.default_wait_ms)?;
+    let view = state.locks.acquire(key, req.ttl, req.wait, req.owner).await?;
+    Ok(Json(json!({
+        "key": view.key,
+        "token": view.token,
+        "fencing_token": view.fencing_token,
+        "lease_id": view.lease_id,
+        "ttl_ms": view.ttl_ms,
+    })))
+}
+
+async fn renew(
+    State(state): St,
+    path: Result<Path<String>, PathRejection>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let key = path_key(path)?;
+    let req = request::lease(&body(raw)?, true)?;
+    let ttl = req
+        .ttl
+        .unwrap_or(Duration::from_millis(state.default_ttl_ms));
+    let view = state.locks.renew(key, req.lease_id, ttl).await?;
+    Ok(Json(view).into_response())
+}
+
+async fn release(
+    State(state): St,
+    path: Result<Path<String>, PathRejection>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let key = path_key(path)?;
+    let req = request::lease(&body(raw)?, false)?;
+    state.locks.release(key.clone(), req.lease_id.clone()).await?;
+    Ok(Json(json!({
+        "released": true,
+        "key": key.as_str(),
+        "lease_id": req.lease_id.as_str(),
+    })))
+}
+
+async fn get_one(State(state): St, path: Result<Path<String>, PathRejection>) -> Result<Response, ApiError> {
+    let key = path_key(path)?;
+    Ok(Json(state.locks.get(&key)?).into_response())
+}
+
+const DEFAULT_LIST_LIMIT: usize = 1_000;
+const MAX_LIST_LIMIT: usize = 10_000;
+
+async fn list(State(state): St, RawQuery(query): RawQuery) -> Result<Response, ApiError> {
+    let mut limit = DEFAULT_LIST_LIMIT;
+    for pair in query.as_deref().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("limit", v)) => {
+                limit = v
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| (1..=MAX_LIST_LIMIT).contains(n))
+                    .ok_or_else(|| {
+                        ApiError::invalid("limit", format!("`limit` must be an integer between 1 and {MAX_LIST_LIMIT}"))
+                    })?;
+            }
+            _ => {
+                return Err(ApiError::invalid(
+                    "query",
+                    format!("unknown query parameter `{pair}`; allowed: limit"),
+                ))
+            }
+        }
+    }
+    let (leases, total) = state.locks.list(limit);
+    Ok(Json(json!({
+        "leases": leases,
+        "count": leases.len(),
+        "total": total,
+        "truncated": total > leases.len(),
+    }))
+    .into_response())
+}

@@ -1,0 +1,251 @@
+//! The sidecar's own record of the leases it holds, with local deadlines.
+//!
+//! The backend decides when a lock expires, by its clock. The sidecar must
+//! never believe it holds a lock the backend may already have given away, so
+//! each lease carries a *local* deadline on the monotonic clock, computed
+//! from the moment the acquire or renew request was **sent** (a late reply
+//! never extends it), shortened by the configured drift ratio and safety
+//! margin. Past that deadline the lease is lost here, whatever the backend
+//! says later.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::lock::{LeaseId, LockKey};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LostReason {
+    /// The local deadline passed without a successful renewal.
+    Deadline,
+    /// The backend said the lease no longer holds the key.
+    Backend,
+}
+
+impl LostReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LostReason::Deadline => "deadline",
+            LostReason::Backend => "backend",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub enum LeaseState {
+    Held,
+    Lost { reason: LostReason, at: Instant },
+}
+
+#[derive(Debug, Clone)]
+pub struct LeaseRecord {
+    pub key: LockKey,
+    pub lease_id: LeaseId,
+    pub token: u64,
+    pub fencing_token: String,
+    pub owner: Option<String>,
+    pub ttl: Duration,
+    pub acquired_at: Instant,
+    pub deadline: Instant,
+    pub state: LeaseState,
+}
+
+/// What the API shows of a lease.
+#[derive(Debug, Serialize)]
+pub struct LeaseView {
+    pub key: String,
+    pub token: u64,
+    pub fencing_token: String,
+    pub lease_id: String,
+    pub ttl_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    /// `held` or `lost`.
+    pub state: &'static str,
+    /// Time left before the sidecar's conservative local deadline.
+    pub remaining_ms: u64,
+    pub held_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lost_reason: Option<&'static str>,
+}
+
+impl LeaseRecord {
+    pub fn view(&self, now: Instant) -> LeaseView {
+        let (state, lost_reason) = match &self.state {
+            LeaseState::Held => ("held", None),
+            LeaseState::Lost { reason, .. } => ("lost", Some(reason.as_str())),
+        };
+        LeaseView {
+            key: self.key.as_str().to_owned(),
+            token: self.token,
+            fencing_token: self.fencing_token.clone(),
+            lease_id: self.lease_id.as_str().to_owned(),
+            ttl_ms: self.ttl.as_millis() as u64,
+            owner: self.owner.clone(),
+            state,
+            remaining_ms: match self.state {
+                LeaseState::Held => self.deadline.saturating_duration_since(now).as_millis() as u64,
+                LeaseState::Lost { .. } => 0,
+            },
+            held_ms: now.saturating_duration_since(self.acquired_at).as_millis() as u64,
+            lost_reason,
+        }
+    }
+
+    pub fn is_held(&self) -> bool {
+        matches!(self.state, LeaseState::Held)
+    }
+}
+
+/// Events the table reports so the caller can count them.
+pub struct Lost {
+    pub key: LockKey,
+    pub reason: LostReason,
+    pub held_for: Duration,
+}
+
+pub struct LeaseTable {
+    inner: Mutex<HashMap<LockKey, LeaseRecord>>,
+    drift_ratio: f64,
+    margin: Duration,
+}
+
+impl LeaseTable {
+    pub fn new(drift_ratio: f64, margin: Duration) -> LeaseTable {
+        LeaseTable {
+            inner: Mutex::new(HashMap::new()),
+            drift_ratio,
+            margin,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<LockKey, LeaseRecord>> {
+        self.inner.lock().expect("lease table poisoned")
+    }
+
+    /// The local deadline of a lease whose request was sent at `sent`.
+    pub fn deadline(&self, sent: Instant, ttl: Duration) -> Instant {
+        let safe = ttl.mul_f64(1.0 - self.drift_ratio).saturating_sub(self.margin);
+        sent + safe
+    }
+
+    /// Number of records (held and recently lost).
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Records a fresh lease. Returns the record it replaced, if that one was
+    /// still believed held (the backend gave the key to us again, so the old
+    /// lease is gone).
+    pub fn insert(&self, record: LeaseRecord) -> Option<LeaseRecord> {
+        let mut map = self.lock();
+        map.insert(record.key.clone(), record).filter(|old| old.is_held())
+    }
+
+    /// The record for `key`, with its state brought up to date.
+    pub fn get(&self, key: &LockKey, now: Instant) -> (Option<LeaseRecord>, Option<Lost>) {
+        let mut map = self.lock();
+        let Some(rec) = map.get_mut(key) else {
+            return (None, None);
+        };
+        let lost = expire(rec, now);
+        (Some(rec.clone()), lost)
+    }
+
+    /// Applies a successful renewal sent at `sent`, if `lease` is still the
+    /// current, held lease of `key`.
+    pub fn renewed(&self, key: &LockKey, lease: &LeaseId, sent: Instant, ttl: Duration) -> Option<LeaseRecord> {
+        let deadline = self.deadline(sent, ttl);
+        let mut map = self.lock();
+        let rec = map.get_mut(key).filter(|r| &r.lease_id == lease && r.is_held())?;
+        // A reply can arrive after the deadline it would extend: too late.
+        if Instant::now() >= rec.deadline {
+            return None;
+        }
+        rec.deadline = rec.deadline.max(deadline);
+        rec.ttl = ttl;
+        Some(rec.clone())
+    }
+
+    /// Marks `key`'s lease lost (if it is `lease` and still held).
+    pub fn mark_lost(&self, key: &LockKey, lease: &LeaseId, reason: LostReason) -> Option<Lost> {
+        let now = Instant::now();
+        let mut map = self.lock();
+        let rec = map.get_mut(key).filter(|r| &r.lease_id == lease && r.is_held())?;
+        rec.state = LeaseState::Lost { reason, at: now };
+        Some(Lost {
+            key: key.clone(),
+            reason,
+            held_for: now - rec.acquired_at,
+        })
+    }
+
+    /// Removes `key`'s record if it belongs to `lease`.
+    pub fn remove(&self, key: &LockKey, lease: &LeaseId) -> Option<LeaseRecord> {
+        let mut map = self.lock();
+        if map.get(key).is_some_and(|r| &r.lease_id == lease) {
+            return map.remove(key);
+        }
+        None
+    }
+
+    /// Up to `limit` records sorted by key, with states brought up to date.
+    pub fn list(&self, now: Instant, limit: usize) -> (Vec<LeaseRecord>, usize, Vec<Lost>) {
+        let mut map = self.lock();
+        let mut lost = Vec::new();
+        for rec in map.values_mut() {
+            lost.extend(expire(rec, now));
+        }
+        let total = map.len();
+        let mut recs: Vec<LeaseRecord> = map.values().cloned().collect();
+        recs.sort_by(|a, b| a.key.cmp(&b.key));
+        recs.truncate(limit);
+        (recs, total, lost)
+    }
+
+    /// Expires overdue leases and forgets lost ones older than `retention`.
+    pub fn sweep(&self, now: Instant, retention: Duration) -> (Vec<Lost>, usize) {
+        let mut map = self.lock();
+        let mut lost = Vec::new();
+        for rec in map.values_mut() {
+            lost.extend(expire(rec, now));
+        }
+        map.retain(|_, r| match r.state {
+            LeaseState::Held => true,
+            LeaseState::Lost { at, .. } => now.saturating_duration_since(at) < retention,
+        });
+        let held = map.values().filter(|r| r.is_held()).count();
+        (lost, held)
+    }
+
+    /// Every held lease, for release on shutdown.
+    pub fn drain_held(&self) -> Vec<LeaseRecord> {
+        let mut map = self.lock();
+        let held: Vec<LeaseRecord> = map.values().filter(|r| r.is_held()).cloned().collect();
+        map.clear();
+        held
+    }
+}
+
+/// Moves a held record past its deadline to lost.
+fn expire(rec: &mut LeaseRecord, now: Instant) -> Option<Lost> {
+    if rec.is_held() && now >= rec.deadline {
+        rec.state = LeaseState::Lost {
+            reason: LostReason::Deadline,
+            at: now,
+        };
+        return Some(Lost {
+            key: rec.key.clone(),
+            reason: LostReason::Deadline,
+            held_for: now - rec.acquired_at,
+        });
+    }
+    None
+}

@@ -1,0 +1,484 @@
+//! The sidecar's lock logic: acquire (with queueing), renew, release.
+//!
+//! This is where backend results become lease state. It knows nothing of
+//! HTTP; handlers call it and map [`LockError`] to responses in one place.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use rand::Rng;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::leases::{LeaseRecord, LeaseState, LeaseTable, LeaseView, Lost, LostReason};
+use super::waiters::{Wake, WaitQueues};
+use crate::lock::{Attempt, BackendError, DynBackend, LeaseId, LockKey, Ownership};
+use crate::metrics::Metrics;
+use crate::token::{Claim, Signer};
+
+/// Retries of an acquire whose outcome is unknown (same lease id, so the
+/// backend returns the same token if the first attempt went through).
+const ACQUIRE_RETRIES: u32 = 2;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    #[error("lock `{0}` is held by another lease")]
+    Held(LockKey),
+    #[error("the lease no longer holds lock `{0}`")]
+    LeaseLost(LockKey),
+    #[error("lock `{0}` is held by a different lease")]
+    NotOwner(LockKey),
+    #[error("this sidecar holds no lease on `{0}`")]
+    NotFound(LockKey),
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    #[error("too many queued waiters (limit {0})")]
+    TooManyWaiters(usize),
+    #[error("too many leases held by this sidecar (limit {0})")]
+    TooManyLeases(usize),
+    #[error("the sidecar is shutting down")]
+    ShuttingDown,
+}
+
+pub struct LockManagerConfig {
+    pub max_leases: usize,
+    pub max_fallback: Duration,
+    pub lost_retention: Duration,
+}
+
+pub struct LockManager {
+    backend: DynBackend,
+    pub(crate) leases: LeaseTable,
+    waiters: Arc<WaitQueues>,
+    signer: Signer,
+    metrics: Arc<Metrics>,
+    config: LockManagerConfig,
+    shutdown: CancellationToken,
+}
+
+enum Try {
+    Got(LeaseRecord),
+    Held(Option<Duration>),
+}
+
+impl LockManager {
+    pub fn new(
+        backend: DynBackend,
+        leases: LeaseTable,
+        waiters: Arc<WaitQueues>,
+        signer: Signer,
+        metrics: Arc<Metrics>,
+        config: LockManagerConfig,
+        shutdown: CancellationToken,
+    ) -> LockManager {
+        LockManager {
+            backend,
+            leases,
+            waiters,
+            signer,
+            metrics,
+            config,
+            shutdown,
+        }
+    }
+
+    pub fn backend(&self) -> &DynBackend {
+        &self.backend
+    }
+
+    /// Times one backend call and counts its failure.
+    async fn call<T>(
+        &self,
+        op: &'static str,
+        fut: impl std::future::Future<Output = Result<T, BackendError>>,
+    ) -> Result<T, BackendError> {
+        let started = Instant::now();
+        let result = fut.await;
+        let name = self.backend.name();
+        self.metrics
+            .backend_duration
+            .with_label_values(&[name, op])
+            .observe(started.elapsed().as_secs_f64());
+        if let Err(e) = &result {
+            self.metrics
+                .backend_errors
+                .with_label_values(&[name, op])
+                .inc();
+            tracing::warn!(backend = name, op, error = %e, "backend request failed");
+        }
+        result
+    }
+
+    fn record_lost(&self, lost: impl IntoIterator<Item = Lost>) {
+        for l in lost {
+            let group = self.metrics.groups.of(l.key.as_str());
+            self.metrics
+                .lost_leases
+                .with_label_values(&[group.as_str(), l.reason.as_str()])
+                .inc();
+            self.metrics
+                .hold_time
+                .with_label_values(&[group.as_str()])
+                .observe(l.held_for.as_secs_f64());
+            tracing::warn!(key = %l.key, reason = l.reason.as_str(), "lease lost");
+        }
+    }
+
+    /// Acquires `key`, waiting up to `wait` in this sidecar's FIFO queue.
+    pub async fn acquire(
+        &self,
+        key: LockKey,
+        ttl: Duration,
+        wait: Duration,
+        owner: Option<String>,
+    ) -> Result<LeaseView, LockError> {
+        let started = Instant::now();
+        let group = self.metrics.groups.of(key.as_str());
+        let result = self.acquire_inner(&key, ttl, wait, owner, started, &group).await;
+        let outcome = match &result {
+            Ok(_) => "acquired",
+            Err(LockError::Held(_)) => "timeout",
+            Err(_) => "error",
+        };
+        self.metrics
+            .acquisitions
+            .with_label_values(&[group.as_str(), outcome])
+            .inc();
+        self.metrics
+            .acquire_wait
+            .with_label_values(&[group.as_str(), outcome])
+            .observe(started.elapsed().as_secs_f64());
+        match &result {
+            Ok(view) => tracing::info!(
+                key = %key, token = view.token, lease_id = %view.lease_id,
+                wait_ms = started.elapsed().as_millis() as u64, "lock acquired"
+            ),
+            Err(e) => tracing::debug!(key = %key, error = %e, "lock not acquired"),
+        }
+        result
+    }
+
+    async fn acquire_inner(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        wait: Duration,
+        owner: Option<String>,
+        started: Instant,
+        group: &str,
+    ) -> Result<LeaseView, LockError> {
+        if self.shutdown.is_cancelled() {
+            return Err(LockError::ShuttingDown);
+        }
+        if self.leases.len() >= self.config.max_leases {
+            return Err(LockError::TooManyLeases(self.config.max_leases));
+        }
+        let lease = LeaseId::generate();
+        let deadline = started + wait;
+
+        // Fast path: nobody here is waiting, so trying first is fair.
+        if !self.waiters.has_waiters(key.as_str()) {
+            match self.try_once(key, &lease, ttl, &owner).await? {
+                Try::Got(rec) => return Ok(rec.view(Instant::now())),
+                Try::Held(_) if wait.is_zero() => return Err(LockError::Held(key.clone())),
+                Try::Held(_) => {}
+            }
+        } else if wait.is_zero() {
+            // Others are queued ahead of us: a try-lock does not jump them.
+            return Err(LockError::Held(key.clone()));
+        }
+
+        let ticket = self
+            .waiters
+            .enqueue(key.as_str())
+            .map_err(|e| LockError::TooManyWaiters(e.0))?;
+        let gauge = self.metrics.waiters.with_label_values(&[group]);
+        gauge.inc();
+        let _gauge_guard = scopeguard(move || gauge.dec());
+        // Subscribe before the first try under the queue, so a release
+        // between that try and our sleep cannot be missed.
+        let _watch = self.backend.watch(key).await;
+
+        let mut must_try = ticket.is_head();
+        let mut recheck_at: Option<Instant> = None;
+        loop {
+            if must_try {
+                match self.try_once(key, &lease, ttl, &owner).await? {
+                    Try::Got(rec) => {
+                        ticket.acquired(ttl);
+                        return Ok(rec.view(Instant::now()));
+                    }
+                    Try::Held(remaining) => {
+                        recheck_at = Some(Instant::now() + self.fallback_delay(remaining));
+                    }
+                }
+            }
+            must_try = false;
+            let sleep_until = recheck_at.map_or(deadline, |r| r.min(deadline));
+            tokio::select! {
+                wake = ticket.woken() => {
+                    self.metrics.waiter_wakeups.with_label_values(&[wake.cause()]).inc();
+                    match wake {
+                        Wake::PromotedBehindHolder(holder_ttl) => {
+                            recheck_at = Some(Instant::now() + self.fallback_delay(Some(holder_ttl)));
+                        }
+                        _ => must_try = true,
+                    }
+                }
+                _ = tokio::time::sleep_until(sleep_until) => {
+                    if Instant::now() >= deadline {
+                        return Err(LockError::Held(key.clone()));
+                    }
+                    // The holder's TTL ran out without a release message
+                    // (expiry publishes nothing): the one polling path.
+                    self.metrics.waiter_wakeups.with_label_values(&["fallback"]).inc();
+                    recheck_at = None;
+                    must_try = ticket.is_head();
+                }
+                _ = self.shutdown.cancelled() => return Err(LockError::ShuttingDown),
+            }
+        }
+    }
+
+    /// When to re-check a lock held for `remaining`: just after it would
+    /// expire, with jitter so sidecars do not re-check in lockstep.
+    fn fallback_delay(&self, remaining: Option<Duration>) -> Duration {
+        let base = remaining.unwrap_or(self.config.max_fallback);
+        let jitter_cap = (base / 10).clamp(Duration::from_millis(1), Duration::from_millis(50));
+        let jitter = rand::rng().random_range(Duration::ZERO..=jitter_cap);
+        (base + Duration::from_millis(1) + jitter).clamp(Duration::from_millis(5), self.config.max_fallback)
+    }
+
+    /// One acquisition attempt, retried with the same lease id when the
+    /// outcome is unknown.
+    async fn try_once(
+        &self,
+        key: &LockKey,
+        lease: &LeaseId,
+        ttl: Duration,
+        owner: &Option<String>,
+    ) -> Result<Try, LockError> {
+        // The deadline counts from the FIRST send: a retry may return the
+        // lock set by the first attempt, whose TTL started then.
+        let first_sent = Instant::now();
+        let mut attempt = 0;
+        loop {
+            match self.call("acquire", self.backend.try_acquire(key, lease, ttl)).await {
+                Ok(Attempt::Acquired { token }) => {
+                    let record = LeaseRecord {
+                        key: key.clone(),
+                        lease_id: lease.clone(),
+                        token,
+                        fencing_token: self.signer.sign(&Claim {
+                            key: key.as_str().to_owned(),
+                            token,
+                            lease_id: lease.as_str().to_owned(),
+                        }),
+                        owner: owner.clone(),
+                        ttl,
+                        acquired_at: Instant::now(),
+                        deadline: self.leases.deadline(first_sent, ttl),
+                        state: LeaseState::Held,
+                    };
+                    if let Some(old) = self.leases.insert(record.clone()) {
+                        self.record_lost([Lost {
+                            key: key.clone(),
+                            reason: LostReason::Backend,
+                            held_for: old.acquired_at.elapsed(),
+                        }]);
+                    }
+                    self.metrics.leases_held.inc();
+                    return Ok(Try::Got(record));
+                }
+                Ok(Attempt::Held { remaining }) => return Ok(Try::Held(remaining)),
+                Err(BackendError::Unavailable(_)) if attempt < ACQUIRE_RETRIES => {
+                    attempt += 1;
+                    self.metrics
+                        .acquire_retries
+                        .with_label_values(&[self.backend.name()])
+                        .inc();
+                    tokio::time::sleep(Duration::from_millis(5 * u64::from(attempt))).await;
+                }
+                Err(e) => {
+                    // The script may have run: make sure a lock nobody will
+                    // use is not left behind until its TTL.
+                    let backend = self.backend.clone();
+                    let (key, lease) = (key.clone(), lease.clone());
+                    tokio::spawn(async move {
+                        let _ = backend.release(&key, &lease).await;
+                    });
+                    return Err(e.into());
+                }
+            }
+        }
+    }
+
+    /// Classifies a failed compare-and-set for `lease` on `key`.
+    fn not_held(&self, key: &LockKey, known: bool, found: Ownership) -> LockError {
+        match found {
+            Ownership::OtherHolder if !known => LockError::NotOwner(key.clone()),
+            _ => LockError::LeaseLost(key.clone()),
+        }
+    }
+
+    pub async fn renew(&self, key: LockKey, lease: LeaseId, ttl: Duration) -> Result<LeaseView, LockError> {
+        let now = Instant::now();
+        let (record, lost) = self.leases.get(&key, now);
+        self.record_lost(lost);
+        let known = record.as_ref().is_some_and(|r| r.lease_id == lease);
+        let result = match record {
+            Some(rec) if rec.lease_id == lease && !rec.is_held() => {
+                // Lost here means lost: a renewal never revives it.
+                Err(LockError::LeaseLost(key.clone()))
+            }
+            _ => {
+                let sent = Instant::now();
+                match self.call("renew", self.backend.renew(&key, &lease, ttl)).await? {
+                    Ownership::Owned { token } => match self.leases.renewed(&key, &lease, sent, ttl) {
+                        Some(rec) => Ok(rec.view(Instant::now())),
+                        None if known => {
+                            // The reply came after our deadline.
+                            self.record_lost(self.leases.mark_lost(&key, &lease, LostReason::Deadline));
+                            Err(LockError::LeaseLost(key.clone()))
+                        }
+                        None => Ok(self.adopt(&key, &lease, token, ttl, sent)),
+                    },
+                    other => {
+                        self.record_lost(self.leases.mark_lost(&key, &lease, LostReason::Backend));
+                        Err(self.not_held(&key, known, other))
+                    }
+                }
+            }
+        };
+        let label = match &result {
+            Ok(_) => "renewed",
+            Err(LockError::LeaseLost(_)) => "lease_lost",
+            Err(LockError::NotOwner(_)) => "not_owner",
+            Err(_) => "error",
+        };
+        self.metrics.renewals.with_label_values(&[label]).inc();
+        result
+    }
+
+    /// A renewal of a lease this sidecar has no record of (e.g. it restarted
+    /// while the application kept its lease): the backend confirmed the
+    /// lease, so track it again.
+    fn adopt(&self, key: &LockKey, lease: &LeaseId, token: u64, ttl: Duration, sent: Instant) -> LeaseView {
+        let record = LeaseRecord {
+            key: key.clone(),
+            lease_id: lease.clone(),
+            token,
+            fencing_token: self.signer.sign(&Claim {
+                key: key.as_str().to_owned(),
+                token,
+                lease_id: lease.as_str().to_owned(),
+            }),
+            owner: None,
+            ttl,
+            acquired_at: sent,
+            deadline: self.leases.deadline(sent, ttl),
+            state: LeaseState::Held,
+        };
+        self.leases.insert(record.clone());
+        self.metrics.leases_held.inc();
+        tracing::info!(key = %key, token, lease_id = %lease, "lease adopted on renewal");
+        record.view(Instant::now())
+    }
+
+    pub async fn release(&self, key: LockKey, lease: LeaseId) -> Result<(), LockError> {
+        let (record, lost) = self.leases.get(&key, Instant::now());
+        self.record_lost(lost);
+        let known = record.as_ref().is_some_and(|r| r.lease_id == lease);
+        let result = self.call("release", self.backend.release(&key, &lease)).await;
+        let result = match result {
+            Ok(Ownership::Owned { .. }) => Ok(()),
+            Ok(other) => Err(self.not_held(&key, known, other)),
+            Err(e) => Err(e.into()),
+        };
+        if !matches!(result, Err(LockError::Backend(_))) || !known {
+            if let Some(rec) = self.leases.remove(&key, &lease) {
+                if rec.is_held() {
+                    self.metrics.leases_held.dec();
+                    let group = self.metrics.groups.of(key.as_str());
+                    self.metrics
+                        .hold_time
+                        .with_label_values(&[group.as_str()])
+                        .observe(rec.acquired_at.elapsed().as_secs_f64());
+                }
+            }
+        }
+        let label = match &result {
+            Ok(_) => "released",
+            Err(LockError::LeaseLost(_)) => "lease_lost",
+            Err(LockError::NotOwner(_)) => "not_owner",
+            Err(_) => "error",
+        };
+        self.metrics.releases.with_label_values(&[label]).inc();
+        if result.is_ok() {
+            tracing::info!(key = %key, lease_id = %lease, "lock released");
+        }
+        result
+    }
+
+    pub fn get(&self, key: &LockKey) -> Result<LeaseView, LockError> {
+        let now = Instant::now();
+        let (record, lost) = self.leases.get(key, now);
+        self.record_lost(lost);
+        record
+            .map(|r| r.view(now))
+            .ok_or_else(|| LockError::NotFound(key.clone()))
+    }
+
+    pub fn list(&self, limit: usize) -> (Vec<LeaseView>, usize) {
+        let now = Instant::now();
+        let (records, total, lost) = self.leases.list(now, limit);
+        self.record_lost(lost);
+        (records.iter().map(|r| r.view(now)).collect(), total)
+    }
+
+    /// Periodic bookkeeping: expire overdue leases, forget old lost ones,
+    /// keep the held gauge exact.
+    pub fn sweep(&self) {
+        let (lost, held) = self.leases.sweep(Instant::now(), self.config.lost_retention);
+        self.record_lost(lost);
+        self.metrics.leases_held.set(held as i64);
+    }
+
+    /// Releases every held lease (shutdown), each bounded by the backend
+    /// timeout, all together bounded by `limit`.
+    pub async fn release_all(&self, limit: Duration) -> (usize, usize) {
+        let held = self.leases.drain_held();
+        let total = held.len();
+        let released = std::sync::atomic::AtomicUsize::new(0);
+        let releases = futures_util::stream::iter(held)
+            .map(|rec| {
+                let backend = self.backend.clone();
+                async move { backend.release(&rec.key, &rec.lease_id).await.is_ok() }
+            })
+            .buffer_unordered(256)
+            .for_each(|ok| {
+                if ok {
+                    released.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                std::future::ready(())
+            });
+        let _ = tokio::time::timeout(limit, releases).await;
+        let released = released.into_inner();
+        self.metrics.leases_held.set(0);
+        (released, total)
+    }
+}
+
+/// Runs `f` on drop.
+fn scopeguard(f: impl FnOnce()) -> impl Drop {
+    struct Guard<F: FnOnce()>(Option<F>);
+    impl<F: FnOnce()> Drop for Guard<F> {
+        fn drop(&mut self) {
+            if let Some(f) = self.0.take() {
+                f()
+            }
+        }
+    }
+    Guard(Some(f))
+}

@@ -1,0 +1,149 @@
+//! Parsing and validating lock API request bodies.
+//!
+//! Bodies are parsed by hand from a JSON object rather than by serde derive,
+//! so that every rejection names its field and the allowed range
+//! (`ttl_ms must be an integer between 100 and 3600000`), which is what a
+//! developer in another language needs to fix the call.
+
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+
+use crate::error::ApiError;
+use crate::lock::{LeaseId, LockKey};
+use crate::settings::limits::*;
+
+pub struct AcquireRequest {
+    pub ttl: Duration,
+    pub wait: Duration,
+    pub owner: Option<String>,
+}
+
+pub struct LeaseRequest {
+    pub lease_id: LeaseId,
+    pub ttl: Option<Duration>,
+}
+
+pub fn key(raw: &str) -> Result<LockKey, ApiError> {
+    LockKey::parse(raw).map_err(|e| ApiError::invalid("key", e.to_string()))
+}
+
+/// The body as a JSON object; an empty body is `{}`.
+fn object(body: &[u8], allowed: &[&str]) -> Result<Map<String, Value>, ApiError> {
+    if body.iter().all(|b| b.is_ascii_whitespace()) {
+        return Ok(Map::new());
+    }
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid("body", format!("body is not valid JSON: {e}")))?;
+    let Value::Object(map) = value else {
+        return Err(ApiError::invalid("body", "body must be a JSON object"));
+    };
+    if let Some(unknown) = map.keys().find(|k| !allowed.contains(&k.as_str())) {
+        return Err(ApiError::invalid(
+            unknown,
+            format!(
+                "unknown field `{unknown}`; allowed fields: {}",
+                allowed.join(", ")
+            ),
+        ));
+    }
+    Ok(map)
+}
+
+fn millis(map: &Map<String, Value>, field: &str, min: u64, max: u64) -> Result<Option<Duration>, ApiError> {
+    match map.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_u64() {
+            Some(n) if (min..=max).contains(&n) => Ok(Some(Duration::from_millis(n))),
+            _ => Err(ApiError::invalid(
+                field,
+                format!("`{field}` must be an integer between {min} and {max} (milliseconds)"),
+            )),
+        },
+    }
+}
+
+pub fn acquire(body: &[u8], default_ttl_ms: u64, default_wait_ms: u64) -> Result<AcquireRequest, ApiError> {
+    let map = object(body, &["ttl_ms", "wait_ms", "owner"])?;
+    let ttl = millis(&map, "ttl_ms", MIN_TTL_MS, MAX_TTL_MS)?
+        .unwrap_or(Duration::from_millis(default_ttl_ms));
+    let wait = millis(&map, "wait_ms", 0, MAX_WAIT_MS)?
+        .unwrap_or(Duration::from_millis(default_wait_ms));
+    let owner = match map.get("owner") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) if s.len() <= MAX_OWNER_BYTES && !s.chars().any(char::is_control) => {
+            Some(s.clone())
+        }
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "owner",
+                format!("`owner` must be a string of at most {MAX_OWNER_BYTES} bytes without control characters"),
+            ))
+        }
+    };
+    Ok(AcquireRequest { ttl, wait, owner })
+}
+
+/// Renew (`lease_id`, optional `ttl_ms`) and release (`lease_id`) bodies.
+pub fn lease(body: &[u8], with_ttl: bool) -> Result<LeaseRequest, ApiError> {
+    let allowed: &[&str] = if with_ttl { &["lease_id", "ttl_ms"] } else { &["lease_id"] };
+    let map = object(body, allowed)?;
+    let lease_id = match map.get("lease_id") {
+        Some(Value::String(s)) => LeaseId::parse(s),
+        _ => None,
+    }
+    .ok_or_else(|| {
+        ApiError::invalid(
+            "lease_id",
+            "`lease_id` is required: the string returned by acquire (1-64 characters of A-Z a-z 0-9 _ -)",
+        )
+    })?;
+    let ttl = if with_ttl {
+        millis(&map, "ttl_ms", MIN_TTL_MS, MAX_TTL_MS)?
+    } else {
+        None
+    };
+    Ok(LeaseRequest { lease_id, ttl })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn field(err: ApiError) -> String {
+        err.extra["field"].as_str().unwrap().to_owned()
+    }
+
+    #[test]
+    fn acquire_defaults_and_bounds() {
+        let r = acquire(b"", 1000, 0).unwrap();
+        assert_eq!(r.ttl, Duration::from_millis(1000));
+        let r = acquire(br#"{"ttl_ms":100,"wait_ms":300000,"owner":"w1"}"#, 1000, 0).unwrap();
+        assert_eq!(r.wait, Duration::from_millis(300_000));
+        for (body, f) in [
+            (&br#"{"ttl_ms":0}"#[..], "ttl_ms"),
+            (br#"{"ttl_ms":-1}"#, "ttl_ms"),
+            (br#"{"ttl_ms":1.5}"#, "ttl_ms"),
+            (br#"{"ttl_ms":3600001}"#, "ttl_ms"),
+            (br#"{"wait_ms":300001}"#, "wait_ms"),
+            (br#"{"ttl_ms":"100"}"#, "ttl_ms"),
+            (br#"{"nope":1}"#, "nope"),
+            (br#"[1]"#, "body"),
+            (b"not json", "body"),
+        ] {
+            let err = acquire(body, 1000, 0).err().expect("must fail");
+            assert_eq!(field(err), f, "{}", String::from_utf8_lossy(body));
+        }
+        let long_owner = format!(r#"{{"owner":"{}"}}"#, "o".repeat(257));
+        assert_eq!(field(acquire(long_owner.as_bytes(), 1000, 0).err().unwrap()), "owner");
+    }
+
+    #[test]
+    fn lease_bodies() {
+        assert!(lease(br#"{"lease_id":"abc"}"#, false).is_ok());
+        assert_eq!(field(lease(br#"{}"#, false).err().unwrap()), "lease_id");
+        assert_eq!(field(lease(br#"{"lease_id":"a b"}"#, false).err().unwrap()), "lease_id");
+        assert_eq!(field(lease(br#"{"lease_id":"a","ttl_ms":5}"#, false).err().unwrap()), "ttl_ms");
+        assert_eq!(field(lease(br#"{"lease_id":"a","ttl_ms":5}"#, true).err().unwrap()), "ttl_ms");
+    }
+}

@@ -107,23 +107,48 @@ pub struct Lost {
     pub held_for: Duration,
 }
 
+#[derive(Default)]
+struct Tables {
+    current: HashMap<LockKey, LeaseRecord>,
+    /// Leases that ended here recently (released, replaced, forgotten), so
+    /// a late call with one is answered `lease_lost`, not `not_owner`.
+    retired: HashMap<LeaseId, (LockKey, Instant)>,
+}
+
+impl Tables {
+    fn retire(&mut self, rec: &LeaseRecord, now: Instant, cap: usize) {
+        if self.retired.len() < cap {
+            self.retired.insert(rec.lease_id.clone(), (rec.key.clone(), now));
+        }
+    }
+}
+
 pub struct LeaseTable {
-    inner: Mutex<HashMap<LockKey, LeaseRecord>>,
+    inner: Mutex<Tables>,
+    retired_cap: usize,
     drift_ratio: f64,
     margin: Duration,
 }
 
 impl LeaseTable {
-    pub fn new(drift_ratio: f64, margin: Duration) -> LeaseTable {
+    pub fn new(drift_ratio: f64, margin: Duration, max_leases: usize) -> LeaseTable {
         LeaseTable {
-            inner: Mutex::new(HashMap::new()),
+            inner: Mutex::new(Tables::default()),
+            retired_cap: max_leases,
             drift_ratio,
             margin,
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<LockKey, LeaseRecord>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Tables> {
         self.inner.lock().expect("lease table poisoned")
+    }
+
+    /// Whether `lease` held `key` here: now, or recently.
+    pub fn knows(&self, key: &LockKey, lease: &LeaseId) -> bool {
+        let t = self.lock();
+        t.current.get(key).is_some_and(|r| &r.lease_id == lease)
+            || t.retired.get(lease).is_some_and(|(k, _)| k == key)
     }
 
     /// The local deadline of a lease whose request was sent at `sent`.
@@ -134,7 +159,7 @@ impl LeaseTable {
 
     /// Number of records (held and recently lost).
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().current.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -145,14 +170,16 @@ impl LeaseTable {
     /// still believed held (the backend gave the key to us again, so the old
     /// lease is gone).
     pub fn insert(&self, record: LeaseRecord) -> Option<LeaseRecord> {
-        let mut map = self.lock();
-        map.insert(record.key.clone(), record).filter(|old| old.is_held())
+        let mut t = self.lock();
+        let old = t.current.insert(record.key.clone(), record)?;
+        t.retire(&old, Instant::now(), self.retired_cap);
+        old.is_held().then_some(old)
     }
 
     /// The record for `key`, with its state brought up to date.
     pub fn get(&self, key: &LockKey, now: Instant) -> (Option<LeaseRecord>, Option<Lost>) {
-        let mut map = self.lock();
-        let Some(rec) = map.get_mut(key) else {
+        let mut t = self.lock();
+        let Some(rec) = t.current.get_mut(key) else {
             return (None, None);
         };
         let lost = expire(rec, now);
@@ -163,8 +190,8 @@ impl LeaseTable {
     /// current, held lease of `key`.
     pub fn renewed(&self, key: &LockKey, lease: &LeaseId, sent: Instant, ttl: Duration) -> Option<LeaseRecord> {
         let deadline = self.deadline(sent, ttl);
-        let mut map = self.lock();
-        let rec = map.get_mut(key).filter(|r| &r.lease_id == lease && r.is_held())?;
+        let mut t = self.lock();
+        let rec = t.current.get_mut(key).filter(|r| &r.lease_id == lease && r.is_held())?;
         // A reply can arrive after the deadline it would extend: too late.
         if Instant::now() >= rec.deadline {
             return None;
@@ -177,8 +204,8 @@ impl LeaseTable {
     /// Marks `key`'s lease lost (if it is `lease` and still held).
     pub fn mark_lost(&self, key: &LockKey, lease: &LeaseId, reason: LostReason) -> Option<Lost> {
         let now = Instant::now();
-        let mut map = self.lock();
-        let rec = map.get_mut(key).filter(|r| &r.lease_id == lease && r.is_held())?;
+        let mut t = self.lock();
+        let rec = t.current.get_mut(key).filter(|r| &r.lease_id == lease && r.is_held())?;
         rec.state = LeaseState::Lost { reason, at: now };
         Some(Lost {
             key: key.clone(),
@@ -189,22 +216,24 @@ impl LeaseTable {
 
     /// Removes `key`'s record if it belongs to `lease`.
     pub fn remove(&self, key: &LockKey, lease: &LeaseId) -> Option<LeaseRecord> {
-        let mut map = self.lock();
-        if map.get(key).is_some_and(|r| &r.lease_id == lease) {
-            return map.remove(key);
+        let mut t = self.lock();
+        if t.current.get(key).is_some_and(|r| &r.lease_id == lease) {
+            let rec = t.current.remove(key)?;
+            t.retire(&rec, Instant::now(), self.retired_cap);
+            return Some(rec);
         }
         None
     }
 
     /// Up to `limit` records sorted by key, with states brought up to date.
     pub fn list(&self, now: Instant, limit: usize) -> (Vec<LeaseRecord>, usize, Vec<Lost>) {
-        let mut map = self.lock();
+        let mut t = self.lock();
         let mut lost = Vec::new();
-        for rec in map.values_mut() {
+        for rec in t.current.values_mut() {
             lost.extend(expire(rec, now));
         }
-        let total = map.len();
-        let mut recs: Vec<LeaseRecord> = map.values().cloned().collect();
+        let total = t.current.len();
+        let mut recs: Vec<LeaseRecord> = t.current.values().cloned().collect();
         recs.sort_by(|a, b| a.key.cmp(&b.key));
         recs.truncate(limit);
         (recs, total, lost)
@@ -212,24 +241,36 @@ impl LeaseTable {
 
     /// Expires overdue leases and forgets lost ones older than `retention`.
     pub fn sweep(&self, now: Instant, retention: Duration) -> (Vec<Lost>, usize) {
-        let mut map = self.lock();
+        let mut t = self.lock();
         let mut lost = Vec::new();
-        for rec in map.values_mut() {
+        for rec in t.current.values_mut() {
             lost.extend(expire(rec, now));
         }
-        map.retain(|_, r| match r.state {
-            LeaseState::Held => true,
-            LeaseState::Lost { at, .. } => now.saturating_duration_since(at) < retention,
-        });
-        let held = map.values().filter(|r| r.is_held()).count();
+        let forgotten: Vec<LockKey> = t
+            .current
+            .values()
+            .filter(|r| match r.state {
+                LeaseState::Held => false,
+                LeaseState::Lost { at, .. } => now.saturating_duration_since(at) >= retention,
+            })
+            .map(|r| r.key.clone())
+            .collect();
+        for key in forgotten {
+            if let Some(rec) = t.current.remove(&key) {
+                t.retire(&rec, now, self.retired_cap);
+            }
+        }
+        t.retired
+            .retain(|_, (_, at)| now.saturating_duration_since(*at) < retention);
+        let held = t.current.values().filter(|r| r.is_held()).count();
         (lost, held)
     }
 
     /// Every held lease, for release on shutdown.
     pub fn drain_held(&self) -> Vec<LeaseRecord> {
-        let mut map = self.lock();
-        let held: Vec<LeaseRecord> = map.values().filter(|r| r.is_held()).cloned().collect();
-        map.clear();
+        let mut t = self.lock();
+        let held: Vec<LeaseRecord> = t.current.values().filter(|r| r.is_held()).cloned().collect();
+        t.current.clear();
         held
     }
 }

@@ -326,7 +326,7 @@ impl LockManager {
         let now = Instant::now();
         let (record, lost) = self.leases.get(&key, now);
         self.record_lost(lost);
-        let known = record.as_ref().is_some_and(|r| r.lease_id == lease);
+        let known = self.leases.knows(&key, &lease);
         let result = match record {
             Some(rec) if rec.lease_id == lease && !rec.is_held() => {
                 // Lost here means lost: a renewal never revives it.
@@ -387,16 +387,18 @@ impl LockManager {
     }
 
     pub async fn release(&self, key: LockKey, lease: LeaseId) -> Result<(), LockError> {
-        let (record, lost) = self.leases.get(&key, Instant::now());
+        let (_, lost) = self.leases.get(&key, Instant::now());
         self.record_lost(lost);
-        let known = record.as_ref().is_some_and(|r| r.lease_id == lease);
+        let known = self.leases.knows(&key, &lease);
         let result = self.call("release", self.backend.release(&key, &lease)).await;
         let result = match result {
             Ok(Ownership::Owned { .. }) => Ok(()),
             Ok(other) => Err(self.not_held(&key, known, other)),
             Err(e) => Err(e.into()),
         };
-        if !matches!(result, Err(LockError::Backend(_))) || !known {
+        // On a backend error the lease may still hold: keep it so the
+        // application can retry the release.
+        if !matches!(result, Err(LockError::Backend(_))) {
             if let Some(rec) = self.leases.remove(&key, &lease) {
                 if rec.is_held() {
                     self.metrics.leases_held.dec();

@@ -94,7 +94,11 @@ impl Sidecar {
         let waiters = Arc::new(WaitQueues::new(s.max_waiters));
         let backend = build_backend(&settings, waiters.clone())?;
         let metrics = Arc::new(Metrics::new(&settings.metrics, backend.name()));
-        let leases = LeaseTable::new(s.clock_drift_ratio, Duration::from_millis(s.safety_margin_ms));
+        let leases = LeaseTable::new(
+            s.clock_drift_ratio,
+            Duration::from_millis(s.safety_margin_ms),
+            s.max_leases,
+        );
         let locks = Arc::new(LockManager::new(
             backend,
             leases,

@@ -1,0 +1,540 @@
+//! Test harness: real services the tests start and own.
+//!
+//! Every test starts its own `redis-server` (free port, temp dir, no shared
+//! state with the machine's instance) and its own `fencer` processes, so
+//! tests are isolated and can kill, pause and restart what they started.
+
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+pub const SECRET: &str = "test-secret-0123456789-abcdefghijklmnopqrstuvwxyz";
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if f() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("timed out waiting for {what}");
+}
+
+fn signal(pid: u32, sig: i32) {
+    unsafe {
+        libc::kill(pid as i32, sig);
+    }
+}
+
+// ---------------------------------------------------------------- Redis
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Persistence {
+    /// `--save '' --appendonly no`: a restart loses everything.
+    Off,
+    /// AOF with `appendfsync always`: a restart (even after SIGKILL) keeps
+    /// every acknowledged write.
+    Aof,
+}
+
+pub struct RedisServer {
+    pub port: u16,
+    dir: tempfile::TempDir,
+    persistence: Persistence,
+    child: Option<Child>,
+}
+
+impl RedisServer {
+    pub fn start(persistence: Persistence) -> RedisServer {
+        let mut server = RedisServer {
+            port: free_port(),
+            dir: tempfile::tempdir().unwrap(),
+            persistence,
+            child: None,
+        };
+        server.spawn();
+        server
+    }
+
+    fn spawn(&mut self) {
+        let mut cmd = Command::new("redis-server");
+        cmd.arg("--port")
+            .arg(self.port.to_string())
+            .arg("--bind")
+            .arg("127.0.0.1")
+            .arg("--save")
+            .arg("")
+            .arg("--dir")
+            .arg(self.dir.path())
+            .arg("--logfile")
+            .arg(self.dir.path().join("redis.log"));
+        match self.persistence {
+            Persistence::Off => cmd.args(["--appendonly", "no"]),
+            Persistence::Aof => cmd.args(["--appendonly", "yes", "--appendfsync", "always"]),
+        };
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed (see README)");
+        self.child = Some(child);
+        let url = self.url();
+        wait_until("redis to start", Duration::from_secs(10), || {
+            redis::Client::open(url.as_str())
+                .and_then(|c| c.get_connection())
+                .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+                .is_ok()
+        });
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    pub fn conn(&self) -> redis::Connection {
+        redis::Client::open(self.url())
+            .unwrap()
+            .get_connection_with_timeout(Duration::from_secs(5))
+            .unwrap()
+    }
+
+    /// SIGKILL: no shutdown save, no goodbye to clients.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts again on the same port and data directory.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    pub fn pause(&self) {
+        signal(self.pid(), libc::SIGSTOP);
+    }
+
+    pub fn resume(&self) {
+        signal(self.pid(), libc::SIGCONT);
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        if let Some(child) = &self.child {
+            signal(child.id(), libc::SIGCONT);
+        }
+        self.kill();
+    }
+}
+
+// ---------------------------------------------------------------- fencer
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Memory,
+    Redis,
+}
+
+pub struct Fencer {
+    pub api: String,
+    pub admin: String,
+    pub api_port: u16,
+    pub admin_port: u16,
+    env: Vec<(String, String)>,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+    child: Option<Child>,
+    pub http: reqwest::Client,
+}
+
+pub struct Resp {
+    pub status: u16,
+    pub body: Value,
+}
+
+impl Resp {
+    pub fn code(&self) -> &str {
+        self.body["error"].as_str().unwrap_or("")
+    }
+    pub fn token(&self) -> u64 {
+        self.body["token"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no token in {} {}", self.status, self.body))
+    }
+    pub fn lease(&self) -> String {
+        self.body["lease_id"].as_str().unwrap().to_owned()
+    }
+}
+
+impl Fencer {
+    /// Starts `fencer sidecar` with the given backend and extra settings
+    /// (`("sidecar.default_ttl_ms", "500")` → `FENCER__SIDECAR__DEFAULT_TTL_MS`).
+    pub fn sidecar(backend: Backend, redis: Option<&str>, extra: &[(&str, &str)]) -> Fencer {
+        let mut env: Vec<(String, String)> = vec![
+            (
+                "backend.kind".into(),
+                match backend {
+                    Backend::Memory => "memory".into(),
+                    Backend::Redis => "redis".into(),
+                },
+            ),
+            ("signing.secret_env".into(), "FENCER_TEST_SECRET".into()),
+            ("log.level".into(), "fencer=debug,info".into()),
+        ];
+        if let Some(url) = redis {
+            env.push(("backend.redis.url".into(), url.into()));
+        }
+        for (k, v) in extra {
+            env.push(((*k).into(), (*v).into()));
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let api_port = free_port();
+        let admin_port = free_port();
+        let mut f = Fencer {
+            api: format!("http://127.0.0.1:{api_port}"),
+            admin: format!("http://127.0.0.1:{admin_port}"),
+            api_port,
+            admin_port,
+            env,
+            log: dir.path().join("fencer.log"),
+            _dir: dir,
+            child: None,
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(30))
+                .pool_max_idle_per_host(64)
+                .build()
+                .unwrap(),
+        };
+        f.spawn();
+        f
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_fencer"));
+        cmd.arg("sidecar")
+            .env_remove("RUST_LOG")
+            .env("FENCER_TEST_SECRET", SECRET)
+            .env("FENCER__SIDECAR__LISTEN", format!("127.0.0.1:{}", self.api_port))
+            .env("FENCER__ADMIN__LISTEN", format!("127.0.0.1:{}", self.admin_port))
+            .stdout(Stdio::null())
+            .stderr(log);
+        for (k, v) in &self.env {
+            cmd.env(format!("FENCER__{}", k.replace('.', "__").to_uppercase()), v);
+        }
+        self.child = Some(cmd.spawn().unwrap());
+        let health = format!("{}/healthz", self.admin);
+        let log = self.log.clone();
+        let child = self.child.as_mut().unwrap();
+        let start = Instant::now();
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!(
+                    "fencer exited with {status}: {}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+            }
+            if http_get_ok(&health) {
+                break;
+            }
+            assert!(start.elapsed() < Duration::from_secs(10), "fencer did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    /// SIGTERM and wait; returns the exit code.
+    pub fn terminate(&mut self) -> Option<i32> {
+        let mut child = self.child.take()?;
+        signal(child.id(), libc::SIGTERM);
+        let start = Instant::now();
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status.code();
+            }
+            if start.elapsed() > Duration::from_secs(15) {
+                let _ = child.kill();
+                panic!("fencer did not exit after SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub fn restart(&mut self) {
+        self.terminate();
+        self.spawn();
+    }
+
+    pub async fn post(&self, path: &str, body: Value) -> Resp {
+        self.post_raw(path, body.to_string().into_bytes()).await
+    }
+
+    pub async fn post_raw(&self, path: &str, body: Vec<u8>) -> Resp {
+        let r = self
+            .http
+            .post(format!("{}{}", self.api, path))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .expect("request failed");
+        let status = r.status().as_u16();
+        let text = r.text().await.unwrap();
+        let body = serde_json::from_str(&text)
+            .unwrap_or_else(|_| panic!("non-JSON response {status}: {text:?}"));
+        Resp { status, body }
+    }
+
+    pub async fn get(&self, path: &str) -> Resp {
+        let r = self
+            .http
+            .get(format!("{}{}", self.api, path))
+            .send()
+            .await
+            .expect("request failed");
+        let status = r.status().as_u16();
+        let body = r.json().await.unwrap();
+        Resp { status, body }
+    }
+
+    pub fn path(key: &str, op: &str) -> String {
+        let enc = percent_encode(key);
+        if op.is_empty() {
+            format!("/v1/locks/{enc}")
+        } else {
+            format!("/v1/locks/{enc}/{op}")
+        }
+    }
+
+    pub async fn acquire(&self, key: &str, ttl_ms: u64, wait_ms: u64) -> Resp {
+        self.post(
+            &Self::path(key, "acquire"),
+            json!({"ttl_ms": ttl_ms, "wait_ms": wait_ms}),
+        )
+        .await
+    }
+
+    pub async fn release(&self, key: &str, lease: &str) -> Resp {
+        self.post(&Self::path(key, "release"), json!({ "lease_id": lease }))
+            .await
+    }
+
+    pub async fn renew(&self, key: &str, lease: &str, ttl_ms: u64) -> Resp {
+        self.post(
+            &Self::path(key, "renew"),
+            json!({ "lease_id": lease, "ttl_ms": ttl_ms }),
+        )
+        .await
+    }
+
+    pub async fn metrics(&self) -> String {
+        self.http
+            .get(format!("{}/metrics", self.admin))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
+    /// Sum of every sample of `name` whose labels contain all of `labels`.
+    pub async fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        metric_sum(&self.metrics().await, name, labels)
+    }
+}
+
+impl Drop for Fencer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+pub fn metric_sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| {
+            let metric = l.split([' ', '{']).next().unwrap_or("");
+            metric == name
+        })
+        .filter(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+pub fn percent_encode(key: &str) -> String {
+    let mut out = String::new();
+    for b in key.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~:".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+fn http_get_ok(url: &str) -> bool {
+    let Some(rest) = url.strip_prefix("http://") else {
+        return false;
+    };
+    let (host, path) = rest.split_once('/').unwrap();
+    let Ok(mut s) = TcpStream::connect(host) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    let req = format!("GET /{path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    if s.write_all(req.as_bytes()).is_err() {
+        return false;
+    }
+    let mut buf = String::new();
+    let _ = s.read_to_string(&mut buf);
+    buf.starts_with("HTTP/1.1 200")
+}
+
+// ---------------------------------------------------------------- faults
+
+/// A TCP proxy in front of Redis that can swallow the reply to the next
+/// script call and cut the connection: the sidecar then cannot know whether
+/// its acquire ran.
+pub struct FaultProxy {
+    pub port: u16,
+    drop_next_script_reply: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+}
+
+impl FaultProxy {
+    pub fn start(upstream_port: u16) -> FaultProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let drop_flag = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (d, st) = (drop_flag.clone(), stop.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                if st.load(Ordering::SeqCst) {
+                    return;
+                }
+                let Ok(client) = client else { continue };
+                let Ok(server) = TcpStream::connect(("127.0.0.1", upstream_port)) else {
+                    continue;
+                };
+                let armed = Arc::new(AtomicBool::new(false));
+                // client -> server: arm when a script call passes while the
+                // fault is requested.
+                {
+                    let (mut c, mut s) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                    let (d, armed) = (d.clone(), armed.clone());
+                    std::thread::spawn(move || {
+                        let mut buf = [0u8; 65536];
+                        loop {
+                            let n = match c.read(&mut buf) {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => n,
+                            };
+                            let chunk = &buf[..n];
+                            if d.load(Ordering::SeqCst)
+                                && chunk.windows(7).any(|w| w.eq_ignore_ascii_case(b"EVALSHA"))
+                            {
+                                d.store(false, Ordering::SeqCst);
+                                armed.store(true, Ordering::SeqCst);
+                            }
+                            if s.write_all(chunk).is_err() {
+                                break;
+                            }
+                        }
+                        let _ = s.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+                // server -> client: when armed, swallow the reply and cut.
+                {
+                    let (mut c, mut s) = (client, server);
+                    std::thread::spawn(move || {
+                        let mut buf = [0u8; 65536];
+                        loop {
+                            let n = match s.read(&mut buf) {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => n,
+                            };
+                            if armed.load(Ordering::SeqCst) {
+                                let _ = c.shutdown(std::net::Shutdown::Both);
+                                let _ = s.shutdown(std::net::Shutdown::Both);
+                                break;
+                            }
+                            if c.write_all(&buf[..n]).is_err() {
+                                break;
+                            }
+                        }
+                        let _ = c.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        FaultProxy {
+            port,
+            drop_next_script_reply: drop_flag,
+            stop,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    pub fn drop_next_script_reply(&self) {
+        self.drop_next_script_reply.store(true, Ordering::SeqCst);
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect(("127.0.0.1", self.port));
+    }
+}

@@ -1,0 +1,320 @@
+//! The behavioural suite every lock backend must pass.
+//!
+//! Each scenario is a plain async function taking a [`Backend`]; the
+//! `suite!` macro at the bottom instantiates all of them once per backend,
+//! so a new backend plugs in with one line.
+
+mod common;
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use redis::Commands;
+use serde_json::json;
+
+/// A sidecar on `backend`, plus a Redis the test owns (the lock backend when
+/// `backend` is Redis; otherwise just the shared data store of the test).
+struct Harness {
+    redis: RedisServer,
+    sidecar: Fencer,
+}
+
+fn harness(backend: Backend, extra: &[(&str, &str)]) -> Harness {
+    let redis = RedisServer::start(Persistence::Off);
+    let url = redis.url();
+    let sidecar = Fencer::sidecar(backend, Some(&url), extra);
+    Harness { redis, sidecar }
+}
+
+/// 32 clients × 50 rounds of lock → GET → +1 → SET → release on one key:
+/// with mutual exclusion no increment is lost, and the tokens, in the order
+/// the critical sections ran, strictly increase.
+async fn mutual_exclusion(backend: Backend) {
+    let h = harness(backend, &[]);
+    let sidecar = Arc::new(h.sidecar);
+    let data = redis::Client::open(h.redis.url()).unwrap();
+    const CLIENTS: usize = 32;
+    const ROUNDS: usize = 50;
+    let mut tasks = Vec::new();
+    for _ in 0..CLIENTS {
+        let sidecar = sidecar.clone();
+        let data = data.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut conn = data.get_multiplexed_async_connection().await.unwrap();
+            let mut seen = Vec::new();
+            for _ in 0..ROUNDS {
+                let r = sidecar.acquire("bank:hot", 10_000, 60_000).await;
+                assert_eq!(r.status, 200, "{}", r.body);
+                // A deliberately non-atomic read-modify-write.
+                let v: Option<u64> = redis::cmd("GET").arg("data:counter").query_async(&mut conn).await.unwrap();
+                let v = v.unwrap_or(0);
+                tokio::task::yield_now().await;
+                let _: () = redis::cmd("SET").arg("data:counter").arg(v + 1).query_async(&mut conn).await.unwrap();
+                seen.push((v, r.token()));
+                let rel = sidecar.release("bank:hot", &r.lease()).await;
+                assert_eq!(rel.status, 200, "{}", rel.body);
+            }
+            seen
+        }));
+    }
+    let mut by_order = BTreeMap::new();
+    for t in tasks {
+        for (v, tok) in t.await.unwrap() {
+            assert!(by_order.insert(v, tok).is_none(), "two critical sections read {v}");
+        }
+    }
+    let mut conn = h.redis.conn();
+    let total: u64 = conn.get("data:counter").unwrap();
+    assert_eq!(total, (CLIENTS * ROUNDS) as u64, "lost updates");
+    let tokens: Vec<u64> = by_order.values().copied().collect();
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "tokens out of order: {tokens:?}");
+}
+
+/// 1 000 acquisitions: strictly increasing tokens.
+async fn tokens_strictly_increase(backend: Backend) {
+    let h = harness(backend, &[]);
+    let mut last = 0;
+    for _ in 0..1000 {
+        let r = h.sidecar.acquire("seq:1", 5_000, 0).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert!(r.token() > last, "{} after {last}", r.token());
+        last = r.token();
+        assert_eq!(h.sidecar.release("seq:1", &r.lease()).await.status, 200);
+    }
+    // Tokens are per key: another key has its own sequence, unaffected.
+    let other = h.sidecar.acquire("seq:2", 5_000, 0).await;
+    assert_eq!(other.status, 200);
+}
+
+async fn other_lease_cannot_release_or_renew(backend: Backend) {
+    let h = harness(backend, &[]);
+    let a = h.sidecar.acquire("acct:1", 10_000, 0).await;
+    assert_eq!(a.status, 200);
+    // A lease id that never held the key.
+    let stranger = "AAAAAAAAAAAAAAAAAAAAAA";
+    let r = h.sidecar.release("acct:1", stranger).await;
+    assert_eq!((r.status, r.code()), (409, "not_owner"), "{}", r.body);
+    let r = h.sidecar.renew("acct:1", stranger, 10_000).await;
+    assert_eq!((r.status, r.code()), (409, "not_owner"), "{}", r.body);
+    // Another holder's lease id from a different key.
+    let b = h.sidecar.acquire("acct:2", 10_000, 0).await;
+    let r = h.sidecar.release("acct:1", &b.lease()).await;
+    assert_eq!(r.status, 409, "{}", r.body);
+    // Still held by a.
+    let again = h.sidecar.acquire("acct:1", 10_000, 0).await;
+    assert_eq!((again.status, again.code()), (409, "lock_held"));
+    let view = h.sidecar.get(&Fencer::path("acct:1", "")).await;
+    assert_eq!(view.body["state"], "held");
+    assert_eq!(view.body["lease_id"], a.lease().as_str());
+    assert_eq!(h.sidecar.release("acct:1", &a.lease()).await.status, 200);
+    // Released: a second release is lease_lost.
+    let r = h.sidecar.release("acct:1", &a.lease()).await;
+    assert_eq!((r.status, r.code()), (409, "lease_lost"), "{}", r.body);
+}
+
+async fn expired_lease_release_is_lease_lost(backend: Backend) {
+    let h = harness(backend, &[]);
+    let a = h.sidecar.acquire("exp:1", 150, 0).await;
+    assert_eq!(a.status, 200);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let r = h.sidecar.release("exp:1", &a.lease()).await;
+    assert_eq!((r.status, r.code()), (409, "lease_lost"), "{}", r.body);
+    let r = h.sidecar.renew("exp:1", &a.lease(), 1000).await;
+    assert_eq!((r.status, r.code()), (409, "lease_lost"), "{}", r.body);
+}
+
+async fn ttl_expiry_lets_next_in_and_renew_extends(backend: Backend) {
+    let h = harness(backend, &[]);
+    let a = h.sidecar.acquire("ttl:1", 300, 0).await;
+    assert_eq!(a.status, 200);
+    // Renew twice past the original TTL: still held.
+    for _ in 0..2 {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let r = h.sidecar.renew("ttl:1", &a.lease(), 300).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(r.body["state"], "held");
+        assert_eq!(r.token(), a.token());
+    }
+    let blocked = h.sidecar.acquire("ttl:1", 300, 0).await;
+    assert_eq!(blocked.code(), "lock_held");
+    // Stop renewing: a waiter gets in once the TTL runs out, with a higher token.
+    let b = h.sidecar.acquire("ttl:1", 300, 5_000).await;
+    assert_eq!(b.status, 200, "{}", b.body);
+    assert!(b.token() > a.token());
+    // The local view of the old lease says lost.
+    let r = h.sidecar.renew("ttl:1", &a.lease(), 300).await;
+    assert_eq!(r.code(), "lease_lost");
+}
+
+/// A blocked waiter is woken by the release, not by its fallback timer.
+async fn waiter_woken_by_release(backend: Backend) {
+    let h = harness(backend, &[]);
+    let a = h.sidecar.acquire("wake:1", 30_000, 0).await;
+    assert_eq!(a.status, 200);
+    let sidecar = Arc::new(h.sidecar);
+    let s2 = sidecar.clone();
+    let waiter = tokio::spawn(async move { s2.acquire("wake:1", 30_000, 20_000).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished());
+    assert_eq!(sidecar.release("wake:1", &a.lease()).await.status, 200);
+    let b = waiter.await.unwrap();
+    assert_eq!(b.status, 200, "{}", b.body);
+    assert!(b.token() > a.token());
+    let fallback = sidecar.metric("fencer_waiter_wakeups_total", &[("cause", "fallback")]).await;
+    assert_eq!(fallback, 0.0, "the waiter polled instead of being woken");
+}
+
+/// Waiters of one sidecar are served in arrival order.
+async fn waiters_are_fifo(backend: Backend) {
+    let h = harness(backend, &[]);
+    let sidecar = Arc::new(h.sidecar);
+    let first = sidecar.acquire("fifo:1", 30_000, 0).await;
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..5 {
+        let (s, order) = (sidecar.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let r = s.acquire("fifo:1", 30_000, 20_000).await;
+            assert_eq!(r.status, 200, "{}", r.body);
+            order.lock().unwrap().push(i);
+            s.release("fifo:1", &r.lease()).await;
+        }));
+        // Let each waiter join the queue before the next one.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    sidecar.release("fifo:1", &first.lease()).await;
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3, 4]);
+}
+
+/// A waiter gives up after `wait_ms` with 409 lock_held.
+async fn wait_times_out(backend: Backend) {
+    let h = harness(backend, &[]);
+    let a = h.sidecar.acquire("to:1", 30_000, 0).await;
+    assert_eq!(a.status, 200);
+    let b = h.sidecar.acquire("to:1", 30_000, 300).await;
+    assert_eq!((b.status, b.code()), (409, "lock_held"));
+    let timeouts = h
+        .sidecar
+        .metric("fencer_acquisitions_total", &[("group", "to"), ("result", "timeout")])
+        .await;
+    assert_eq!(timeouts, 1.0);
+}
+
+async fn get_and_list(backend: Backend) {
+    let h = harness(backend, &[]);
+    let r = h.sidecar.get(&Fencer::path("none:1", "")).await;
+    assert_eq!((r.status, r.code()), (404, "not_found"));
+    let a = h
+        .sidecar
+        .post(&Fencer::path("list/a b", "acquire"), json!({"owner": "worker-7"}))
+        .await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(a.body["key"], "list/a b");
+    h.sidecar.acquire("list:b", 10_000, 0).await;
+    let one = h.sidecar.get(&Fencer::path("list/a b", "")).await;
+    assert_eq!(one.body["owner"], "worker-7");
+    assert_eq!(one.body["token"], a.body["token"]);
+    let all = h.sidecar.get("/v1/locks").await;
+    assert_eq!(all.body["count"], 2);
+    let limited = h.sidecar.get("/v1/locks?limit=1").await;
+    assert_eq!(limited.body["count"], 1);
+    assert_eq!(limited.body["truncated"], true);
+    let bad = h.sidecar.get("/v1/locks?limit=0").await;
+    assert_eq!((bad.status, bad.code()), (400, "invalid_request"));
+}
+
+/// Every malformed request gets its 4xx JSON error, and the sidecar keeps
+/// serving afterwards.
+async fn bad_inputs(backend: Backend) {
+    let h = harness(backend, &[]);
+    let s = &h.sidecar;
+    let long_key = "k".repeat(513);
+    let cases: Vec<(String, Vec<u8>, u16, &str, Option<&str>)> = vec![
+        ("/v1/locks//acquire".into(), b"{}".to_vec(), 400, "invalid_request", Some("key")),
+        (Fencer::path(&long_key, "acquire"), b"{}".to_vec(), 400, "invalid_request", Some("key")),
+        ("/v1/locks/a%0Ab/acquire".into(), b"{}".to_vec(), 400, "invalid_request", Some("key")),
+        ("/v1/locks/a%00b/acquire".into(), b"{}".to_vec(), 400, "invalid_request", Some("key")),
+        ("/v1/locks/%FF%FE/acquire".into(), b"{}".to_vec(), 400, "invalid_request", Some("key")),
+        (Fencer::path("k", "acquire"), br#"{"ttl_ms":0}"#.to_vec(), 400, "invalid_request", Some("ttl_ms")),
+        (Fencer::path("k", "acquire"), br#"{"ttl_ms":-1}"#.to_vec(), 400, "invalid_request", Some("ttl_ms")),
+        (Fencer::path("k", "acquire"), br#"{"ttl_ms":99999999999999999999}"#.to_vec(), 400, "invalid_request", Some("ttl_ms")),
+        (Fencer::path("k", "acquire"), br#"{"wait_ms":300001}"#.to_vec(), 400, "invalid_request", Some("wait_ms")),
+        (Fencer::path("k", "acquire"), b"this is not json".to_vec(), 400, "invalid_request", Some("body")),
+        (Fencer::path("k", "acquire"), br#"{"ttl_ms":1000,"colour":"red"}"#.to_vec(), 400, "invalid_request", Some("colour")),
+        (Fencer::path("k", "acquire"), format!(r#"{{"owner":"{}"}}"#, "o".repeat(300)).into_bytes(), 400, "invalid_request", Some("owner")),
+        (Fencer::path("k", "acquire"), vec![b' '; 1 << 20], 413, "payload_too_large", None),
+        (Fencer::path("k", "release"), b"{}".to_vec(), 400, "invalid_request", Some("lease_id")),
+        (Fencer::path("k", "release"), br#"{"lease_id":"../../etc"}"#.to_vec(), 400, "invalid_request", Some("lease_id")),
+        (Fencer::path("k", "renew"), br#"{"lease_id":"abc","ttl_ms":5}"#.to_vec(), 400, "invalid_request", Some("ttl_ms")),
+        ("/v1/locks/k/explode".into(), b"{}".to_vec(), 404, "not_found", None),
+    ];
+    for (path, body, status, code, field) in cases {
+        let r = s.post_raw(&path, body).await;
+        assert_eq!((r.status, r.code()), (status, code), "{path}: {}", r.body);
+        assert!(r.body["message"].as_str().is_some_and(|m| !m.is_empty()), "{path}: no message");
+        if let Some(field) = field {
+            assert_eq!(r.body["field"], field, "{path}: {}", r.body);
+        }
+    }
+    // Wrong method.
+    let r = s.http.delete(format!("{}/v1/locks/k/acquire", s.api)).send().await.unwrap();
+    assert_eq!(r.status(), 405);
+    // Nothing was acquired by any of that, and the sidecar still works.
+    assert_eq!(s.get("/v1/locks").await.body["count"], 0);
+    let ok = s.acquire("k", 1000, 0).await;
+    assert_eq!(ok.status, 200, "{}", ok.body);
+}
+
+/// SIGTERM releases every lease and exits 0.
+async fn shutdown_releases_leases(backend: Backend) {
+    let mut h = harness(backend, &[]);
+    let mut leases = HashSet::new();
+    for i in 0..20 {
+        let r = h.sidecar.acquire(&format!("shut:{i}"), 60_000, 0).await;
+        assert_eq!(r.status, 200);
+        leases.insert(r.lease());
+    }
+    assert_eq!(h.sidecar.terminate(), Some(0));
+    if backend == Backend::Redis {
+        let mut conn = h.redis.conn();
+        let keys: Vec<String> = conn.keys("fencer:*:lock").unwrap();
+        assert!(keys.is_empty(), "locks left after shutdown: {keys:?}");
+    }
+    assert!(h.sidecar.logs().contains("released leases on shutdown"));
+}
+
+macro_rules! suite {
+    ($($name:ident),* $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() { super::$name(super::Backend::Memory).await }
+            )*
+        }
+        mod redis_single {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() { super::$name(super::Backend::Redis).await }
+            )*
+        }
+    };
+}
+
+suite!(
+    mutual_exclusion,
+    tokens_strictly_increase,
+    other_lease_cannot_release_or_renew,
+    expired_lease_release_is_lease_lost,
+    ttl_expiry_lets_next_in_and_renew_extends,
+    waiter_woken_by_release,
+    waiters_are_fifo,
+    wait_times_out,
+    get_and_list,
+    bad_inputs,
+    shutdown_releases_leases,
+);

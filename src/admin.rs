@@ -42,13 +42,18 @@ pub fn router(state: Arc<AdminState>) -> Router {
 async fn readyz(State(state): State<Arc<AdminState>>) -> Response {
     match state.readiness.check().await {
         Ok(()) => Json(json!({"status": "ready"})).into_response(),
-        Err(reason) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "not_ready", reason).into_response(),
+        Err(reason) => {
+            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "not_ready", reason).into_response()
+        }
     }
 }
 
 async fn metrics(State(state): State<Arc<AdminState>>) -> Response {
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
         state.metrics.render(),
     )
         .into_response()

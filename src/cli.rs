@@ -7,7 +7,11 @@ use clap::{Parser, Subcommand, ValueEnum};
 use crate::settings::LogFormat;
 
 #[derive(Debug, Parser)]
-#[command(name = "fencer", version, about = "Distributed locks with fencing tokens, enforced at the storage")]
+#[command(
+    name = "fencer",
+    version,
+    about = "Distributed locks with fencing tokens, enforced at the storage"
+)]
 pub struct Cli {
     /// TOML configuration file; `FENCER__SECTION__FIELD` variables override it.
     #[arg(long, short, global = true, env = "FENCER_CONFIG")]

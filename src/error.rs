@@ -63,9 +63,11 @@ impl From<LockError> for ApiError {
                 ApiError::new(StatusCode::CONFLICT, "not_owner", message).with("key", key.as_str())
             }
             LockError::NotFound(key) => ApiError::not_found(message).with("key", key.as_str()),
-            LockError::Backend(_) => {
-                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "backend_unavailable", message)
-            }
+            LockError::Backend(_) => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "backend_unavailable",
+                message,
+            ),
             LockError::TooManyWaiters(_) => {
                 ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many_waiters", message)
             }

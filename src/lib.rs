@@ -1,11 +1,11 @@
 //! fencer: a distributed-lock sidecar with fencing tokens, and the storage
 //! gateway that enforces them.
 //!
-//! - [`lock`]: where locks live (Redis, memory), behind one trait;
-//! - [`sidecar`]: the application-facing lock API, wait queues, lease deadlines;
-//! - [`token`]: signed fencing tokens;
-//! - [`admin`], [`metrics`], [`telemetry`]: health, Prometheus, logs;
-//! - [`settings`]: configuration.
+//! - [`lock`] — where locks live (Redis, memory), behind one trait;
+//! - [`sidecar`] — the application-facing lock API, wait queues, lease deadlines;
+//! - [`token`] — signed fencing tokens;
+//! - [`admin`], [`metrics`], [`telemetry`] — health, Prometheus, logs;
+//! - [`settings`] — configuration (defaults, TOML file, environment).
 
 pub mod admin;
 pub mod cli;

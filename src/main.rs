@@ -43,6 +43,10 @@ fn main() -> ExitCode {
         };
         match result {
             Ok(()) => ExitCode::SUCCESS,
+            Err(e @ sidecar::StartError::Config(_)) => {
+                eprintln!("fencer: configuration error: {e}");
+                ExitCode::from(EXIT_CONFIG)
+            }
             Err(e) => {
                 eprintln!("fencer: {e}");
                 ExitCode::FAILURE
@@ -52,7 +56,10 @@ fn main() -> ExitCode {
 }
 
 /// `fencer dev`: the sidecar on the memory backend with loopback defaults.
-async fn run_dev(mut settings: Settings, shutdown: CancellationToken) -> Result<(), sidecar::StartError> {
+async fn run_dev(
+    mut settings: Settings,
+    shutdown: CancellationToken,
+) -> Result<(), sidecar::StartError> {
     settings.backend.kind = BackendKind::Memory;
     if std::env::var("FENCER__ADMIN__LISTEN").is_err() {
         settings.admin.listen = "127.0.0.1:9411".parse().expect("static addr");

@@ -46,7 +46,13 @@ impl Groups {
         let group: String = group
             .chars()
             .take(48)
-            .map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '_' })
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                    c
+                } else {
+                    '_'
+                }
+            })
             .collect();
         let mut seen = self.seen.lock().expect("groups poisoned");
         if seen.contains(&group) {

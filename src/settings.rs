@@ -74,12 +74,37 @@ impl Default for SidecarSettings {
     }
 }
 
+/// Implements `TryFrom<String>` for a config enum so that an unknown value
+/// is reported with the list of allowed ones.
+macro_rules! config_enum {
+    ($ty:ident { $($variant:ident => $name:literal),+ $(,)? }) => {
+        impl TryFrom<String> for $ty {
+            type Error = String;
+            fn try_from(value: String) -> Result<Self, String> {
+                match value.as_str() {
+                    $($name => Ok($ty::$variant),)+
+                    other => Err(format!(
+                        "unknown value `{other}`; allowed: {}",
+                        [$($name),+].join(", ")
+                    )),
+                }
+            }
+        }
+        impl $ty {
+            pub fn as_str(self) -> &'static str {
+                match self { $($ty::$variant => $name,)+ }
+            }
+        }
+    };
+}
+
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
+#[serde(try_from = "String")]
 pub enum BackendKind {
     Memory,
     Redis,
 }
+config_enum!(BackendKind { Memory => "memory", Redis => "redis" });
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -99,7 +124,7 @@ impl Default for BackendSettings {
 
 /// How Redis mints fencing tokens.
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
+#[serde(try_from = "String")]
 pub enum TokenMode {
     /// `INCR` of a per-key counter: small tokens (1, 2, 3 …), but a Redis that
     /// loses the counter (no persistence, failover to a lagging replica)
@@ -110,6 +135,7 @@ pub enum TokenMode {
     /// step back and a key averages under ~1M acquisitions per second.
     HybridClock,
 }
+config_enum!(TokenMode { Counter => "counter", HybridClock => "hybrid_clock" });
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -170,11 +196,12 @@ impl Default for SigningSettings {
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
+#[serde(try_from = "String")]
 pub enum LogFormat {
     Text,
     Json,
 }
+config_enum!(LogFormat { Text => "text", Json => "json" });
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -218,7 +245,10 @@ pub enum ConfigError {
     #[error("{0}")]
     Load(String),
     #[error("invalid value for `{field}`: {message}")]
-    Invalid { field: &'static str, message: String },
+    Invalid {
+        field: &'static str,
+        message: String,
+    },
 }
 
 fn invalid(field: &'static str, message: impl Into<String>) -> ConfigError {
@@ -326,12 +356,18 @@ impl Settings {
         let r = &self.backend.redis;
         if self.backend.kind == BackendKind::Redis {
             let url = url::Url::parse(&r.url).map_err(|e| {
-                invalid("backend.redis.url", format!("not a URL ({e}); expected redis://host:port/db or rediss://…"))
+                invalid(
+                    "backend.redis.url",
+                    format!("not a URL ({e}); expected redis://host:port/db or rediss://…"),
+                )
             })?;
             if !matches!(url.scheme(), "redis" | "rediss") {
                 return Err(invalid(
                     "backend.redis.url",
-                    format!("scheme `{}` not allowed; allowed: redis, rediss", url.scheme()),
+                    format!(
+                        "scheme `{}` not allowed; allowed: redis, rediss",
+                        url.scheme()
+                    ),
                 ));
             }
         }
@@ -356,7 +392,9 @@ impl Settings {
         let kid = &self.signing.key_id;
         if kid.is_empty()
             || kid.len() > 32
-            || !kid.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            || !kid
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
         {
             return Err(invalid(
                 "signing.key_id",
@@ -373,10 +411,7 @@ impl Settings {
             return Err(invalid("metrics.group_separator", "must not be empty"));
         }
         if !(1..=10_000).contains(&self.metrics.max_groups) {
-            return Err(invalid(
-                "metrics.max_groups",
-                "must be between 1 and 10000",
-            ));
+            return Err(invalid("metrics.max_groups", "must be between 1 and 10000"));
         }
         Ok(())
     }
@@ -385,9 +420,8 @@ impl Settings {
     /// `None` when neither is configured (callers decide whether that is ok).
     pub fn signing_secret(&self) -> Result<Option<Vec<u8>>, ConfigError> {
         if let Some(path) = &self.signing.secret_file {
-            let data = std::fs::read(path).map_err(|e| {
-                invalid("signing.secret_file", format!("cannot read {path}: {e}"))
-            })?;
+            let data = std::fs::read(path)
+                .map_err(|e| invalid("signing.secret_file", format!("cannot read {path}: {e}")))?;
             let trimmed = data.trim_ascii().to_vec();
             return check_secret("signing.secret_file", trimmed).map(Some);
         }

@@ -44,7 +44,13 @@ pub struct Signer {
 
 fn message(key_id: &str, claim: &Claim) -> Vec<u8> {
     let mut m = Vec::with_capacity(64 + claim.key.len());
-    for part in [VERSION, key_id, &claim.key, &claim.token.to_string(), &claim.lease_id] {
+    for part in [
+        VERSION,
+        key_id,
+        &claim.key,
+        &claim.token.to_string(),
+        &claim.lease_id,
+    ] {
         // Length-prefixed so no two claims share a message.
         m.extend_from_slice(&(part.len() as u32).to_be_bytes());
         m.extend_from_slice(part.as_bytes());
@@ -105,7 +111,8 @@ impl Signer {
         };
         let mut mac = self.mac.clone();
         mac.update(&message(kid, &claim));
-        mac.verify_slice(&sig).map_err(|_| TokenError::BadSignature)?;
+        mac.verify_slice(&sig)
+            .map_err(|_| TokenError::BadSignature)?;
         Ok(claim)
     }
 }

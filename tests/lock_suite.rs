@@ -48,10 +48,19 @@ async fn mutual_exclusion(backend: Backend) {
                 let r = sidecar.acquire("bank:hot", 10_000, 60_000).await;
                 assert_eq!(r.status, 200, "{}", r.body);
                 // A deliberately non-atomic read-modify-write.
-                let v: Option<u64> = redis::cmd("GET").arg("data:counter").query_async(&mut conn).await.unwrap();
+                let v: Option<u64> = redis::cmd("GET")
+                    .arg("data:counter")
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
                 let v = v.unwrap_or(0);
                 tokio::task::yield_now().await;
-                let _: () = redis::cmd("SET").arg("data:counter").arg(v + 1).query_async(&mut conn).await.unwrap();
+                let _: () = redis::cmd("SET")
+                    .arg("data:counter")
+                    .arg(v + 1)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
                 seen.push((v, r.token()));
                 let rel = sidecar.release("bank:hot", &r.lease()).await;
                 assert_eq!(rel.status, 200, "{}", rel.body);
@@ -62,14 +71,20 @@ async fn mutual_exclusion(backend: Backend) {
     let mut by_order = BTreeMap::new();
     for t in tasks {
         for (v, tok) in t.await.unwrap() {
-            assert!(by_order.insert(v, tok).is_none(), "two critical sections read {v}");
+            assert!(
+                by_order.insert(v, tok).is_none(),
+                "two critical sections read {v}"
+            );
         }
     }
     let mut conn = h.redis.conn();
     let total: u64 = conn.get("data:counter").unwrap();
     assert_eq!(total, (CLIENTS * ROUNDS) as u64, "lost updates");
     let tokens: Vec<u64> = by_order.values().copied().collect();
-    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "tokens out of order: {tokens:?}");
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens out of order: {tokens:?}"
+    );
 }
 
 /// 1 000 acquisitions: strictly increasing tokens.
@@ -162,7 +177,9 @@ async fn waiter_woken_by_release(backend: Backend) {
     let b = waiter.await.unwrap();
     assert_eq!(b.status, 200, "{}", b.body);
     assert!(b.token() > a.token());
-    let fallback = sidecar.metric("fencer_waiter_wakeups_total", &[("cause", "fallback")]).await;
+    let fallback = sidecar
+        .metric("fencer_waiter_wakeups_total", &[("cause", "fallback")])
+        .await;
     assert_eq!(fallback, 0.0, "the waiter polled instead of being woken");
 }
 
@@ -200,7 +217,10 @@ async fn wait_times_out(backend: Backend) {
     assert_eq!((b.status, b.code()), (409, "lock_held"));
     let timeouts = h
         .sidecar
-        .metric("fencer_acquisitions_total", &[("group", "to"), ("result", "timeout")])
+        .metric(
+            "fencer_acquisitions_total",
+            &[("group", "to"), ("result", "timeout")],
+        )
         .await;
     assert_eq!(timeouts, 1.0);
 }
@@ -211,7 +231,10 @@ async fn get_and_list(backend: Backend) {
     assert_eq!((r.status, r.code()), (404, "not_found"));
     let a = h
         .sidecar
-        .post(&Fencer::path("list/a b", "acquire"), json!({"owner": "worker-7"}))
+        .post(
+            &Fencer::path("list/a b", "acquire"),
+            json!({"owner": "worker-7"}),
+        )
         .await;
     assert_eq!(a.status, 200, "{}", a.body);
     assert_eq!(a.body["key"], "list/a b");
@@ -234,35 +257,147 @@ async fn bad_inputs(backend: Backend) {
     let h = harness(backend, &[]);
     let s = &h.sidecar;
     let long_key = "k".repeat(513);
-    let cases: Vec<(String, Vec<u8>, u16, &str, Option<&str>)> = vec![
-        ("/v1/locks//acquire".into(), b"{}".to_vec(), 400, "invalid_request", Some("key")),
-        (Fencer::path(&long_key, "acquire"), b"{}".to_vec(), 400, "invalid_request", Some("key")),
-        ("/v1/locks/a%0Ab/acquire".into(), b"{}".to_vec(), 400, "invalid_request", Some("key")),
-        ("/v1/locks/a%00b/acquire".into(), b"{}".to_vec(), 400, "invalid_request", Some("key")),
-        ("/v1/locks/%FF%FE/acquire".into(), b"{}".to_vec(), 400, "invalid_request", Some("key")),
-        (Fencer::path("k", "acquire"), br#"{"ttl_ms":0}"#.to_vec(), 400, "invalid_request", Some("ttl_ms")),
-        (Fencer::path("k", "acquire"), br#"{"ttl_ms":-1}"#.to_vec(), 400, "invalid_request", Some("ttl_ms")),
-        (Fencer::path("k", "acquire"), br#"{"ttl_ms":99999999999999999999}"#.to_vec(), 400, "invalid_request", Some("ttl_ms")),
-        (Fencer::path("k", "acquire"), br#"{"wait_ms":300001}"#.to_vec(), 400, "invalid_request", Some("wait_ms")),
-        (Fencer::path("k", "acquire"), b"this is not json".to_vec(), 400, "invalid_request", Some("body")),
-        (Fencer::path("k", "acquire"), br#"{"ttl_ms":1000,"colour":"red"}"#.to_vec(), 400, "invalid_request", Some("colour")),
-        (Fencer::path("k", "acquire"), format!(r#"{{"owner":"{}"}}"#, "o".repeat(300)).into_bytes(), 400, "invalid_request", Some("owner")),
-        (Fencer::path("k", "acquire"), vec![b' '; 1 << 20], 413, "payload_too_large", None),
-        (Fencer::path("k", "release"), b"{}".to_vec(), 400, "invalid_request", Some("lease_id")),
-        (Fencer::path("k", "release"), br#"{"lease_id":"../../etc"}"#.to_vec(), 400, "invalid_request", Some("lease_id")),
-        (Fencer::path("k", "renew"), br#"{"lease_id":"abc","ttl_ms":5}"#.to_vec(), 400, "invalid_request", Some("ttl_ms")),
-        ("/v1/locks/k/explode".into(), b"{}".to_vec(), 404, "not_found", None),
+    // (path, body, status, error code, field named in the error)
+    type Case = (String, Vec<u8>, u16, &'static str, Option<&'static str>);
+    let cases: Vec<Case> = vec![
+        (
+            "/v1/locks//acquire".into(),
+            b"{}".to_vec(),
+            400,
+            "invalid_request",
+            Some("key"),
+        ),
+        (
+            Fencer::path(&long_key, "acquire"),
+            b"{}".to_vec(),
+            400,
+            "invalid_request",
+            Some("key"),
+        ),
+        (
+            "/v1/locks/a%0Ab/acquire".into(),
+            b"{}".to_vec(),
+            400,
+            "invalid_request",
+            Some("key"),
+        ),
+        (
+            "/v1/locks/a%00b/acquire".into(),
+            b"{}".to_vec(),
+            400,
+            "invalid_request",
+            Some("key"),
+        ),
+        (
+            "/v1/locks/%FF%FE/acquire".into(),
+            b"{}".to_vec(),
+            400,
+            "invalid_request",
+            Some("key"),
+        ),
+        (
+            Fencer::path("k", "acquire"),
+            br#"{"ttl_ms":0}"#.to_vec(),
+            400,
+            "invalid_request",
+            Some("ttl_ms"),
+        ),
+        (
+            Fencer::path("k", "acquire"),
+            br#"{"ttl_ms":-1}"#.to_vec(),
+            400,
+            "invalid_request",
+            Some("ttl_ms"),
+        ),
+        (
+            Fencer::path("k", "acquire"),
+            br#"{"ttl_ms":99999999999999999999}"#.to_vec(),
+            400,
+            "invalid_request",
+            Some("ttl_ms"),
+        ),
+        (
+            Fencer::path("k", "acquire"),
+            br#"{"wait_ms":300001}"#.to_vec(),
+            400,
+            "invalid_request",
+            Some("wait_ms"),
+        ),
+        (
+            Fencer::path("k", "acquire"),
+            b"this is not json".to_vec(),
+            400,
+            "invalid_request",
+            Some("body"),
+        ),
+        (
+            Fencer::path("k", "acquire"),
+            br#"{"ttl_ms":1000,"colour":"red"}"#.to_vec(),
+            400,
+            "invalid_request",
+            Some("colour"),
+        ),
+        (
+            Fencer::path("k", "acquire"),
+            format!(r#"{{"owner":"{}"}}"#, "o".repeat(300)).into_bytes(),
+            400,
+            "invalid_request",
+            Some("owner"),
+        ),
+        (
+            Fencer::path("k", "acquire"),
+            vec![b' '; 1 << 20],
+            413,
+            "payload_too_large",
+            None,
+        ),
+        (
+            Fencer::path("k", "release"),
+            b"{}".to_vec(),
+            400,
+            "invalid_request",
+            Some("lease_id"),
+        ),
+        (
+            Fencer::path("k", "release"),
+            br#"{"lease_id":"../../etc"}"#.to_vec(),
+            400,
+            "invalid_request",
+            Some("lease_id"),
+        ),
+        (
+            Fencer::path("k", "renew"),
+            br#"{"lease_id":"abc","ttl_ms":5}"#.to_vec(),
+            400,
+            "invalid_request",
+            Some("ttl_ms"),
+        ),
+        (
+            "/v1/locks/k/explode".into(),
+            b"{}".to_vec(),
+            404,
+            "not_found",
+            None,
+        ),
     ];
     for (path, body, status, code, field) in cases {
         let r = s.post_raw(&path, body).await;
         assert_eq!((r.status, r.code()), (status, code), "{path}: {}", r.body);
-        assert!(r.body["message"].as_str().is_some_and(|m| !m.is_empty()), "{path}: no message");
+        assert!(
+            r.body["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "{path}: no message"
+        );
         if let Some(field) = field {
             assert_eq!(r.body["field"], field, "{path}: {}", r.body);
         }
     }
     // Wrong method.
-    let r = s.http.delete(format!("{}/v1/locks/k/acquire", s.api)).send().await.unwrap();
+    let r = s
+        .http
+        .delete(format!("{}/v1/locks/k/acquire", s.api))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 405);
     // Nothing was acquired by any of that, and the sidecar still works.
     assert_eq!(s.get("/v1/locks").await.body["count"], 0);

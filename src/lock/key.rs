@@ -62,7 +62,10 @@ mod tests {
     #[test]
     fn rejects_bad_keys() {
         assert_eq!(LockKey::parse(""), Err(KeyError::Empty));
-        assert_eq!(LockKey::parse(&"k".repeat(513)), Err(KeyError::TooLong(513)));
+        assert_eq!(
+            LockKey::parse(&"k".repeat(513)),
+            Err(KeyError::TooLong(513))
+        );
         assert_eq!(LockKey::parse("a\nb"), Err(KeyError::ControlChar(1)));
         assert_eq!(LockKey::parse("a\u{7f}"), Err(KeyError::ControlChar(1)));
     }

@@ -11,7 +11,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use super::{Attempt, BackendError, LeaseId, LockBackend, LockKey, Ownership, WakeSink, WatchGuard};
+use super::{
+    Attempt, BackendError, LeaseId, LockBackend, LockKey, Ownership, WakeSink, WatchGuard,
+};
 
 struct Entry {
     lease: LeaseId,

@@ -42,7 +42,10 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .layer(middleware::from_fn_with_state(state.clone(), count_requests))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            count_requests,
+        ))
         .with_state(state)
 }
 
@@ -101,7 +104,10 @@ async fn acquire(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let key = path_key(path)?;
     let req = request::acquire(&body(raw)?, state.default_ttl_ms, state.default_wait_ms)?;
-    let view = state.locks.acquire(key, req.ttl, req.wait, req.owner).await?;
+    let view = state
+        .locks
+        .acquire(key, req.ttl, req.wait, req.owner)
+        .await?;
     Ok(Json(json!({
         "key": view.key,
         "token": view.token,
@@ -132,7 +138,10 @@ async fn release(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let key = path_key(path)?;
     let req = request::lease(&body(raw)?, false)?;
-    state.locks.release(key.clone(), req.lease_id.clone()).await?;
+    state
+        .locks
+        .release(key.clone(), req.lease_id.clone())
+        .await?;
     Ok(Json(json!({
         "released": true,
         "key": key.as_str(),
@@ -140,7 +149,10 @@ async fn release(
     })))
 }
 
-async fn get_one(State(state): St, path: Result<Path<String>, PathRejection>) -> Result<Response, ApiError> {
+async fn get_one(
+    State(state): St,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
     let key = path_key(path)?;
     Ok(Json(state.locks.get(&key)?).into_response())
 }
@@ -150,7 +162,12 @@ const MAX_LIST_LIMIT: usize = 10_000;
 
 async fn list(State(state): St, RawQuery(query): RawQuery) -> Result<Response, ApiError> {
     let mut limit = DEFAULT_LIST_LIMIT;
-    for pair in query.as_deref().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+    for pair in query
+        .as_deref()
+        .unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
         match pair.split_once('=') {
             Some(("limit", v)) => {
                 limit = v
@@ -158,7 +175,10 @@ async fn list(State(state): St, RawQuery(query): RawQuery) -> Result<Response, A
                     .ok()
                     .filter(|n| (1..=MAX_LIST_LIMIT).contains(n))
                     .ok_or_else(|| {
-                        ApiError::invalid("limit", format!("`limit` must be an integer between 1 and {MAX_LIST_LIMIT}"))
+                        ApiError::invalid(
+                            "limit",
+                            format!("`limit` must be an integer between 1 and {MAX_LIST_LIMIT}"),
+                        )
                     })?;
             }
             _ => {

@@ -118,7 +118,8 @@ struct Tables {
 impl Tables {
     fn retire(&mut self, rec: &LeaseRecord, now: Instant, cap: usize) {
         if self.retired.len() < cap {
-            self.retired.insert(rec.lease_id.clone(), (rec.key.clone(), now));
+            self.retired
+                .insert(rec.lease_id.clone(), (rec.key.clone(), now));
         }
     }
 }
@@ -153,7 +154,9 @@ impl LeaseTable {
 
     /// The local deadline of a lease whose request was sent at `sent`.
     pub fn deadline(&self, sent: Instant, ttl: Duration) -> Instant {
-        let safe = ttl.mul_f64(1.0 - self.drift_ratio).saturating_sub(self.margin);
+        let safe = ttl
+            .mul_f64(1.0 - self.drift_ratio)
+            .saturating_sub(self.margin);
         sent + safe
     }
 
@@ -188,10 +191,19 @@ impl LeaseTable {
 
     /// Applies a successful renewal sent at `sent`, if `lease` is still the
     /// current, held lease of `key`.
-    pub fn renewed(&self, key: &LockKey, lease: &LeaseId, sent: Instant, ttl: Duration) -> Option<LeaseRecord> {
+    pub fn renewed(
+        &self,
+        key: &LockKey,
+        lease: &LeaseId,
+        sent: Instant,
+        ttl: Duration,
+    ) -> Option<LeaseRecord> {
         let deadline = self.deadline(sent, ttl);
         let mut t = self.lock();
-        let rec = t.current.get_mut(key).filter(|r| &r.lease_id == lease && r.is_held())?;
+        let rec = t
+            .current
+            .get_mut(key)
+            .filter(|r| &r.lease_id == lease && r.is_held())?;
         // A reply can arrive after the deadline it would extend: too late.
         if Instant::now() >= rec.deadline {
             return None;
@@ -205,7 +217,10 @@ impl LeaseTable {
     pub fn mark_lost(&self, key: &LockKey, lease: &LeaseId, reason: LostReason) -> Option<Lost> {
         let now = Instant::now();
         let mut t = self.lock();
-        let rec = t.current.get_mut(key).filter(|r| &r.lease_id == lease && r.is_held())?;
+        let rec = t
+            .current
+            .get_mut(key)
+            .filter(|r| &r.lease_id == lease && r.is_held())?;
         rec.state = LeaseState::Lost { reason, at: now };
         Some(Lost {
             key: key.clone(),
@@ -269,7 +284,12 @@ impl LeaseTable {
     /// Every held lease, for release on shutdown.
     pub fn drain_held(&self) -> Vec<LeaseRecord> {
         let mut t = self.lock();
-        let held: Vec<LeaseRecord> = t.current.values().filter(|r| r.is_held()).cloned().collect();
+        let held: Vec<LeaseRecord> = t
+            .current
+            .values()
+            .filter(|r| r.is_held())
+            .cloned()
+            .collect();
         t.current.clear();
         held
     }

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::leases::{LeaseRecord, LeaseState, LeaseTable, LeaseView, Lost, LostReason};
-use super::waiters::{Wake, WaitQueues};
+use super::waiters::{WaitQueues, Wake};
 use crate::lock::{Attempt, BackendError, DynBackend, LeaseId, LockKey, Ownership};
 use crate::metrics::Metrics;
 use crate::token::{Claim, Signer};
@@ -135,7 +135,9 @@ impl LockManager {
     ) -> Result<LeaseView, LockError> {
         let started = Instant::now();
         let group = self.metrics.groups.of(key.as_str());
-        let result = self.acquire_inner(&key, ttl, wait, owner, started, &group).await;
+        let result = self
+            .acquire_inner(&key, ttl, wait, owner, started, &group)
+            .await;
         let outcome = match &result {
             Ok(_) => "acquired",
             Err(LockError::Held(_)) => "timeout",
@@ -247,7 +249,8 @@ impl LockManager {
         let base = remaining.unwrap_or(self.config.max_fallback);
         let jitter_cap = (base / 10).clamp(Duration::from_millis(1), Duration::from_millis(50));
         let jitter = rand::rng().random_range(Duration::ZERO..=jitter_cap);
-        (base + Duration::from_millis(1) + jitter).clamp(Duration::from_millis(5), self.config.max_fallback)
+        (base + Duration::from_millis(1) + jitter)
+            .clamp(Duration::from_millis(5), self.config.max_fallback)
     }
 
     /// One acquisition attempt, retried with the same lease id when the
@@ -264,7 +267,10 @@ impl LockManager {
         let first_sent = Instant::now();
         let mut attempt = 0;
         loop {
-            match self.call("acquire", self.backend.try_acquire(key, lease, ttl)).await {
+            match self
+                .call("acquire", self.backend.try_acquire(key, lease, ttl))
+                .await
+            {
                 Ok(Attempt::Acquired { token }) => {
                     let record = LeaseRecord {
                         key: key.clone(),
@@ -322,7 +328,12 @@ impl LockManager {
         }
     }
 
-    pub async fn renew(&self, key: LockKey, lease: LeaseId, ttl: Duration) -> Result<LeaseView, LockError> {
+    pub async fn renew(
+        &self,
+        key: LockKey,
+        lease: LeaseId,
+        ttl: Duration,
+    ) -> Result<LeaseView, LockError> {
         let now = Instant::now();
         let (record, lost) = self.leases.get(&key, now);
         self.record_lost(lost);
@@ -334,16 +345,25 @@ impl LockManager {
             }
             _ => {
                 let sent = Instant::now();
-                match self.call("renew", self.backend.renew(&key, &lease, ttl)).await? {
-                    Ownership::Owned { token } => match self.leases.renewed(&key, &lease, sent, ttl) {
-                        Some(rec) => Ok(rec.view(Instant::now())),
-                        None if known => {
-                            // The reply came after our deadline.
-                            self.record_lost(self.leases.mark_lost(&key, &lease, LostReason::Deadline));
-                            Err(LockError::LeaseLost(key.clone()))
+                match self
+                    .call("renew", self.backend.renew(&key, &lease, ttl))
+                    .await?
+                {
+                    Ownership::Owned { token } => {
+                        match self.leases.renewed(&key, &lease, sent, ttl) {
+                            Some(rec) => Ok(rec.view(Instant::now())),
+                            None if known => {
+                                // The reply came after our deadline.
+                                self.record_lost(self.leases.mark_lost(
+                                    &key,
+                                    &lease,
+                                    LostReason::Deadline,
+                                ));
+                                Err(LockError::LeaseLost(key.clone()))
+                            }
+                            None => Ok(self.adopt(&key, &lease, token, ttl, sent)),
                         }
-                        None => Ok(self.adopt(&key, &lease, token, ttl, sent)),
-                    },
+                    }
                     other => {
                         self.record_lost(self.leases.mark_lost(&key, &lease, LostReason::Backend));
                         Err(self.not_held(&key, known, other))
@@ -364,7 +384,14 @@ impl LockManager {
     /// A renewal of a lease this sidecar has no record of (e.g. it restarted
     /// while the application kept its lease): the backend confirmed the
     /// lease, so track it again.
-    fn adopt(&self, key: &LockKey, lease: &LeaseId, token: u64, ttl: Duration, sent: Instant) -> LeaseView {
+    fn adopt(
+        &self,
+        key: &LockKey,
+        lease: &LeaseId,
+        token: u64,
+        ttl: Duration,
+        sent: Instant,
+    ) -> LeaseView {
         let record = LeaseRecord {
             key: key.clone(),
             lease_id: lease.clone(),
@@ -390,7 +417,9 @@ impl LockManager {
         let (_, lost) = self.leases.get(&key, Instant::now());
         self.record_lost(lost);
         let known = self.leases.knows(&key, &lease);
-        let result = self.call("release", self.backend.release(&key, &lease)).await;
+        let result = self
+            .call("release", self.backend.release(&key, &lease))
+            .await;
         let result = match result {
             Ok(Ownership::Owned { .. }) => Ok(()),
             Ok(other) => Err(self.not_held(&key, known, other)),
@@ -442,7 +471,9 @@ impl LockManager {
     /// Periodic bookkeeping: expire overdue leases, forget old lost ones,
     /// keep the held gauge exact.
     pub fn sweep(&self) {
-        let (lost, held) = self.leases.sweep(Instant::now(), self.config.lost_retention);
+        let (lost, held) = self
+            .leases
+            .sweep(Instant::now(), self.config.lost_retention);
         self.record_lost(lost);
         self.metrics.leases_held.set(held as i64);
     }

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use self::leases::LeaseTable;
 use self::locks::{LockManager, LockManagerConfig};
 use self::waiters::WaitQueues;
-use crate::admin::{AdminState, ReadyFuture, Readiness};
+use crate::admin::{AdminState, Readiness, ReadyFuture};
 use crate::lock::memory::MemoryBackend;
 use crate::lock::redis::RedisBackend;
 use crate::lock::{DynBackend, WakeSink};
@@ -37,7 +37,10 @@ pub enum StartError {
     Backend(#[from] crate::lock::BackendError),
 }
 
-pub fn build_backend(settings: &Settings, wake: Arc<dyn WakeSink>) -> Result<DynBackend, StartError> {
+pub fn build_backend(
+    settings: &Settings,
+    wake: Arc<dyn WakeSink>,
+) -> Result<DynBackend, StartError> {
     Ok(match settings.backend.kind {
         BackendKind::Memory => Arc::new(MemoryBackend::new(wake)),
         BackendKind::Redis => Arc::new(RedisBackend::new(&settings.backend.redis, wake)?),
@@ -162,7 +165,10 @@ impl Sidecar {
     }
 }
 
-pub async fn bind(what: &'static str, addr: std::net::SocketAddr) -> Result<TcpListener, StartError> {
+pub async fn bind(
+    what: &'static str,
+    addr: std::net::SocketAddr,
+) -> Result<TcpListener, StartError> {
     TcpListener::bind(addr)
         .await
         .map_err(|source| StartError::Bind { what, addr, source })
@@ -193,7 +199,11 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     );
     sidecar.spawn_sweeper();
     let api_task = tokio::spawn(serve(api, sidecar.api_router(), shutdown.clone()));
-    let admin_task = tokio::spawn(serve(admin, crate::admin::router(sidecar.admin_state()), shutdown.clone()));
+    let admin_task = tokio::spawn(serve(
+        admin,
+        crate::admin::router(sidecar.admin_state()),
+        shutdown.clone(),
+    ));
     shutdown.cancelled().await;
     // Waiters were cancelled by the token; let in-flight calls finish so an
     // acquire that completes now is released below, not left to its TTL.

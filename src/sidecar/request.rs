@@ -50,7 +50,12 @@ fn object(body: &[u8], allowed: &[&str]) -> Result<Map<String, Value>, ApiError>
     Ok(map)
 }
 
-fn millis(map: &Map<String, Value>, field: &str, min: u64, max: u64) -> Result<Option<Duration>, ApiError> {
+fn millis(
+    map: &Map<String, Value>,
+    field: &str,
+    min: u64,
+    max: u64,
+) -> Result<Option<Duration>, ApiError> {
     match map.get(field) {
         None | Some(Value::Null) => Ok(None),
         Some(v) => match v.as_u64() {
@@ -63,12 +68,16 @@ fn millis(map: &Map<String, Value>, field: &str, min: u64, max: u64) -> Result<O
     }
 }
 
-pub fn acquire(body: &[u8], default_ttl_ms: u64, default_wait_ms: u64) -> Result<AcquireRequest, ApiError> {
+pub fn acquire(
+    body: &[u8],
+    default_ttl_ms: u64,
+    default_wait_ms: u64,
+) -> Result<AcquireRequest, ApiError> {
     let map = object(body, &["ttl_ms", "wait_ms", "owner"])?;
     let ttl = millis(&map, "ttl_ms", MIN_TTL_MS, MAX_TTL_MS)?
         .unwrap_or(Duration::from_millis(default_ttl_ms));
-    let wait = millis(&map, "wait_ms", 0, MAX_WAIT_MS)?
-        .unwrap_or(Duration::from_millis(default_wait_ms));
+    let wait =
+        millis(&map, "wait_ms", 0, MAX_WAIT_MS)?.unwrap_or(Duration::from_millis(default_wait_ms));
     let owner = match map.get("owner") {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) if s.len() <= MAX_OWNER_BYTES && !s.chars().any(char::is_control) => {
@@ -86,7 +95,11 @@ pub fn acquire(body: &[u8], default_ttl_ms: u64, default_wait_ms: u64) -> Result
 
 /// Renew (`lease_id`, optional `ttl_ms`) and release (`lease_id`) bodies.
 pub fn lease(body: &[u8], with_ttl: bool) -> Result<LeaseRequest, ApiError> {
-    let allowed: &[&str] = if with_ttl { &["lease_id", "ttl_ms"] } else { &["lease_id"] };
+    let allowed: &[&str] = if with_ttl {
+        &["lease_id", "ttl_ms"]
+    } else {
+        &["lease_id"]
+    };
     let map = object(body, allowed)?;
     let lease_id = match map.get("lease_id") {
         Some(Value::String(s)) => LeaseId::parse(s),
@@ -135,15 +148,35 @@ mod tests {
             assert_eq!(field(err), f, "{}", String::from_utf8_lossy(body));
         }
         let long_owner = format!(r#"{{"owner":"{}"}}"#, "o".repeat(257));
-        assert_eq!(field(acquire(long_owner.as_bytes(), 1000, 0).err().unwrap()), "owner");
+        assert_eq!(
+            field(acquire(long_owner.as_bytes(), 1000, 0).err().unwrap()),
+            "owner"
+        );
     }
 
     #[test]
     fn lease_bodies() {
         assert!(lease(br#"{"lease_id":"abc"}"#, false).is_ok());
         assert_eq!(field(lease(br#"{}"#, false).err().unwrap()), "lease_id");
-        assert_eq!(field(lease(br#"{"lease_id":"a b"}"#, false).err().unwrap()), "lease_id");
-        assert_eq!(field(lease(br#"{"lease_id":"a","ttl_ms":5}"#, false).err().unwrap()), "ttl_ms");
-        assert_eq!(field(lease(br#"{"lease_id":"a","ttl_ms":5}"#, true).err().unwrap()), "ttl_ms");
+        assert_eq!(
+            field(lease(br#"{"lease_id":"a b"}"#, false).err().unwrap()),
+            "lease_id"
+        );
+        assert_eq!(
+            field(
+                lease(br#"{"lease_id":"a","ttl_ms":5}"#, false)
+                    .err()
+                    .unwrap()
+            ),
+            "ttl_ms"
+        );
+        assert_eq!(
+            field(
+                lease(br#"{"lease_id":"a","ttl_ms":5}"#, true)
+                    .err()
+                    .unwrap()
+            ),
+            "ttl_ms"
+        );
     }
 }

@@ -243,12 +243,21 @@ impl Fencer {
         cmd.arg("sidecar")
             .env_remove("RUST_LOG")
             .env("FENCER_TEST_SECRET", SECRET)
-            .env("FENCER__SIDECAR__LISTEN", format!("127.0.0.1:{}", self.api_port))
-            .env("FENCER__ADMIN__LISTEN", format!("127.0.0.1:{}", self.admin_port))
+            .env(
+                "FENCER__SIDECAR__LISTEN",
+                format!("127.0.0.1:{}", self.api_port),
+            )
+            .env(
+                "FENCER__ADMIN__LISTEN",
+                format!("127.0.0.1:{}", self.admin_port),
+            )
             .stdout(Stdio::null())
             .stderr(log);
         for (k, v) in &self.env {
-            cmd.env(format!("FENCER__{}", k.replace('.', "__").to_uppercase()), v);
+            cmd.env(
+                format!("FENCER__{}", k.replace('.', "__").to_uppercase()),
+                v,
+            );
         }
         self.child = Some(cmd.spawn().unwrap());
         let health = format!("{}/healthz", self.admin);
@@ -265,7 +274,10 @@ impl Fencer {
             if http_get_ok(&health) {
                 break;
             }
-            assert!(start.elapsed() < Duration::from_secs(10), "fencer did not start");
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "fencer did not start"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }

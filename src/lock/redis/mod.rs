@@ -20,7 +20,9 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use self::keys::RedisKeys;
 use self::scripts::Scripts;
 use self::subscriber::Subscriber;
-use super::{Attempt, BackendError, LeaseId, LockBackend, LockKey, Ownership, WakeSink, WatchGuard};
+use super::{
+    Attempt, BackendError, LeaseId, LockBackend, LockKey, Ownership, WakeSink, WatchGuard,
+};
 use crate::settings::{RedisSettings, TokenMode};
 
 pub struct RedisBackend {
@@ -35,7 +37,10 @@ pub struct RedisBackend {
 impl RedisBackend {
     /// Creates the backend without waiting for Redis: a sidecar starts (and
     /// reports not-ready) while Redis is down, and connects when it is up.
-    pub fn new(settings: &RedisSettings, wake: Arc<dyn WakeSink>) -> Result<RedisBackend, BackendError> {
+    pub fn new(
+        settings: &RedisSettings,
+        wake: Arc<dyn WakeSink>,
+    ) -> Result<RedisBackend, BackendError> {
         let client = redis::Client::open(settings.url.as_str())
             .map_err(|e| BackendError::Unavailable(format!("invalid redis url: {e}")))?;
         let timeout = Duration::from_millis(settings.request_timeout_ms);
@@ -47,7 +52,8 @@ impl RedisBackend {
             .set_max_delay(Duration::from_secs(1));
         let conn = ConnectionManager::new_lazy_with_config(client.clone(), config)
             .map_err(|e| BackendError::Unavailable(e.to_string()))?;
-        let subscriber = Subscriber::start(client, settings.key_prefix.clone(), connect_timeout, wake);
+        let subscriber =
+            Subscriber::start(client, settings.key_prefix.clone(), connect_timeout, wake);
         let backend = RedisBackend {
             conn,
             scripts: Arc::new(Scripts::new()),
@@ -94,9 +100,13 @@ impl RedisBackend {
         RedisKeys::new(&self.prefix, key)
     }
 
-    async fn invoke(&self, inv: redis::ScriptInvocation<'_>) -> Result<(i64, String), BackendError> {
+    async fn invoke(
+        &self,
+        inv: redis::ScriptInvocation<'_>,
+    ) -> Result<(i64, String), BackendError> {
         let mut conn = self.conn.clone();
-        match tokio::time::timeout(self.timeout, inv.invoke_async::<(i64, String)>(&mut conn)).await {
+        match tokio::time::timeout(self.timeout, inv.invoke_async::<(i64, String)>(&mut conn)).await
+        {
             Err(_) => Err(BackendError::Unavailable("redis request timed out".into())),
             Ok(Err(e)) if e.kind() == redis::ErrorKind::UnexpectedReturnType => {
                 Err(BackendError::Protocol(e.to_string()))
@@ -156,7 +166,9 @@ impl LockBackend for RedisBackend {
                     remaining: (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
                 })
             }
-            other => Err(BackendError::Protocol(format!("unknown acquire status {other}"))),
+            other => Err(BackendError::Protocol(format!(
+                "unknown acquire status {other}"
+            ))),
         }
     }
 

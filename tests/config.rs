@@ -1,0 +1,136 @@
+//! Configuration loading: precedence, validation, exit codes.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn fencer(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fencer"));
+    cmd.args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
+fn check_file(contents: &str, env: &[(&str, &str)]) -> Output {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fencer.toml");
+    std::fs::write(&path, contents).unwrap();
+    fencer(&["--config", path.to_str().unwrap(), "check-config"], env)
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn shipped_example_configs_are_valid() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+    let mut n = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            // secret_file points at a mounted path; the check reads it only at run time.
+            let out = fencer(&["--config", path.to_str().unwrap(), "check-config"], &[]);
+            assert!(out.status.success(), "{}: {}", path.display(), stderr(&out));
+            n += 1;
+        }
+    }
+    assert!(n >= 2);
+}
+
+#[test]
+fn unknown_backend_names_field_and_allowed_values() {
+    let out = check_file("[backend]\nkind = \"etcd\"\n", &[]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(
+        err.contains("kind") && err.contains("memory") && err.contains("redis"),
+        "{err}"
+    );
+}
+
+#[test]
+fn unknown_field_is_rejected() {
+    let out = check_file("[sidecar]\ndefault_tll_ms = 5\n", &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("default_tll_ms"), "{}", stderr(&out));
+}
+
+#[test]
+fn out_of_range_value_names_the_field() {
+    let out = check_file("[sidecar]\ndefault_ttl_ms = 5\n", &[]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(
+        err.contains("sidecar.default_ttl_ms") && err.contains("100"),
+        "{err}"
+    );
+
+    let out = check_file(
+        "[backend]\nkind = \"redis\"\n[backend.redis]\nurl = \"http://x\"\n",
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("backend.redis.url"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn environment_overrides_file_which_overrides_defaults() {
+    let out = check_file(
+        "[sidecar]\ndefault_ttl_ms = 5000\ndefault_wait_ms = 10\n",
+        &[("FENCER__SIDECAR__DEFAULT_TTL_MS", "7000")],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("default_ttl_ms: 7000"), "{text}");
+    assert!(text.contains("default_wait_ms: 10"), "{text}");
+    assert!(text.contains("max_waiters: 10000"), "{text}");
+}
+
+#[test]
+fn invalid_environment_value_exits_2() {
+    let out = fencer(&["check-config"], &[("FENCER__SIDECAR__MAX_WAITERS", "0")]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("sidecar.max_waiters"),
+        "{}",
+        stderr(&out)
+    );
+    let out = fencer(&["check-config"], &[("FENCER__LOG__FORMAT", "xml")]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("json"), "{}", stderr(&out));
+}
+
+#[test]
+fn missing_config_file_exits_2() {
+    let out = fencer(
+        &["--config", "/nonexistent/fencer.toml", "check-config"],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("does not exist"));
+}
+
+#[test]
+fn short_signing_secret_is_rejected_at_start() {
+    let out = fencer(
+        &["sidecar"],
+        &[
+            ("FENCER__SIGNING__SECRET_ENV", "FENCER_SHORT_SECRET"),
+            ("FENCER_SHORT_SECRET", "short"),
+            ("FENCER__SIDECAR__LISTEN", "127.0.0.1:0"),
+            ("FENCER__ADMIN__LISTEN", "127.0.0.1:0"),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("signing.secret_env"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Runs every test of fencer on a fresh machine: installs the services the
+# tests start for themselves (they never use the machine's own instances),
+# then runs the unit, integration and fault tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+if [ ${#need[@]} -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  echo "installing: ${need[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}"
+fi
+
+cargo test --all-targets --locked -- --test-threads="${FENCER_TEST_THREADS:-2}"

@@ -50,4 +50,6 @@ pub enum Command {
     Dev,
     /// Validate the configuration and print the effective settings.
     CheckConfig,
+    /// Drive a running sidecar's lock API and report throughput and latency.
+    Bench(crate::bench::BenchArgs),
 }

@@ -8,6 +8,7 @@
 //! - [`settings`] — configuration (defaults, TOML file, environment).
 
 pub mod admin;
+pub mod bench;
 pub mod cli;
 pub mod error;
 pub mod lock;

@@ -40,6 +40,15 @@ fn main() -> ExitCode {
                 return ExitCode::from(EXIT_CONFIG);
             }
             Command::CheckConfig => unreachable!("handled above"),
+            Command::Bench(args) => {
+                return match fencer::bench::run(args).await {
+                    Ok(()) => ExitCode::SUCCESS,
+                    Err(e) => {
+                        eprintln!("fencer bench: {e}");
+                        ExitCode::FAILURE
+                    }
+                };
+            }
         };
         match result {
             Ok(()) => ExitCode::SUCCESS,

@@ -6,6 +6,7 @@
 
 #![allow(dead_code)]
 
+pub mod postgres;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;

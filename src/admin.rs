@@ -16,7 +16,6 @@ use axum::{Json, Router};
 use serde_json::json;
 
 use crate::error::ApiError;
-use crate::metrics::Metrics;
 
 pub type ReadyFuture = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
 
@@ -26,7 +25,8 @@ pub trait Readiness: Send + Sync + 'static {
 }
 
 pub struct AdminState {
-    pub metrics: Arc<Metrics>,
+    /// Every role of this process registers here: one scrape per process.
+    pub registry: prometheus::Registry,
     pub readiness: Arc<dyn Readiness>,
 }
 
@@ -54,7 +54,7 @@ async fn metrics(State(state): State<Arc<AdminState>>) -> Response {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        state.metrics.render(),
+        crate::metrics::render(&state.registry),
     )
         .into_response()
 }

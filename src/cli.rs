@@ -46,8 +46,16 @@ pub enum Command {
     Sidecar,
     /// Run the storage gateway that enforces fencing tokens.
     Gateway,
-    /// Everything in one process on embedded defaults (memory backend).
+    /// Run the demo key-value storage (the kind of upstream the gateway protects).
+    Storage,
+    /// Everything in one process on embedded defaults: sidecar (memory
+    /// locks) + gateway (memory fences) + demo storage.
     Dev,
+    /// The hot-account incident, with and without fencing, side by side.
+    Demo(crate::demo::DemoArgs),
+    /// One hot-account worker process (for fault tests that pause it).
+    #[command(hide = true)]
+    HotAccountWorker(crate::hotaccount::WorkerArgs),
     /// Validate the configuration and print the effective settings.
     CheckConfig,
     /// Drive a running sidecar's lock API and report throughput and latency.

@@ -40,12 +40,29 @@ impl ApiError {
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
+impl ApiError {
+    fn body(self) -> (StatusCode, Value) {
         let mut body = self.extra;
         body.insert("error".into(), json!(self.code));
         body.insert("message".into(), json!(self.message));
-        (self.status, axum::Json(Value::Object(body))).into_response()
+        (self.status, Value::Object(body))
+    }
+
+    /// The same JSON error for the raw-hyper servers (egress proxy, gateway).
+    pub fn into_hyper(self) -> hyper::Response<crate::proxy::ProxyBody> {
+        let (status, body) = self.body();
+        hyper::Response::builder()
+            .status(status)
+            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .body(crate::proxy::full(body.to_string()))
+            .expect("static response parts")
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, body) = self.body();
+        (status, axum::Json(body)).into_response()
     }
 }
 
@@ -63,6 +80,10 @@ impl From<LockError> for ApiError {
                 ApiError::new(StatusCode::CONFLICT, "not_owner", message).with("key", key.as_str())
             }
             LockError::NotFound(key) => ApiError::not_found(message).with("key", key.as_str()),
+            LockError::NotHeld(key) => {
+                ApiError::new(StatusCode::PRECONDITION_REQUIRED, "lock_not_held", message)
+                    .with("key", key.as_str())
+            }
             LockError::Backend(_) => ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "backend_unavailable",
@@ -74,6 +95,18 @@ impl From<LockError> for ApiError {
             LockError::TooManyLeases(_) => {
                 ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many_leases", message)
             }
+            LockError::GatewayUnavailable(_) => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "gateway_unavailable",
+                message,
+            ),
+            LockError::TokenBehind { key, highest } => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "token_behind_gateway",
+                message,
+            )
+            .with("key", key.as_str())
+            .with("highest_seen", highest),
             LockError::ShuttingDown => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", message)
             }

@@ -10,10 +10,17 @@
 pub mod admin;
 pub mod bench;
 pub mod cli;
+pub mod demo;
+pub mod dev;
 pub mod error;
+pub mod gateway;
+pub mod hotaccount;
 pub mod lock;
 pub mod metrics;
+pub mod proxy;
+pub mod routes;
 pub mod settings;
 pub mod sidecar;
+pub mod storage;
 pub mod telemetry;
 pub mod token;

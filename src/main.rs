@@ -4,8 +4,9 @@ use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
 use fencer::cli::{Cli, Command};
-use fencer::settings::{BackendKind, Settings};
-use fencer::{sidecar, telemetry};
+use fencer::settings::Settings;
+use fencer::sidecar::StartError;
+use fencer::{dev, gateway, sidecar, storage, telemetry};
 
 /// Exit code for configuration errors (distinct from runtime failures).
 const EXIT_CONFIG: u8 = 2;
@@ -24,7 +25,15 @@ fn main() -> ExitCode {
         println!("{settings:#?}");
         return ExitCode::SUCCESS;
     }
-    telemetry::init(&settings.log, cli.log_format.map(Into::into));
+    let mut log = settings.log.clone();
+    if matches!(
+        cli.command,
+        Command::Demo(_) | Command::HotAccountWorker(_) | Command::Bench(_)
+    ) {
+        // These print their own report; keep the stack's logs to problems.
+        log.level = "warn".into();
+    }
+    telemetry::init(&log, cli.log_format.map(Into::into));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -34,12 +43,14 @@ fn main() -> ExitCode {
         tokio::spawn(wait_for_signal(shutdown.clone()));
         let result = match cli.command {
             Command::Sidecar => sidecar::run(settings, shutdown).await,
-            Command::Dev => run_dev(settings, shutdown).await,
-            Command::Gateway => {
-                eprintln!("fencer: the gateway role is not available in this build yet");
-                return ExitCode::from(EXIT_CONFIG);
+            Command::Gateway => gateway::run(settings, shutdown).await,
+            Command::Storage => storage::run(settings, shutdown).await,
+            Command::Dev => dev::run(settings, shutdown).await,
+            Command::Demo(args) => fencer::demo::run(args).await,
+            Command::HotAccountWorker(args) => {
+                fencer::hotaccount::run_worker(args).await;
+                Ok(())
             }
-            Command::CheckConfig => unreachable!("handled above"),
             Command::Bench(args) => {
                 return match fencer::bench::run(args).await {
                     Ok(()) => ExitCode::SUCCESS,
@@ -49,10 +60,11 @@ fn main() -> ExitCode {
                     }
                 };
             }
+            Command::CheckConfig => unreachable!("handled above"),
         };
         match result {
             Ok(()) => ExitCode::SUCCESS,
-            Err(e @ sidecar::StartError::Config(_)) => {
+            Err(e @ StartError::Config(_)) => {
                 eprintln!("fencer: configuration error: {e}");
                 ExitCode::from(EXIT_CONFIG)
             }
@@ -62,28 +74,6 @@ fn main() -> ExitCode {
             }
         }
     })
-}
-
-/// `fencer dev`: the sidecar on the memory backend with loopback defaults.
-async fn run_dev(
-    mut settings: Settings,
-    shutdown: CancellationToken,
-) -> Result<(), sidecar::StartError> {
-    settings.backend.kind = BackendKind::Memory;
-    if std::env::var("FENCER__ADMIN__LISTEN").is_err() {
-        settings.admin.listen = "127.0.0.1:9411".parse().expect("static addr");
-    }
-    let api = settings.sidecar.listen;
-    let admin = settings.admin.listen;
-    println!(
-        "fencer dev: lock API http://{api}  metrics http://{admin}/metrics\n\
-         try:\n  \
-         curl -s -XPOST http://{api}/v1/locks/account:1/acquire -d '{{\"ttl_ms\":30000}}'\n  \
-         curl -s http://{api}/v1/locks\n  \
-         curl -s -XPOST http://{api}/v1/locks/account:1/release -d '{{\"lease_id\":\"<lease_id from acquire>\"}}'\n\
-         Ctrl-C to stop."
-    );
-    sidecar::run(settings, shutdown).await
 }
 
 async fn wait_for_signal(shutdown: CancellationToken) {

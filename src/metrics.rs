@@ -6,7 +6,7 @@
 //! folded into `other`.
 
 use std::collections::HashSet;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
@@ -23,6 +23,48 @@ const WAIT_BUCKETS: &[f64] = &[
 const BACKEND_BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
 ];
+
+/// A registry with the process-wide series (build info, process metrics).
+/// Every role in a process registers into the same one, so `fencer dev`
+/// serves all of them from one `/metrics`.
+pub fn registry(role: &str, backend: &str) -> Registry {
+    let registry = Registry::new();
+    let build = IntGaugeVec::new(
+        Opts::new("fencer_build_info", "Build information; always 1."),
+        &["version", "role", "backend"],
+    )
+    .expect("valid metric");
+    build
+        .with_label_values(&[env!("CARGO_PKG_VERSION"), role, backend])
+        .set(1);
+    registry.register(Box::new(build)).expect("registered once");
+    #[cfg(target_os = "linux")]
+    {
+        let pc = prometheus::process_collector::ProcessCollector::for_self();
+        let _ = registry.register(Box::new(pc));
+    }
+    registry
+}
+
+/// Renders a registry in the Prometheus text format.
+pub fn render(registry: &Registry) -> String {
+    let mut buf = Vec::new();
+    TextEncoder::new()
+        .encode(&registry.gather(), &mut buf)
+        .expect("text encoding cannot fail");
+    String::from_utf8(buf).expect("prometheus text is utf-8")
+}
+
+/// Registers a collector and hands it back.
+pub(crate) fn register<T: prometheus::core::Collector + Clone + 'static>(
+    registry: &Registry,
+    metric: T,
+) -> T {
+    registry
+        .register(Box::new(metric.clone()))
+        .expect("metric registered once");
+    metric
+}
 
 pub struct Groups {
     separator: String,
@@ -66,9 +108,10 @@ impl Groups {
     }
 }
 
+/// The sidecar's series.
 pub struct Metrics {
     pub registry: Registry,
-    pub groups: Groups,
+    pub groups: Arc<Groups>,
     pub acquisitions: IntCounterVec,
     pub acquire_wait: HistogramVec,
     pub hold_time: HistogramVec,
@@ -82,35 +125,106 @@ pub struct Metrics {
     pub backend_errors: IntCounterVec,
     pub acquire_retries: IntCounterVec,
     pub http_requests: IntCounterVec,
+    pub proxy_requests: IntCounterVec,
+    pub proxy_duration: HistogramVec,
+    pub preregistrations: IntCounterVec,
+}
+
+/// The gateway's series.
+pub struct GatewayMetrics {
+    pub groups: Arc<Groups>,
+    pub requests: IntCounterVec,
+    pub token_advances: IntCounterVec,
+    pub fence_store_duration: HistogramVec,
+    pub serialization_wait: HistogramVec,
+    pub upstream_duration: HistogramVec,
+    pub in_flight_keys: IntGauge,
+}
+
+impl GatewayMetrics {
+    pub fn new(registry: &Registry, groups: Arc<Groups>) -> GatewayMetrics {
+        GatewayMetrics {
+            groups,
+            requests: register(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "fencer_gateway_requests_total",
+                        "Gateway requests by lock group, kind (write, read, preregister) and result (accepted, stale, invalid_token, missing_token, key_mismatch, busy, store_error, upstream_error, unchecked, unenforced).",
+                    ),
+                    &["group", "kind", "result"],
+                )
+                .expect("valid metric"),
+            ),
+            token_advances: register(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "fencer_gateway_token_advances_total",
+                        "Times a key's highest accepted token moved up.",
+                    ),
+                    &["group"],
+                )
+                .expect("valid metric"),
+            ),
+            fence_store_duration: register(
+                registry,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "fencer_gateway_fence_store_duration_seconds",
+                        "Fence store operations (check_and_advance) by store.",
+                    )
+                    .buckets(BACKEND_BUCKETS.to_vec()),
+                    &["store", "op"],
+                )
+                .expect("valid metric"),
+            ),
+            serialization_wait: register(
+                registry,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "fencer_gateway_serialization_wait_seconds",
+                        "Time a fenced request waited for the previous request on its key to finish.",
+                    )
+                    .buckets(WAIT_BUCKETS.to_vec()),
+                    &["group"],
+                )
+                .expect("valid metric"),
+            ),
+            upstream_duration: register(
+                registry,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "fencer_gateway_upstream_duration_seconds",
+                        "Upstream (storage) time to response headers, by outcome (ok, error, timeout).",
+                    )
+                    .buckets(BACKEND_BUCKETS.to_vec()),
+                    &["outcome"],
+                )
+                .expect("valid metric"),
+            ),
+            in_flight_keys: register(
+                registry,
+                IntGauge::new(
+                    "fencer_gateway_fenced_in_flight",
+                    "Fenced requests currently holding their key's serialization.",
+                )
+                .expect("valid metric"),
+            ),
+        }
+    }
 }
 
 impl Metrics {
-    pub fn new(settings: &MetricsSettings, backend: &str) -> Metrics {
-        let registry = Registry::new();
+    pub fn new(registry: &Registry, groups: Arc<Groups>) -> Metrics {
+        let registry = registry.clone();
         macro_rules! reg {
-            ($m:expr) => {{
-                let m = $m;
-                registry
-                    .register(Box::new(m.clone()))
-                    .expect("metric registered once");
-                m
-            }};
-        }
-        let build = reg!(IntGaugeVec::new(
-            Opts::new("fencer_build_info", "Build information; always 1."),
-            &["version", "backend"]
-        )
-        .unwrap());
-        build
-            .with_label_values(&[env!("CARGO_PKG_VERSION"), backend])
-            .set(1);
-        #[cfg(target_os = "linux")]
-        {
-            let pc = prometheus::process_collector::ProcessCollector::for_self();
-            let _ = registry.register(Box::new(pc));
+            ($m:expr) => {
+                register(&registry, $m)
+            };
         }
         Metrics {
-            groups: Groups::new(settings),
+            groups,
             acquisitions: reg!(IntCounterVec::new(
                 Opts::new(
                     "fencer_acquisitions_total",
@@ -206,16 +320,37 @@ impl Metrics {
                 &["route", "status"]
             )
             .unwrap()),
+            proxy_requests: reg!(IntCounterVec::new(
+                Opts::new(
+                    "fencer_proxy_requests_total",
+                    "Egress proxy requests by result (forwarded, passthrough, lock_not_held, lease_lost, bad_request, upstream_error)."
+                ),
+                &["result"]
+            )
+            .unwrap()),
+            proxy_duration: reg!(HistogramVec::new(
+                HistogramOpts::new(
+                    "fencer_proxy_request_duration_seconds",
+                    "Egress proxy requests from arrival to upstream response headers, by result."
+                )
+                .buckets(BACKEND_BUCKETS.to_vec()),
+                &["result"]
+            )
+            .unwrap()),
+            preregistrations: reg!(IntCounterVec::new(
+                Opts::new(
+                    "fencer_preregistrations_total",
+                    "Tokens pre-registered at the gateway on acquisition, by result (ok, stale, error)."
+                ),
+                &["result"]
+            )
+            .unwrap()),
             registry,
         }
     }
 
     pub fn render(&self) -> String {
-        let mut buf = Vec::new();
-        TextEncoder::new()
-            .encode(&self.registry.gather(), &mut buf)
-            .expect("text encoding cannot fail");
-        String::from_utf8(buf).expect("prometheus text is utf-8")
+        render(&self.registry)
     }
 }
 

@@ -26,11 +26,17 @@ pub mod limits {
 #[serde(default, deny_unknown_fields)]
 pub struct Settings {
     pub sidecar: SidecarSettings,
+    pub proxy: ProxySettings,
+    pub gateway: GatewaySettings,
+    pub storage: StorageSettings,
     pub backend: BackendSettings,
     pub admin: AdminSettings,
     pub signing: SigningSettings,
     pub log: LogSettings,
     pub metrics: MetricsSettings,
+    /// A secret given in code (`fencer dev`, `fencer demo`): never from a file.
+    #[serde(skip)]
+    pub signing_secret_override: Option<Vec<u8>>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -55,6 +61,11 @@ pub struct SidecarSettings {
     pub shutdown_release_timeout_ms: u64,
     /// How long a lost lease stays visible in `GET /v1/locks/{key}`.
     pub lost_lease_retention_ms: u64,
+    /// Gateway base URL (`http://gateway:8080`) at which each new token is
+    /// registered before the acquire returns, so no earlier holder's write
+    /// can land after the new holder's first read. Empty: off.
+    pub preregister_url: String,
+    pub preregister_timeout_ms: u64,
 }
 
 impl Default for SidecarSettings {
@@ -70,6 +81,8 @@ impl Default for SidecarSettings {
             max_fallback_ms: 30_000,
             shutdown_release_timeout_ms: 5_000,
             lost_lease_retention_ms: 60_000,
+            preregister_url: String::new(),
+            preregister_timeout_ms: 2_000,
         }
     }
 }
@@ -156,6 +169,131 @@ impl Default for RedisSettings {
             request_timeout_ms: 1_000,
             connect_timeout_ms: 1_000,
             token_mode: TokenMode::HybridClock,
+        }
+    }
+}
+
+/// The sidecar's egress proxy: the application's storage writes go through
+/// it and leave with the lease's signed token.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProxySettings {
+    pub enabled: bool,
+    pub listen: SocketAddr,
+    /// Where requests go (normally the gateway): `http://host:port`.
+    pub upstream: String,
+    /// Writes that name no lock are refused with 428 instead of passed on.
+    pub require_lock_for_writes: bool,
+    pub write_methods: Vec<String>,
+    /// Map request paths to lock keys when `Fencing-Lock` is absent.
+    pub routes: Vec<crate::routes::RouteSpec>,
+    pub connect_timeout_ms: u64,
+    pub upstream_timeout_ms: u64,
+}
+
+impl Default for ProxySettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            listen: "127.0.0.1:7412".parse().expect("static addr"),
+            upstream: "http://127.0.0.1:8080".into(),
+            require_lock_for_writes: false,
+            write_methods: default_write_methods(),
+            routes: Vec::new(),
+            connect_timeout_ms: 1_000,
+            upstream_timeout_ms: 10_000,
+        }
+    }
+}
+
+fn default_write_methods() -> Vec<String> {
+    ["PUT", "POST", "PATCH", "DELETE"]
+        .map(String::from)
+        .to_vec()
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(try_from = "String")]
+pub enum FenceStoreKind {
+    Memory,
+    Postgres,
+}
+config_enum!(FenceStoreKind { Memory => "memory", Postgres => "postgres" });
+
+/// One accepted signing key of the gateway (several during a rotation).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VerifyKey {
+    pub key_id: String,
+    pub secret_file: Option<String>,
+    pub secret_env: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GatewaySettings {
+    pub listen: SocketAddr,
+    /// The storage: `http://host:port`.
+    pub upstream: String,
+    /// Off: a plain reverse proxy that checks nothing (for comparisons and
+    /// staged roll-outs). Never run production writes with it off.
+    pub enforce: bool,
+    pub write_methods: Vec<String>,
+    /// Bind paths to keys: a write to `/accounts/7` must carry a token for
+    /// `account:7`.
+    pub routes: Vec<crate::routes::RouteSpec>,
+    /// Accepted signing keys. Empty: the `[signing]` key.
+    pub keys: Vec<VerifyKey>,
+    pub fence_store: FenceStoreKind,
+    pub postgres_url: String,
+    pub postgres_pool_size: usize,
+    /// How long a fenced request waits for the previous one on its key.
+    pub serialize_timeout_ms: u64,
+    pub connect_timeout_ms: u64,
+    pub upstream_timeout_ms: u64,
+    /// After a forwarded write's outcome is unknown (timeout, reset), its key
+    /// stays blocked this long, because the write may still land.
+    pub uncertain_hold_ms: u64,
+    /// Where sidecars pre-register tokens: `POST <prefix><key>`.
+    pub fence_api_prefix: String,
+}
+
+impl Default for GatewaySettings {
+    fn default() -> Self {
+        Self {
+            listen: "0.0.0.0:8080".parse().expect("static addr"),
+            upstream: "http://127.0.0.1:8081".into(),
+            enforce: true,
+            write_methods: default_write_methods(),
+            routes: Vec::new(),
+            keys: Vec::new(),
+            fence_store: FenceStoreKind::Memory,
+            postgres_url: String::new(),
+            postgres_pool_size: 32,
+            serialize_timeout_ms: 5_000,
+            connect_timeout_ms: 1_000,
+            upstream_timeout_ms: 10_000,
+            uncertain_hold_ms: 10_000,
+            fence_api_prefix: "/_fencer/v1/fences/".into(),
+        }
+    }
+}
+
+/// The demo key-value storage (`fencer storage`, and inside `fencer dev`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StorageSettings {
+    pub listen: SocketAddr,
+    pub backend: FenceStoreKind,
+    pub postgres_url: String,
+}
+
+impl Default for StorageSettings {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:8081".parse().expect("static addr"),
+            backend: FenceStoreKind::Memory,
+            postgres_url: String::new(),
         }
     }
 }
@@ -389,22 +527,106 @@ impl Settings {
                 "must be between 10 and 60000",
             ));
         }
-        let kid = &self.signing.key_id;
-        if kid.is_empty()
-            || kid.len() > 32
-            || !kid
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-        {
-            return Err(invalid(
-                "signing.key_id",
-                "1 to 32 characters from [A-Za-z0-9_-]",
-            ));
-        }
+        check_key_id("signing.key_id", &self.signing.key_id)?;
         if self.signing.secret_file.is_some() && self.signing.secret_env.is_some() {
             return Err(invalid(
                 "signing.secret_file",
                 "set either signing.secret_file or signing.secret_env, not both",
+            ));
+        }
+        if !(100..=60_000).contains(&s.preregister_timeout_ms) {
+            return Err(invalid(
+                "sidecar.preregister_timeout_ms",
+                "must be between 100 and 60000",
+            ));
+        }
+        if !s.preregister_url.is_empty() {
+            let ok = url::Url::parse(&s.preregister_url).is_ok_and(|u| {
+                u.scheme() == "http" && u.host_str().is_some() && u.path().ends_with('/')
+            });
+            if !ok {
+                return Err(invalid(
+                    "sidecar.preregister_url",
+                    "expected the gateway's fence API prefix, e.g. http://gateway:8080/_fencer/v1/fences/",
+                ));
+            }
+        }
+        let p = &self.proxy;
+        check_http_url("proxy.upstream", &p.upstream)?;
+        check_methods("proxy.write_methods", &p.write_methods)?;
+        crate::routes::Routes::compile(&p.routes)
+            .map_err(|e| invalid("proxy.routes", e.to_string()))?;
+        check_range("proxy.connect_timeout_ms", p.connect_timeout_ms, 10, 60_000)?;
+        check_range(
+            "proxy.upstream_timeout_ms",
+            p.upstream_timeout_ms,
+            10,
+            600_000,
+        )?;
+        let g = &self.gateway;
+        check_http_url("gateway.upstream", &g.upstream)?;
+        check_methods("gateway.write_methods", &g.write_methods)?;
+        crate::routes::Routes::compile(&g.routes)
+            .map_err(|e| invalid("gateway.routes", e.to_string()))?;
+        for k in &g.keys {
+            check_key_id("gateway.keys.key_id", &k.key_id)?;
+            if k.secret_file.is_some() == k.secret_env.is_some() {
+                return Err(invalid(
+                    "gateway.keys",
+                    format!(
+                        "key `{}`: set exactly one of secret_file, secret_env",
+                        k.key_id
+                    ),
+                ));
+            }
+        }
+        if g.fence_store == FenceStoreKind::Postgres && g.postgres_url.is_empty() {
+            return Err(invalid(
+                "gateway.postgres_url",
+                "required when gateway.fence_store = \"postgres\"",
+            ));
+        }
+        check_range(
+            "gateway.postgres_pool_size",
+            g.postgres_pool_size as u64,
+            1,
+            1024,
+        )?;
+        check_range(
+            "gateway.serialize_timeout_ms",
+            g.serialize_timeout_ms,
+            10,
+            600_000,
+        )?;
+        check_range(
+            "gateway.connect_timeout_ms",
+            g.connect_timeout_ms,
+            10,
+            60_000,
+        )?;
+        check_range(
+            "gateway.upstream_timeout_ms",
+            g.upstream_timeout_ms,
+            10,
+            600_000,
+        )?;
+        check_range(
+            "gateway.uncertain_hold_ms",
+            g.uncertain_hold_ms,
+            0,
+            3_600_000,
+        )?;
+        if !g.fence_api_prefix.starts_with('/') || !g.fence_api_prefix.ends_with('/') {
+            return Err(invalid(
+                "gateway.fence_api_prefix",
+                "must start and end with `/`",
+            ));
+        }
+        if self.storage.backend == FenceStoreKind::Postgres && self.storage.postgres_url.is_empty()
+        {
+            return Err(invalid(
+                "storage.postgres_url",
+                "required when storage.backend = \"postgres\"",
             ));
         }
         if self.metrics.group_separator.is_empty() {
@@ -419,23 +641,108 @@ impl Settings {
     /// The token-signing secret, read from the configured file or variable.
     /// `None` when neither is configured (callers decide whether that is ok).
     pub fn signing_secret(&self) -> Result<Option<Vec<u8>>, ConfigError> {
-        if let Some(path) = &self.signing.secret_file {
-            let data = std::fs::read(path)
-                .map_err(|e| invalid("signing.secret_file", format!("cannot read {path}: {e}")))?;
-            let trimmed = data.trim_ascii().to_vec();
-            return check_secret("signing.secret_file", trimmed).map(Some);
+        if let Some(secret) = &self.signing_secret_override {
+            return Ok(Some(secret.clone()));
         }
-        if let Some(var) = &self.signing.secret_env {
-            let value = std::env::var(var).map_err(|_| {
+        read_secret(
+            ("signing.secret_file", "signing.secret_env"),
+            self.signing.secret_file.as_deref(),
+            self.signing.secret_env.as_deref(),
+        )
+    }
+
+    /// The gateway's accepted `(key id, secret)` pairs.
+    pub fn gateway_keys(&self) -> Result<Vec<(String, Vec<u8>)>, ConfigError> {
+        if self.gateway.keys.is_empty() {
+            let secret = self.signing_secret()?.ok_or_else(|| {
                 invalid(
-                    "signing.secret_env",
-                    format!("environment variable {var} is not set"),
+                    "gateway.keys",
+                    "the gateway needs the token-signing secret: set [signing] secret_file/secret_env or [[gateway.keys]]",
                 )
             })?;
-            return check_secret("signing.secret_env", value.into_bytes()).map(Some);
+            return Ok(vec![(self.signing.key_id.clone(), secret)]);
         }
-        Ok(None)
+        self.gateway
+            .keys
+            .iter()
+            .map(|k| {
+                let fields = ("gateway.keys.secret_file", "gateway.keys.secret_env");
+                let secret =
+                    read_secret(fields, k.secret_file.as_deref(), k.secret_env.as_deref())?
+                        .ok_or_else(|| {
+                            invalid("gateway.keys", format!("key `{}` has no secret", k.key_id))
+                        })?;
+                Ok((k.key_id.clone(), secret))
+            })
+            .collect()
     }
+}
+
+/// Reads a secret from a file or an environment variable; `fields` name the
+/// two settings for error messages.
+fn read_secret(
+    fields: (&'static str, &'static str),
+    file: Option<&str>,
+    env: Option<&str>,
+) -> Result<Option<Vec<u8>>, ConfigError> {
+    if let Some(path) = file {
+        let data = std::fs::read(path)
+            .map_err(|e| invalid(fields.0, format!("cannot read {path}: {e}")))?;
+        return check_secret(fields.0, data.trim_ascii().to_vec()).map(Some);
+    }
+    if let Some(var) = env {
+        let value = std::env::var(var)
+            .map_err(|_| invalid(fields.1, format!("environment variable {var} is not set")))?;
+        return check_secret(fields.1, value.into_bytes()).map(Some);
+    }
+    Ok(None)
+}
+
+fn check_range(field: &'static str, value: u64, min: u64, max: u64) -> Result<(), ConfigError> {
+    if (min..=max).contains(&value) {
+        Ok(())
+    } else {
+        Err(invalid(field, format!("must be between {min} and {max}")))
+    }
+}
+
+fn check_key_id(field: &'static str, kid: &str) -> Result<(), ConfigError> {
+    if kid.is_empty()
+        || kid.len() > 32
+        || !kid
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    {
+        return Err(invalid(field, "1 to 32 characters from [A-Za-z0-9_-]"));
+    }
+    Ok(())
+}
+
+fn check_http_url(field: &'static str, value: &str) -> Result<(), ConfigError> {
+    let url = url::Url::parse(value)
+        .map_err(|e| invalid(field, format!("not a URL ({e}); expected http://host:port")))?;
+    if url.scheme() != "http" || url.host_str().is_none() {
+        return Err(invalid(field, "expected http://host:port"));
+    }
+    if !matches!(url.path(), "" | "/") || url.query().is_some() {
+        return Err(invalid(
+            field,
+            "give scheme, host and port only (no path or query)",
+        ));
+    }
+    Ok(())
+}
+
+fn check_methods(field: &'static str, methods: &[String]) -> Result<(), ConfigError> {
+    for m in methods {
+        if m.is_empty() || !m.bytes().all(|b| b.is_ascii_uppercase()) {
+            return Err(invalid(
+                field,
+                format!("`{m}` is not an upper-case HTTP method"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn check_secret(field: &'static str, secret: Vec<u8>) -> Result<Vec<u8>, ConfigError> {

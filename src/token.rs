@@ -117,6 +117,33 @@ impl Signer {
     }
 }
 
+/// The set of keys a verifier accepts, by key id (rotation: old and new
+/// are both present during a roll-over).
+#[derive(Clone)]
+pub struct Keyring {
+    signers: Vec<Signer>,
+}
+
+impl Keyring {
+    pub fn new(keys: &[(String, Vec<u8>)]) -> Keyring {
+        Keyring {
+            signers: keys
+                .iter()
+                .map(|(kid, secret)| Signer::new(kid, secret))
+                .collect(),
+        }
+    }
+
+    pub fn verify(&self, wire: &str) -> Result<Claim, TokenError> {
+        let kid = wire.split('.').nth(1).ok_or(TokenError::Malformed)?;
+        self.signers
+            .iter()
+            .find(|s| s.key_id() == kid)
+            .ok_or(TokenError::UnknownKeyId)?
+            .verify(wire)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -147,5 +174,19 @@ mod tests {
         assert_eq!(s.verify("garbage"), Err(TokenError::Malformed));
         let k2 = Signer::new("k2", &[7u8; 32]);
         assert_eq!(k2.verify(&wire), Err(TokenError::UnknownKeyId));
+    }
+
+    #[test]
+    fn keyring_accepts_every_configured_key() {
+        let old = Signer::new("old", &[1u8; 32]);
+        let new = Signer::new("new", &[2u8; 32]);
+        let ring = Keyring::new(&[("old".into(), vec![1u8; 32]), ("new".into(), vec![2u8; 32])]);
+        assert_eq!(ring.verify(&old.sign(&claim())), Ok(claim()));
+        assert_eq!(ring.verify(&new.sign(&claim())), Ok(claim()));
+        let retired = Keyring::new(&[("new".into(), vec![2u8; 32])]);
+        assert_eq!(
+            retired.verify(&old.sign(&claim())),
+            Err(TokenError::UnknownKeyId)
+        );
     }
 }

@@ -126,6 +126,13 @@ impl LockBackend for MemoryBackend {
         Ok(outcome)
     }
 
+    async fn raise_token_floor(&self, key: &LockKey, floor: u64) -> Result<(), BackendError> {
+        let mut state = self.state.lock().expect("memory backend poisoned");
+        let counter = state.counters.entry(key.clone()).or_insert(0);
+        *counter = (*counter).max(floor);
+        Ok(())
+    }
+
     async fn watch(&self, _key: &LockKey) -> WatchGuard {
         // Releases notify the sink directly; nothing to subscribe to.
         WatchGuard::none()

@@ -109,6 +109,11 @@ pub trait LockBackend: Send + Sync + 'static {
     /// failed `try_acquire` is never missed.
     async fn watch(&self, key: &LockKey) -> WatchGuard;
 
+    /// Raises `key`'s token counter to at least `floor`, so the next token
+    /// is above a mark the gateway has already seen (repair after the
+    /// backend lost its counter).
+    async fn raise_token_floor(&self, key: &LockKey, floor: u64) -> Result<(), BackendError>;
+
     /// Cheap reachability check for `/readyz`.
     async fn ping(&self) -> Result<(), BackendError>;
 }

@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::leases::{LeaseRecord, LeaseState, LeaseTable, LeaseView, Lost, LostReason};
+use super::preregister::{PreregisterError, Preregistrar};
 use super::waiters::{WaitQueues, Wake};
 use crate::lock::{Attempt, BackendError, DynBackend, LeaseId, LockKey, Ownership};
 use crate::metrics::Metrics;
@@ -31,6 +32,8 @@ pub enum LockError {
     NotOwner(LockKey),
     #[error("this sidecar holds no lease on `{0}`")]
     NotFound(LockKey),
+    #[error("this sidecar holds no lease on `{0}`; acquire it first")]
+    NotHeld(LockKey),
     #[error(transparent)]
     Backend(#[from] BackendError),
     #[error("too many queued waiters (limit {0})")]
@@ -39,9 +42,15 @@ pub enum LockError {
     TooManyLeases(usize),
     #[error("the sidecar is shutting down")]
     ShuttingDown,
+    #[error("could not register the new token at the gateway: {0}")]
+    GatewayUnavailable(String),
+    #[error("the gateway has already accepted token {highest} for `{key}`, above what the backend minted; retry")]
+    TokenBehind { key: LockKey, highest: u64 },
 }
 
 pub struct LockManagerConfig {
+    /// Registers each new token at the gateway before the acquire returns.
+    pub preregister: Option<Preregistrar>,
     pub max_leases: usize,
     pub max_fallback: Duration,
     pub lost_retention: Duration,
@@ -55,6 +64,12 @@ pub struct LockManager {
     metrics: Arc<Metrics>,
     config: LockManagerConfig,
     shutdown: CancellationToken,
+    preregister: Option<Preregistrar>,
+}
+
+enum Repair {
+    Retry,
+    Failed(LockError),
 }
 
 enum Try {
@@ -69,9 +84,10 @@ impl LockManager {
         waiters: Arc<WaitQueues>,
         signer: Signer,
         metrics: Arc<Metrics>,
-        config: LockManagerConfig,
+        mut config: LockManagerConfig,
         shutdown: CancellationToken,
     ) -> LockManager {
+        let preregister = config.preregister.take();
         LockManager {
             backend,
             leases,
@@ -80,6 +96,7 @@ impl LockManager {
             metrics,
             config,
             shutdown,
+            preregister,
         }
     }
 
@@ -136,7 +153,7 @@ impl LockManager {
         let started = Instant::now();
         let group = self.metrics.groups.of(key.as_str());
         let result = self
-            .acquire_inner(&key, ttl, wait, owner, started, &group)
+            .acquire_registered(&key, ttl, wait, owner, started, &group)
             .await;
         let outcome = match &result {
             Ok(_) => "acquired",
@@ -159,6 +176,88 @@ impl LockManager {
             Err(e) => tracing::debug!(key = %key, error = %e, "lock not acquired"),
         }
         result
+    }
+
+    /// Acquires, then (if configured) registers the token at the gateway
+    /// before anyone sees it, repairing forward once if the backend's
+    /// counter turned out to be behind the gateway.
+    async fn acquire_registered(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        wait: Duration,
+        owner: Option<String>,
+        started: Instant,
+        group: &str,
+    ) -> Result<LeaseView, LockError> {
+        let view = self
+            .acquire_inner(key, ttl, wait, owner.clone(), started, group)
+            .await?;
+        let Some(pre) = &self.preregister else {
+            return Ok(view);
+        };
+        match self.preregister_or_repair(pre, key, &view).await {
+            Ok(()) => Ok(view),
+            Err(Repair::Failed(e)) => Err(e),
+            Err(Repair::Retry) => {
+                let view = self
+                    .acquire_inner(key, ttl, wait, owner, started, group)
+                    .await?;
+                match self.preregister_or_repair(pre, key, &view).await {
+                    Ok(()) => Ok(view),
+                    Err(Repair::Failed(e)) => Err(e),
+                    Err(Repair::Retry) => Err(LockError::TokenBehind {
+                        key: key.clone(),
+                        highest: view.token,
+                    }),
+                }
+            }
+        }
+    }
+
+    /// Registers a fresh token at the gateway. A stale answer means the
+    /// backend's counter is behind the gateway's mark (Redis lost it): the
+    /// lease is released and the counter raised past the mark — repair
+    /// forward, never reuse.
+    async fn preregister_or_repair(
+        &self,
+        pre: &Preregistrar,
+        key: &LockKey,
+        view: &LeaseView,
+    ) -> Result<(), Repair> {
+        let lease = LeaseId::parse(&view.lease_id).expect("our own lease id");
+        let outcome = pre.register(key, &view.fencing_token).await;
+        let label = match &outcome {
+            Ok(()) => "ok",
+            Err(PreregisterError::Stale { .. }) => "stale",
+            Err(PreregisterError::Failed(_)) => "error",
+        };
+        self.metrics
+            .preregistrations
+            .with_label_values(&[label])
+            .inc();
+        let err = match outcome {
+            Ok(()) => return Ok(()),
+            Err(e) => e,
+        };
+        let _ = self.release(key.clone(), lease).await;
+        match err {
+            PreregisterError::Stale { highest } => {
+                tracing::warn!(key = %key, token = view.token, highest_seen = highest,
+                    "backend token behind the gateway; raising the counter");
+                match self
+                    .call("raise_floor", self.backend.raise_token_floor(key, highest))
+                    .await
+                {
+                    Ok(()) => Err(Repair::Retry),
+                    Err(e) => Err(Repair::Failed(e.into())),
+                }
+            }
+            PreregisterError::Failed(msg) => {
+                tracing::warn!(key = %key, error = %msg, "token pre-registration failed; lease released");
+                Err(Repair::Failed(LockError::GatewayUnavailable(msg)))
+            }
+        }
     }
 
     async fn acquire_inner(
@@ -459,6 +558,35 @@ impl LockManager {
         record
             .map(|r| r.view(now))
             .ok_or_else(|| LockError::NotFound(key.clone()))
+    }
+
+    /// The lease a proxied request for `key` may use: held here, inside its
+    /// local deadline, and (when the application bound the request to a
+    /// lease) the very lease it named.
+    pub fn lease_for_write(
+        &self,
+        key: &LockKey,
+        bound: Option<&LeaseId>,
+    ) -> Result<LeaseRecord, LockError> {
+        let (record, lost) = self.leases.get(key, Instant::now());
+        self.record_lost(lost);
+        let Some(record) = record else {
+            return Err(match bound {
+                Some(l) if self.leases.knows(key, l) => LockError::LeaseLost(key.clone()),
+                _ => LockError::NotHeld(key.clone()),
+            });
+        };
+        if let Some(l) = bound {
+            if &record.lease_id != l {
+                // Computed under another lease: refuse even though the app
+                // holds the key again now.
+                return Err(LockError::LeaseLost(key.clone()));
+            }
+        }
+        if !record.is_held() {
+            return Err(LockError::LeaseLost(key.clone()));
+        }
+        Ok(record)
     }
 
     pub fn list(&self, limit: usize) -> (Vec<LeaseView>, usize) {

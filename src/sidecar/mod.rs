@@ -1,8 +1,10 @@
 //! The sidecar role: the lock API beside an application.
 
 pub mod api;
+pub mod egress;
 pub mod leases;
 pub mod locks;
+pub mod preregister;
 pub mod request;
 pub mod waiters;
 
@@ -12,14 +14,18 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use self::egress::Egress;
 use self::leases::LeaseTable;
 use self::locks::{LockManager, LockManagerConfig};
+use self::preregister::Preregistrar;
 use self::waiters::WaitQueues;
 use crate::admin::{AdminState, Readiness, ReadyFuture};
 use crate::lock::memory::MemoryBackend;
 use crate::lock::redis::RedisBackend;
 use crate::lock::{DynBackend, WakeSink};
 use crate::metrics::Metrics;
+use crate::proxy::forward::Forwarder;
+use crate::routes::Routes;
 use crate::settings::{BackendKind, Settings};
 use crate::token::Signer;
 
@@ -35,6 +41,8 @@ pub enum StartError {
     Config(#[from] crate::settings::ConfigError),
     #[error("backend: {0}")]
     Backend(#[from] crate::lock::BackendError),
+    #[error("fence store: {0}")]
+    Store(String),
 }
 
 pub fn build_backend(
@@ -92,11 +100,20 @@ impl Readiness for BackendReady {
 }
 
 impl Sidecar {
-    pub fn new(settings: Settings, shutdown: CancellationToken) -> Result<Sidecar, StartError> {
+    /// Builds the sidecar; its metrics go to `registry` (a fresh one for the
+    /// sidecar role, shared with the other roles in `fencer dev`).
+    pub fn new(
+        settings: Settings,
+        shutdown: CancellationToken,
+        registry: Option<prometheus::Registry>,
+    ) -> Result<Sidecar, StartError> {
         let s = &settings.sidecar;
         let waiters = Arc::new(WaitQueues::new(s.max_waiters));
         let backend = build_backend(&settings, waiters.clone())?;
-        let metrics = Arc::new(Metrics::new(&settings.metrics, backend.name()));
+        let registry =
+            registry.unwrap_or_else(|| crate::metrics::registry("sidecar", backend.name()));
+        let groups = Arc::new(crate::metrics::Groups::new(&settings.metrics));
+        let metrics = Arc::new(Metrics::new(&registry, groups));
         let leases = LeaseTable::new(
             s.clock_drift_ratio,
             Duration::from_millis(s.safety_margin_ms),
@@ -109,6 +126,12 @@ impl Sidecar {
             signer(&settings)?,
             metrics.clone(),
             LockManagerConfig {
+                preregister: (!s.preregister_url.is_empty()).then(|| {
+                    Preregistrar::new(
+                        &s.preregister_url,
+                        Duration::from_millis(s.preregister_timeout_ms),
+                    )
+                }),
                 max_leases: s.max_leases,
                 max_fallback: Duration::from_millis(s.max_fallback_ms),
                 lost_retention: Duration::from_millis(s.lost_lease_retention_ms),
@@ -123,13 +146,17 @@ impl Sidecar {
         })
     }
 
+    pub fn readiness(&self) -> Arc<dyn Readiness> {
+        Arc::new(BackendReady {
+            locks: self.locks.clone(),
+            shutdown: self.shutdown.clone(),
+        })
+    }
+
     pub fn admin_state(&self) -> Arc<AdminState> {
         Arc::new(AdminState {
-            metrics: self.metrics.clone(),
-            readiness: Arc::new(BackendReady {
-                locks: self.locks.clone(),
-                shutdown: self.shutdown.clone(),
-            }),
+            registry: self.metrics.registry.clone(),
+            readiness: self.readiness(),
         })
     }
 
@@ -140,6 +167,28 @@ impl Sidecar {
             default_ttl_ms: self.settings.sidecar.default_ttl_ms,
             default_wait_ms: self.settings.sidecar.default_wait_ms,
         }))
+    }
+
+    /// The egress proxy, if enabled.
+    pub fn egress(&self) -> Result<Option<Arc<Egress>>, StartError> {
+        let p = &self.settings.proxy;
+        if !p.enabled {
+            return Ok(None);
+        }
+        let forwarder = Forwarder::new(
+            &p.upstream,
+            Duration::from_millis(p.connect_timeout_ms),
+            Duration::from_millis(p.upstream_timeout_ms),
+        )
+        .map_err(|e| config_err("proxy.upstream", e))?;
+        Ok(Some(Arc::new(Egress {
+            locks: self.locks.clone(),
+            forwarder,
+            routes: Routes::compile(&p.routes).map_err(|e| config_err("proxy.routes", e))?,
+            write_methods: crate::gateway::methods(&p.write_methods),
+            require_lock_for_writes: p.require_lock_for_writes,
+            metrics: self.metrics.clone(),
+        })))
     }
 
     /// Expires overdue leases once a second until shutdown.
@@ -184,32 +233,73 @@ pub async fn serve(listener: TcpListener, router: axum::Router, shutdown: Cancel
     }
 }
 
+impl StartError {
+    pub fn config(field: &'static str, message: impl std::fmt::Display) -> StartError {
+        StartError::Config(crate::settings::ConfigError::Invalid {
+            field,
+            message: message.to_string(),
+        })
+    }
+}
+
+fn config_err(field: &'static str, message: impl std::fmt::Display) -> StartError {
+    StartError::config(field, message)
+}
+
+/// Serves the egress proxy until `shutdown`.
+pub async fn serve_egress(egress: Arc<Egress>, listener: TcpListener, shutdown: CancellationToken) {
+    let handler = Arc::new(move |req| egress.clone().handle(req));
+    crate::proxy::server::serve(listener, handler, shutdown, Duration::from_secs(5)).await;
+}
+
 /// `fencer sidecar`: runs until `shutdown` fires, then releases every lease.
 pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), StartError> {
-    let api_addr = settings.sidecar.listen;
-    let admin_addr = settings.admin.listen;
-    let sidecar = Sidecar::new(settings, shutdown.clone())?;
-    let api = bind("lock API", api_addr).await?;
-    let admin = bind("admin", admin_addr).await?;
-    tracing::info!(
-        api = %api.local_addr().map_err(|source| StartError::Bind { what: "lock API", addr: api_addr, source })?,
-        admin = %admin_addr,
-        backend = sidecar.locks.backend().name(),
-        "sidecar listening"
-    );
-    sidecar.spawn_sweeper();
-    let api_task = tokio::spawn(serve(api, sidecar.api_router(), shutdown.clone()));
+    let sidecar = Sidecar::new(settings, shutdown.clone(), None)?;
+    let admin = bind("admin", sidecar.settings.admin.listen).await?;
     let admin_task = tokio::spawn(serve(
         admin,
         crate::admin::router(sidecar.admin_state()),
         shutdown.clone(),
     ));
+    run_with(sidecar, shutdown).await?;
+    let _ = tokio::time::timeout(Duration::from_secs(1), admin_task).await;
+    Ok(())
+}
+
+/// Runs the lock API and egress proxy of a built sidecar until `shutdown`,
+/// then releases every lease.
+pub async fn run_with(sidecar: Sidecar, shutdown: CancellationToken) -> Result<(), StartError> {
+    let api_addr = sidecar.settings.sidecar.listen;
+    let api = bind("lock API", api_addr).await?;
+    let proxy_task = match sidecar.egress()? {
+        Some(egress) => {
+            let addr = sidecar.settings.proxy.listen;
+            let listener = bind("egress proxy", addr).await?;
+            tracing::info!(proxy = %addr, upstream = %sidecar.settings.proxy.upstream, "egress proxy listening");
+            Some(tokio::spawn(serve_egress(
+                egress,
+                listener,
+                shutdown.clone(),
+            )))
+        }
+        None => None,
+    };
+    tracing::info!(
+        api = %api_addr,
+        backend = sidecar.locks.backend().name(),
+        preregister = %sidecar.settings.sidecar.preregister_url,
+        "sidecar listening"
+    );
+    sidecar.spawn_sweeper();
+    let api_task = tokio::spawn(serve(api, sidecar.api_router(), shutdown.clone()));
     shutdown.cancelled().await;
     // Waiters were cancelled by the token; let in-flight calls finish so an
     // acquire that completes now is released below, not left to its TTL.
     let _ = tokio::time::timeout(Duration::from_secs(2), api_task).await;
+    if let Some(task) = proxy_task {
+        let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+    }
     tracing::info!("shutting down: releasing leases");
     sidecar.release_all().await;
-    let _ = tokio::time::timeout(Duration::from_secs(1), admin_task).await;
     Ok(())
 }

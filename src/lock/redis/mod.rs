@@ -195,6 +195,13 @@ impl LockBackend for RedisBackend {
         ownership(status, &value)
     }
 
+    async fn raise_token_floor(&self, key: &LockKey, floor: u64) -> Result<(), BackendError> {
+        let k = self.keys(key);
+        let mut inv = self.scripts.raise_floor.prepare_invoke();
+        inv.key(&k.counter).arg(floor.to_string());
+        self.invoke(inv).await.map(|_| ())
+    }
+
     async fn watch(&self, key: &LockKey) -> WatchGuard {
         WatchGuard::new(self.subscriber.watch(self.keys(key).channel).await)
     }

@@ -63,11 +63,19 @@ redis.call('PUBLISH', ARGV[2], '1')
 return {1, string.sub(cur, sep + 1)}
 "#;
 
+/// KEYS: counter. ARGV: floor. Raises the counter to at least the floor.
+pub const RAISE_FLOOR: &str = r#"
+local c = tonumber(redis.call('GET', KEYS[1]) or '0')
+if c < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end
+return {1, ''}
+"#;
+
 /// The scripts, hashed once; `EVALSHA` with a `NOSCRIPT` reload.
 pub struct Scripts {
     pub acquire: Script,
     pub renew: Script,
     pub release: Script,
+    pub raise_floor: Script,
 }
 
 impl Scripts {
@@ -76,11 +84,12 @@ impl Scripts {
             acquire: Script::new(ACQUIRE),
             renew: Script::new(RENEW),
             release: Script::new(RELEASE),
+            raise_floor: Script::new(RAISE_FLOOR),
         }
     }
 
-    pub fn all(&self) -> [&Script; 3] {
-        [&self.acquire, &self.renew, &self.release]
+    pub fn all(&self) -> [&Script; 4] {
+        [&self.acquire, &self.renew, &self.release, &self.raise_floor]
     }
 }
 

@@ -1,0 +1,224 @@
+//! Durable fence store on PostgreSQL, shared by every gateway replica.
+//!
+//! Per key, `fencer_fences` holds the highest accepted token and its lease.
+//! Serialization across replicas uses a session-level advisory lock on a
+//! hash of the key, held on a pooled connection for the whole forward:
+//!
+//! 1. `pg_advisory_lock(h)` — waits (bounded by `lock_timeout`) for the
+//!    request in flight on this key, in any replica;
+//! 2. one autocommit statement checks and advances the mark, so the new
+//!    mark is **durable before the request is forwarded** (a crash mid-way
+//!    cannot forget that a higher token may have written);
+//! 3. forward; 4. `pg_advisory_unlock(h)` when the upstream is done.
+//!
+//! If the gateway dies while holding the lock, PostgreSQL ends the session
+//! and releases it. A hash collision between two keys only serializes them
+//! together; it never weakens a check. (Advisory locks need a session:
+//! do not put a transaction-pooling PgBouncer between gateway and database.)
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
+use sha2::{Digest, Sha256};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::NoTls;
+
+use super::{Decision, FenceError, FenceStore, KeyGuard};
+
+/// Created on start-up. The same table serves `deploy/sql/fencer_fence.sql`.
+pub const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS fencer_fences (
+  key        text PRIMARY KEY,
+  token      bigint NOT NULL,
+  lease_id   text NOT NULL DEFAULT '',
+  updated_at timestamptz NOT NULL DEFAULT now()
+);";
+
+/// Check-and-advance in one statement. Returns the mark after the statement
+/// and whether this call advanced it.
+const ADVANCE: &str = "
+WITH up AS (
+  INSERT INTO fencer_fences AS f (key, token, lease_id, updated_at)
+  VALUES ($1, $2, $3, now())
+  ON CONFLICT (key) DO UPDATE
+    SET token = EXCLUDED.token, lease_id = EXCLUDED.lease_id, updated_at = now()
+    WHERE f.token < EXCLUDED.token
+  RETURNING token, lease_id
+)
+SELECT token, lease_id, true AS advanced FROM up
+UNION ALL
+SELECT token, lease_id, false FROM fencer_fences
+ WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM up)";
+
+pub struct PgFences {
+    pool: Pool,
+}
+
+fn unavailable(e: impl std::fmt::Display) -> FenceError {
+    FenceError::Unavailable(e.to_string())
+}
+
+/// The advisory lock id of a key.
+fn lock_id(key: &str) -> i64 {
+    let digest = Sha256::digest(key.as_bytes());
+    i64::from_be_bytes(digest[..8].try_into().expect("8 bytes"))
+}
+
+impl PgFences {
+    /// Connects and creates the schema, retrying for up to `startup` while
+    /// PostgreSQL is not reachable yet.
+    pub async fn connect(
+        url: &str,
+        pool_size: usize,
+        serialize_timeout: Duration,
+        startup: Duration,
+    ) -> Result<PgFences, FenceError> {
+        let mut config: tokio_postgres::Config = url.parse().map_err(unavailable)?;
+        config
+            .connect_timeout(Duration::from_secs(5))
+            .application_name("fencer-gateway")
+            // Bounds the wait for the advisory lock (and any row lock).
+            .options(format!("-c lock_timeout={}", serialize_timeout.as_millis()));
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(pool_size)
+            .wait_timeout(Some(serialize_timeout))
+            .create_timeout(Some(Duration::from_secs(5)))
+            .runtime(Runtime::Tokio1)
+            .build()
+            .map_err(unavailable)?;
+        let store = PgFences { pool };
+        let deadline = tokio::time::Instant::now() + startup;
+        loop {
+            match store.migrate().await {
+                Ok(()) => return Ok(store),
+                Err(e) if tokio::time::Instant::now() < deadline => {
+                    tracing::warn!(error = %e, "fence store not ready; retrying");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn migrate(&self) -> Result<(), FenceError> {
+        let conn = self.pool.get().await.map_err(unavailable)?;
+        conn.batch_execute(SCHEMA).await.map_err(unavailable)
+    }
+
+    async fn conn(&self) -> Result<Object, FenceError> {
+        self.pool.get().await.map_err(|e| match e {
+            deadpool_postgres::PoolError::Timeout(_) => FenceError::Busy,
+            other => unavailable(other),
+        })
+    }
+}
+
+/// Holds the key's advisory lock; dropping it unlocks (in the background).
+struct PgGuard {
+    conn: Option<Object>,
+    lock_id: i64,
+}
+
+impl Drop for PgGuard {
+    fn drop(&mut self) {
+        let Some(conn) = self.conn.take() else { return };
+        let lock_id = self.lock_id;
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        rt.spawn(async move {
+            let unlocked = conn
+                .query_one("SELECT pg_advisory_unlock($1)", &[&lock_id])
+                .await
+                .map(|row| row.get::<_, bool>(0));
+            if !matches!(unlocked, Ok(true)) {
+                // Never return a connection that may still hold the lock to
+                // the pool (advisory locks are re-entrant per session):
+                // closing the session releases it.
+                tracing::warn!(?unlocked, "advisory unlock failed; discarding connection");
+                drop(Object::take(conn));
+            }
+        });
+    }
+}
+
+#[async_trait]
+impl FenceStore for PgFences {
+    fn name(&self) -> &'static str {
+        "postgres"
+    }
+
+    async fn enter(
+        &self,
+        key: &str,
+        token: u64,
+        lease: &str,
+        wait: Duration,
+    ) -> Result<(Decision, KeyGuard), FenceError> {
+        let token = i64::try_from(token).map_err(|_| unavailable("token above i64 range"))?;
+        let conn = tokio::time::timeout(wait, self.conn())
+            .await
+            .map_err(|_| FenceError::Busy)??;
+        let id = lock_id(key);
+        let lock_stmt = conn
+            .prepare_cached("SELECT pg_advisory_lock($1)")
+            .await
+            .map_err(unavailable)?;
+        if let Err(e) = conn.execute(&lock_stmt, &[&id]).await {
+            let busy = e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE)
+                || e.code() == Some(&SqlState::QUERY_CANCELED);
+            if !busy {
+                drop(Object::take(conn));
+                return Err(unavailable(e));
+            }
+            return Err(FenceError::Busy);
+        }
+        let guard = PgGuard {
+            conn: Some(conn),
+            lock_id: id,
+        };
+        let conn = guard.conn.as_ref().expect("just set");
+        let advance = conn.prepare_cached(ADVANCE).await.map_err(unavailable)?;
+        let row = conn
+            .query_one(&advance, &[&key, &token, &lease])
+            .await
+            .map_err(unavailable)?;
+        let (high, held_by, advanced): (i64, String, bool) = (row.get(0), row.get(1), row.get(2));
+        let decision = if advanced {
+            Decision::Advanced
+        } else if high == token && held_by == lease {
+            Decision::Same
+        } else {
+            Decision::Stale {
+                highest: high as u64,
+            }
+        };
+        Ok((decision, KeyGuard::new(guard)))
+    }
+
+    async fn highest(&self, key: &str) -> Result<Option<(u64, String)>, FenceError> {
+        let conn = self.conn().await?;
+        let row = conn
+            .query_opt(
+                "SELECT token, lease_id FROM fencer_fences WHERE key = $1",
+                &[&key],
+            )
+            .await
+            .map_err(unavailable)?;
+        Ok(row.map(|r| (r.get::<_, i64>(0) as u64, r.get::<_, String>(1))))
+    }
+
+    async fn ping(&self) -> Result<(), FenceError> {
+        let conn = self.conn().await?;
+        conn.simple_query("SELECT 1").await.map_err(unavailable)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,138 @@
+//! Forwarding one request to a fixed upstream.
+
+use std::time::Duration;
+
+use hyper::body::Incoming;
+use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
+use hyper::{Request, Response, Uri};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+
+use super::ProxyBody;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    #[error("upstream did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("upstream request failed: {0}")]
+    Failed(String),
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("upstream `{url}`: {reason}")]
+pub struct UpstreamError {
+    pub url: String,
+    pub reason: String,
+}
+
+/// A pooled client bound to one upstream (`http://host:port`).
+#[derive(Clone)]
+pub struct Forwarder {
+    client: Client<HttpConnector, ProxyBody>,
+    scheme: hyper::http::uri::Scheme,
+    authority: hyper::http::uri::Authority,
+    host: HeaderValue,
+    timeout: Duration,
+}
+
+/// Headers that describe one connection, not the message (RFC 9110 §7.6.1).
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let listed: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in listed {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(*name);
+    }
+}
+
+impl Forwarder {
+    pub fn new(
+        upstream: &str,
+        connect_timeout: Duration,
+        timeout: Duration,
+    ) -> Result<Forwarder, UpstreamError> {
+        let err = |reason: &str| UpstreamError {
+            url: upstream.to_owned(),
+            reason: reason.to_owned(),
+        };
+        let uri: Uri = upstream.parse().map_err(|_| err("not a URL"))?;
+        if uri.scheme_str() != Some("http") {
+            return Err(err(
+                "only http:// upstreams are supported (terminate TLS in front of the storage)",
+            ));
+        }
+        if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+            return Err(err("give scheme, host and port only (no path)"));
+        }
+        let authority = uri
+            .authority()
+            .cloned()
+            .ok_or_else(|| err("missing host"))?;
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(connect_timeout));
+        connector.set_nodelay(true);
+        connector.set_keepalive(Some(Duration::from_secs(30)));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .pool_max_idle_per_host(256)
+            .pool_timer(TokioTimer::new())
+            .build(connector);
+        Ok(Forwarder {
+            client,
+            scheme: uri.scheme().cloned().expect("checked above"),
+            host: HeaderValue::from_str(authority.as_str()).map_err(|_| err("bad host"))?,
+            authority,
+            timeout,
+        })
+    }
+
+    /// Sends `req` (its path and query kept) to the upstream and returns the
+    /// response once its headers arrived. The body streams afterwards.
+    pub async fn forward(
+        &self,
+        mut req: Request<ProxyBody>,
+    ) -> Result<Response<Incoming>, ForwardError> {
+        let path_and_query = req
+            .uri()
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| hyper::http::uri::PathAndQuery::from_static("/"));
+        *req.uri_mut() = Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone())
+            .path_and_query(path_and_query)
+            .build()
+            .map_err(|e| ForwardError::Failed(e.to_string()))?;
+        *req.version_mut() = hyper::Version::HTTP_11;
+        strip_hop_by_hop(req.headers_mut());
+        req.headers_mut().insert(header::HOST, self.host.clone());
+        match tokio::time::timeout(self.timeout, self.client.request(req)).await {
+            Err(_) => Err(ForwardError::Timeout(self.timeout)),
+            Ok(Err(e)) => Err(ForwardError::Failed(e.to_string())),
+            Ok(Ok(mut resp)) => {
+                strip_hop_by_hop(resp.headers_mut());
+                Ok(resp)
+            }
+        }
+    }
+}

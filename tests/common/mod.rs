@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod postgres;
+pub mod upstream;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -161,10 +162,17 @@ pub enum Backend {
 }
 
 pub struct Fencer {
+    /// The main listener: lock API (sidecar), gateway, or storage.
     pub api: String,
+    /// The egress proxy (sidecar only).
+    pub proxy: String,
     pub admin: String,
     pub api_port: u16,
+    pub proxy_port: u16,
     pub admin_port: u16,
+    role: &'static str,
+    health: String,
+    config: Option<PathBuf>,
     env: Vec<(String, String)>,
     log: PathBuf,
     _dir: tempfile::TempDir,
@@ -212,14 +220,90 @@ impl Fencer {
         for (k, v) in extra {
             env.push(((*k).into(), (*v).into()));
         }
+        Fencer::start("sidecar", env, None)
+    }
+
+    /// Starts a sidecar with a TOML config file (for list settings such as
+    /// routes, which environment variables cannot express).
+    pub fn sidecar_with_config(backend: Backend, toml: &str, extra: &[(&str, &str)]) -> Fencer {
+        let mut env: Vec<(String, String)> = vec![
+            (
+                "backend.kind".into(),
+                if backend == Backend::Memory {
+                    "memory".into()
+                } else {
+                    "redis".into()
+                },
+            ),
+            ("signing.secret_env".into(), "FENCER_TEST_SECRET".into()),
+        ];
+        for (k, v) in extra {
+            env.push(((*k).into(), (*v).into()));
+        }
+        Fencer::start("sidecar", env, Some(toml))
+    }
+
+    /// Starts `fencer gateway` (in front of `upstream`) with extra settings.
+    pub fn gateway(upstream: &str, extra: &[(&str, &str)]) -> Fencer {
+        let mut env: Vec<(String, String)> = vec![
+            ("gateway.upstream".into(), upstream.into()),
+            ("signing.secret_env".into(), "FENCER_TEST_SECRET".into()),
+            ("log.level".into(), "fencer=debug,info".into()),
+        ];
+        for (k, v) in extra {
+            env.push(((*k).into(), (*v).into()));
+        }
+        Fencer::start("gateway", env, None)
+    }
+
+    /// A gateway with a TOML config file as well.
+    pub fn gateway_with_config(upstream: &str, toml: &str, extra: &[(&str, &str)]) -> Fencer {
+        let mut env: Vec<(String, String)> = vec![
+            ("gateway.upstream".into(), upstream.into()),
+            ("signing.secret_env".into(), "FENCER_TEST_SECRET".into()),
+        ];
+        for (k, v) in extra {
+            env.push(((*k).into(), (*v).into()));
+        }
+        Fencer::start("gateway", env, Some(toml))
+    }
+
+    /// Starts `fencer storage` (the demo key-value storage).
+    pub fn storage(extra: &[(&str, &str)]) -> Fencer {
+        let env = extra
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        Fencer::start("storage", env, None)
+    }
+
+    fn start(role: &'static str, env: Vec<(String, String)>, config: Option<&str>) -> Fencer {
         let dir = tempfile::tempdir().unwrap();
+        let config = config.map(|toml| {
+            let path = dir.path().join("fencer.toml");
+            std::fs::write(&path, toml).unwrap();
+            path
+        });
         let api_port = free_port();
+        let proxy_port = free_port();
         let admin_port = free_port();
+        let api = format!("http://127.0.0.1:{api_port}");
+        let admin = format!("http://127.0.0.1:{admin_port}");
+        let health = if role == "storage" {
+            format!("{api}/healthz")
+        } else {
+            format!("{admin}/healthz")
+        };
         let mut f = Fencer {
-            api: format!("http://127.0.0.1:{api_port}"),
-            admin: format!("http://127.0.0.1:{admin_port}"),
+            api,
+            proxy: format!("http://127.0.0.1:{proxy_port}"),
+            admin,
             api_port,
+            proxy_port,
             admin_port,
+            role,
+            health,
+            config,
             env,
             log: dir.path().join("fencer.log"),
             _dir: dir,
@@ -241,12 +325,21 @@ impl Fencer {
             .open(&self.log)
             .unwrap();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_fencer"));
-        cmd.arg("sidecar")
+        let listen_var = match self.role {
+            "sidecar" => "FENCER__SIDECAR__LISTEN",
+            "gateway" => "FENCER__GATEWAY__LISTEN",
+            _ => "FENCER__STORAGE__LISTEN",
+        };
+        if let Some(path) = &self.config {
+            cmd.arg("--config").arg(path);
+        }
+        cmd.arg(self.role)
             .env_remove("RUST_LOG")
             .env("FENCER_TEST_SECRET", SECRET)
+            .env(listen_var, format!("127.0.0.1:{}", self.api_port))
             .env(
-                "FENCER__SIDECAR__LISTEN",
-                format!("127.0.0.1:{}", self.api_port),
+                "FENCER__PROXY__LISTEN",
+                format!("127.0.0.1:{}", self.proxy_port),
             )
             .env(
                 "FENCER__ADMIN__LISTEN",
@@ -261,7 +354,7 @@ impl Fencer {
             );
         }
         self.child = Some(cmd.spawn().unwrap());
-        let health = format!("{}/healthz", self.admin);
+        let health = self.health.clone();
         let log = self.log.clone();
         let child = self.child.as_mut().unwrap();
         let start = Instant::now();
@@ -276,8 +369,10 @@ impl Fencer {
                 break;
             }
             assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "fencer did not start"
+                start.elapsed() < Duration::from_secs(40),
+                "fencer {} did not start: {}",
+                self.role,
+                std::fs::read_to_string(&log).unwrap_or_default()
             );
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -403,6 +498,41 @@ impl Drop for Fencer {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// Any HTTP request; the body is parsed as JSON when it is JSON.
+pub async fn send(
+    client: &reqwest::Client,
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> Resp {
+    let mut req = client.request(reqwest::Method::from_bytes(method.as_bytes()).unwrap(), url);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    if let Some(b) = body {
+        req = req
+            .header("content-type", "application/json")
+            .body(b.to_owned());
+    }
+    let r = req.send().await.expect("request failed");
+    let status = r.status().as_u16();
+    let text = r.text().await.unwrap();
+    let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    Resp { status, body }
+}
+
+/// Peak resident memory of a process (VmHWM), in KiB.
+pub fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|n| n.parse().ok())
+        .unwrap()
 }
 
 pub fn metric_sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {

@@ -1,0 +1,622 @@
+//! Fencing end to end with real processes: the egress proxy, the gateway
+//! and its fence stores, token signatures, pre-registration.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::postgres::PgServer;
+use common::upstream::Recorder;
+use common::*;
+use fencer::token::{Claim, Signer};
+use serde_json::json;
+
+/// storage <- gateway (memory fences) <- sidecar (memory locks, proxy to the
+/// gateway, pre-registration on).
+struct Stack {
+    storage: Fencer,
+    gateway: Fencer,
+    sidecar: Fencer,
+}
+
+fn prefix(gateway: &Fencer) -> String {
+    format!("{}/_fencer/v1/fences/", gateway.api)
+}
+
+fn stack(gateway_extra: &[(&str, &str)], sidecar_extra: &[(&str, &str)]) -> Stack {
+    let storage = Fencer::storage(&[]);
+    let gateway = Fencer::gateway(&storage.api, gateway_extra);
+    let pre = prefix(&gateway);
+    let mut extra = vec![
+        ("proxy.upstream", gateway.api.as_str()),
+        ("sidecar.preregister_url", pre.as_str()),
+    ];
+    extra.extend_from_slice(sidecar_extra);
+    let sidecar = Fencer::sidecar(Backend::Memory, None, &extra);
+    Stack {
+        storage,
+        gateway,
+        sidecar,
+    }
+}
+
+fn signer() -> Signer {
+    Signer::new("k1", SECRET.as_bytes())
+}
+
+fn sign(key: &str, token: u64, lease: &str) -> String {
+    signer().sign(&Claim {
+        key: key.into(),
+        token,
+        lease_id: lease.into(),
+    })
+}
+
+async fn put(s: &Fencer, url: &str, headers: &[(&str, &str)], balance: i64) -> Resp {
+    send(
+        &s.http,
+        "PUT",
+        url,
+        headers,
+        Some(&json!({ "balance": balance }).to_string()),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_through_the_proxy_carries_the_lease_token_to_storage() {
+    let st = stack(&[], &[]);
+    let s = &st.sidecar;
+    let lease = s.acquire("account:1", 10_000, 0).await;
+    assert_eq!(lease.status, 200);
+    let url = format!("{}/kv/accounts/1", s.proxy);
+    let w = put(s, &url, &[("Fencing-Lock", "account:1")], 100).await;
+    assert_eq!(w.status, 200, "{}", w.body);
+    // A fenced read through the proxy too.
+    let r = send(&s.http, "GET", &url, &[("Fencing-Lock", "account:1")], None).await;
+    assert_eq!(r.body["value"]["balance"], 100);
+    let log = send(
+        &s.http,
+        "GET",
+        &format!("{}/_log/accounts/1", st.storage.api),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(log.body["writes"][0]["token"], lease.token());
+    assert!(
+        s.metric("fencer_preregistrations_total", &[("result", "ok")])
+            .await
+            >= 1.0
+    );
+    assert_eq!(
+        st.gateway
+            .metric(
+                "fencer_gateway_requests_total",
+                &[("kind", "write"), ("result", "accepted")]
+            )
+            .await,
+        1.0
+    );
+}
+
+/// The seeds' story: holder 1 pauses past its lease, holder 2 gets a higher
+/// token; holder 1's write is refused by the gateway (409 with both tokens)
+/// and, through the proxy, already by its sidecar (409 lease_lost).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_token_is_rejected_after_a_newer_one_was_registered() {
+    let st = stack(&[], &[]);
+    let s = &st.sidecar;
+    let first = s.acquire("account:9", 200, 0).await;
+    let second = s.acquire("account:9", 10_000, 5_000).await;
+    assert_eq!(second.status, 200, "{}", second.body);
+    assert!(second.token() > first.token());
+    let url = format!("{}/kv/accounts/9", st.gateway.api);
+    let old = first.body["fencing_token"].as_str().unwrap().to_owned();
+    let w = put(s, &url, &[("Fencing-Token", &old)], 1).await;
+    assert_eq!(
+        (w.status, w.code()),
+        (409, "stale_fencing_token"),
+        "{}",
+        w.body
+    );
+    assert_eq!(w.body["token"], first.token());
+    assert_eq!(w.body["highest_seen"], second.token());
+    assert_eq!(w.body["key"], "account:9");
+    let via_proxy = put(
+        s,
+        &format!("{}/kv/accounts/9", s.proxy),
+        &[
+            ("Fencing-Lock", "account:9"),
+            ("Fencing-Lease", &first.lease()),
+        ],
+        1,
+    )
+    .await;
+    assert_eq!((via_proxy.status, via_proxy.code()), (409, "lease_lost"));
+    // The storage never saw a write.
+    let log = send(
+        &s.http,
+        "GET",
+        &format!("{}/_log/accounts/9", st.storage.api),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(log.body["writes"].as_array().unwrap().len(), 0);
+    // The new holder writes fine.
+    let fresh = second.body["fencing_token"].as_str().unwrap().to_owned();
+    assert_eq!(
+        put(s, &url, &[("Fencing-Token", &fresh)], 2).await.status,
+        200
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_inflated_and_misused_tokens_are_refused_and_move_nothing() {
+    let st = stack(&[], &[]);
+    let s = &st.sidecar;
+    let g = &st.gateway;
+    let url = format!("{}/kv/accounts/5", g.api);
+    // No token on a write.
+    let w = put(s, &url, &[], 1).await;
+    assert_eq!((w.status, w.code()), (428, "fencing_token_required"));
+    // Reads without a token pass unchecked.
+    let r = send(&s.http, "GET", &url, &[], None).await;
+    assert_eq!(r.status, 404);
+
+    let lease = s.acquire("account:5", 10_000, 0).await;
+    let good = lease.body["fencing_token"].as_str().unwrap().to_owned();
+    // Forged: valid format, wrong secret, a huge token.
+    let forged = Signer::new("k1", b"not-the-secret-not-the-secret-not-the-secret").sign(&Claim {
+        key: "account:5".into(),
+        token: 9_000_000_000_000_000,
+        lease_id: "evil".into(),
+    });
+    // Inflated: a real token with its number changed.
+    let inflated = good.replacen(&format!(".{}.", lease.token()), ".9223372036854775807.", 1);
+    // A real token under an unknown key id.
+    let unknown_kid = good.replacen("v1.k1.", "v1.k9.", 1);
+    for bad in [&forged, &inflated, &unknown_kid, &"garbage".to_owned()] {
+        let w = put(s, &url, &[("Fencing-Token", bad)], 666).await;
+        assert_eq!(
+            (w.status, w.code()),
+            (403, "invalid_fencing_token"),
+            "{bad}: {}",
+            w.body
+        );
+    }
+    // A token for another key.
+    let other = s.acquire("account:6", 10_000, 0).await;
+    let other_tok = other.body["fencing_token"].as_str().unwrap().to_owned();
+    let w = put(
+        s,
+        &url,
+        &[("Fencing-Token", &other_tok), ("Fencing-Key", "account:5")],
+        1,
+    )
+    .await;
+    assert_eq!((w.status, w.code()), (403, "invalid_fencing_token"));
+    // None of that moved the mark: the honest holder still writes.
+    let w = put(s, &url, &[("Fencing-Token", &good)], 1).await;
+    assert_eq!(w.status, 200, "{}", w.body);
+    let forged_pre = send(
+        &s.http,
+        "POST",
+        &format!("{}account:5", prefix(g)),
+        &[("Fencing-Token", &forged)],
+        None,
+    )
+    .await;
+    assert_eq!(forged_pre.status, 403);
+    assert_eq!(
+        put(s, &url, &[("Fencing-Token", &good)], 2).await.status,
+        200
+    );
+}
+
+/// A token value belongs to one lease: the same number from another lease
+/// (e.g. a counter reissued after a Redis failover) is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_equal_token_from_another_lease_is_refused() {
+    let st = stack(&[], &[]);
+    let s = &st.sidecar;
+    let url = format!("{}/kv/accounts/3", st.gateway.api);
+    let holder = sign("account:3", 34, "lease-a");
+    assert_eq!(
+        put(s, &url, &[("Fencing-Token", &holder)], 1).await.status,
+        200
+    );
+    assert_eq!(
+        put(s, &url, &[("Fencing-Token", &holder)], 2).await.status,
+        200,
+        "same lease writes again"
+    );
+    let twin = sign("account:3", 34, "lease-b");
+    let w = put(s, &url, &[("Fencing-Token", &twin)], 3).await;
+    assert_eq!(
+        (w.status, w.code()),
+        (409, "stale_fencing_token"),
+        "{}",
+        w.body
+    );
+    assert_eq!(w.body["highest_seen"], 34);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_strips_application_fencing_headers() {
+    let st = stack(&[], &[]);
+    let s = &st.sidecar;
+    let url = format!("{}/kv/accounts/4", s.proxy);
+    // No lock named: the application's own token is stripped, so the
+    // gateway sees a write without a token.
+    let forged = sign("account:4", u64::from(u32::MAX), "mine");
+    let w = put(
+        s,
+        &url,
+        &[("Fencing-Token", &forged), ("Fencing-Key", "account:4")],
+        1,
+    )
+    .await;
+    assert_eq!(
+        (w.status, w.code()),
+        (428, "fencing_token_required"),
+        "{}",
+        w.body
+    );
+    // With the lock: the sidecar's token replaces the application's.
+    let lease = s.acquire("account:4", 10_000, 0).await;
+    let w = put(
+        s,
+        &url,
+        &[("Fencing-Lock", "account:4"), ("Fencing-Token", &forged)],
+        1,
+    )
+    .await;
+    assert_eq!(w.status, 200, "{}", w.body);
+    let log = send(
+        &s.http,
+        "GET",
+        &format!("{}/_log/accounts/4", st.storage.api),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(log.body["writes"][0]["token"], lease.token());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_refuses_unheld_lost_and_rebound_leases() {
+    let st = stack(&[], &[]);
+    let s = &st.sidecar;
+    let url = format!("{}/kv/accounts/8", s.proxy);
+    let w = put(s, &url, &[("Fencing-Lock", "account:8")], 1).await;
+    assert_eq!((w.status, w.code()), (428, "lock_not_held"));
+    let long = "k".repeat(513);
+    let w = put(s, &url, &[("Fencing-Lock", &long)], 1).await;
+    assert_eq!((w.status, w.code()), (400, "invalid_request"));
+    let old = s.acquire("account:8", 150, 0).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let w = put(s, &url, &[("Fencing-Lock", "account:8")], 1).await;
+    assert_eq!((w.status, w.code()), (409, "lease_lost"), "{}", w.body);
+    // Re-acquired: a write bound to the old lease is still refused.
+    let new = s.acquire("account:8", 10_000, 0).await;
+    assert_eq!(new.status, 200);
+    let w = put(
+        s,
+        &url,
+        &[
+            ("Fencing-Lock", "account:8"),
+            ("Fencing-Lease", &old.lease()),
+        ],
+        1,
+    )
+    .await;
+    assert_eq!((w.status, w.code()), (409, "lease_lost"));
+    let w = put(
+        s,
+        &url,
+        &[
+            ("Fencing-Lock", "account:8"),
+            ("Fencing-Lease", &new.lease()),
+        ],
+        1,
+    )
+    .await;
+    assert_eq!(w.status, 200, "{}", w.body);
+    assert!(
+        s.metric("fencer_proxy_requests_total", &[("result", "lease_lost")])
+            .await
+            >= 2.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_name_locks_and_bind_paths_to_keys() {
+    let storage = Fencer::storage(&[]);
+    let routes = "[[gateway.routes]]\npath = \"/kv/accounts/{id}\"\nkey = \"account:{id}\"\n";
+    let gateway = Fencer::gateway_with_config(&storage.api, routes, &[]);
+    let sidecar_cfg = format!(
+        "[proxy]\nupstream = \"{}\"\nrequire_lock_for_writes = true\n[[proxy.routes]]\npath = \"/kv/accounts/{{id}}\"\nkey = \"account:{{id}}\"\n",
+        gateway.api
+    );
+    let s = Fencer::sidecar_with_config(Backend::Memory, &sidecar_cfg, &[]);
+    let url = format!("{}/kv/accounts/7", s.proxy);
+    // The route names account:7, which is not held.
+    let w = put(&s, &url, &[], 1).await;
+    assert_eq!((w.status, w.code()), (428, "lock_not_held"));
+    // A write that maps to no route is refused under require_lock_for_writes.
+    let w = put(&s, &format!("{}/kv/other", s.proxy), &[], 1).await;
+    assert_eq!((w.status, w.code()), (428, "lock_not_held"));
+    let seven = s.acquire("account:7", 10_000, 0).await;
+    assert_eq!(put(&s, &url, &[], 1).await.status, 200);
+    // At the gateway, account:7's token cannot write /kv/accounts/8.
+    let tok = seven.body["fencing_token"].as_str().unwrap().to_owned();
+    let w = put(
+        &s,
+        &format!("{}/kv/accounts/8", gateway.api),
+        &[("Fencing-Token", &tok)],
+        1,
+    )
+    .await;
+    assert_eq!(
+        (w.status, w.code()),
+        (403, "invalid_fencing_token"),
+        "{}",
+        w.body
+    );
+}
+
+/// 256 MiB through the proxy: the sidecar's peak memory stays far below it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_streams_large_bodies() {
+    let upstream = Recorder::start().await;
+    let url = upstream.url();
+    let s = Fencer::sidecar(Backend::Memory, None, &[("proxy.upstream", url.as_str())]);
+    s.acquire("big:1", 60_000, 0).await;
+    let before = peak_rss_kib(s.pid());
+    const SIZE: u64 = 256 << 20;
+    let port = s.proxy_port;
+    let reply = tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        write!(
+            conn,
+            "PUT /blob HTTP/1.1\r\nHost: x\r\nFencing-Lock: big:1\r\nContent-Length: {SIZE}\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let chunk = vec![b'x'; 1 << 16];
+        for _ in 0..SIZE / chunk.len() as u64 {
+            conn.write_all(&chunk).unwrap();
+        }
+        let mut out = String::new();
+        conn.read_to_string(&mut out).unwrap();
+        out
+    })
+    .await
+    .unwrap();
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert!(reply.contains(&format!("\"bytes\":{SIZE}")), "{reply}");
+    let grown = peak_rss_kib(s.pid()).saturating_sub(before);
+    assert!(
+        grown < 64 * 1024,
+        "the proxy buffered: peak RSS grew by {grown} KiB"
+    );
+    assert_eq!(upstream.seen()[0].bytes, SIZE);
+}
+
+/// A request with token 34 is not forwarded until 33's request has finished
+/// at the upstream, even though 33's upstream is slow.
+async fn check_serialization(first_gw: &Fencer, second_gw: &Fencer, upstream: &Recorder) {
+    let client = reqwest::Client::new();
+    let t33 = sign("acct:s", 33, "a");
+    let t34 = sign("acct:s", 34, "b");
+    let (u1, u2) = (
+        format!("{}/x", first_gw.api),
+        format!("{}/x", second_gw.api),
+    );
+    let c1 = client.clone();
+    let slow = tokio::spawn(async move {
+        send(
+            &c1,
+            "PUT",
+            &u1,
+            &[("Fencing-Token", &t33), ("x-delay-ms", "600")],
+            Some("{}"),
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let fast = send(&client, "PUT", &u2, &[("Fencing-Token", &t34)], Some("{}")).await;
+    assert_eq!(slow.await.unwrap().status, 200);
+    assert_eq!(fast.status, 200);
+    let seen = upstream.seen();
+    let a = seen.iter().find(|s| s.token == Some(33)).unwrap();
+    let b = seen.iter().find(|s| s.token == Some(34)).unwrap();
+    assert!(
+        b.arrived >= a.finished,
+        "34 was forwarded while 33 was still in flight"
+    );
+    // 33 again, after 34: refused.
+    let late = send(
+        &client,
+        "PUT",
+        &format!("{}/x", first_gw.api),
+        &[("Fencing-Token", &sign("acct:s", 33, "a"))],
+        Some("{}"),
+    )
+    .await;
+    assert_eq!(late.code(), "stale_fencing_token");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_serializes_fenced_requests_per_key() {
+    let upstream = Recorder::start().await;
+    let g = Fencer::gateway(&upstream.url(), &[]);
+    check_serialization(&g, &g, &upstream).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateway_replicas_on_one_postgres_serialize_and_share_marks() {
+    let pg = PgServer::start();
+    let upstream = Recorder::start().await;
+    let extra = [
+        ("gateway.fence_store", "postgres"),
+        ("gateway.postgres_url", &pg.url() as &str),
+    ];
+    let g1 = Fencer::gateway(&upstream.url(), &extra);
+    let g2 = Fencer::gateway(&upstream.url(), &extra);
+    check_serialization(&g1, &g2, &upstream).await;
+    // A mark written through one replica holds at the other.
+    let client = reqwest::Client::new();
+    let w = send(
+        &client,
+        "PUT",
+        &format!("{}/y", g1.api),
+        &[("Fencing-Token", &sign("acct:y", 50, "a"))],
+        Some("{}"),
+    )
+    .await;
+    assert_eq!(w.status, 200);
+    let w = send(
+        &client,
+        "PUT",
+        &format!("{}/y", g2.api),
+        &[("Fencing-Token", &sign("acct:y", 49, "z"))],
+        Some("{}"),
+    )
+    .await;
+    assert_eq!((w.status, w.code()), (409, "stale_fencing_token"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_gateway_keeps_its_marks() {
+    let pg = PgServer::start_with(&[("synchronous_commit", "on")]);
+    let upstream = Recorder::start().await;
+    let extra = [
+        ("gateway.fence_store", "postgres"),
+        ("gateway.postgres_url", &pg.url() as &str),
+    ];
+    let mut g = Fencer::gateway(&upstream.url(), &extra);
+    let client = reqwest::Client::new();
+    let w = send(
+        &client,
+        "PUT",
+        &format!("{}/r", g.api),
+        &[("Fencing-Token", &sign("acct:r", 34, "b"))],
+        Some("{}"),
+    )
+    .await;
+    assert_eq!(w.status, 200);
+    g.kill();
+    let g = Fencer::gateway(&upstream.url(), &extra);
+    let w = send(
+        &client,
+        "PUT",
+        &format!("{}/r", g.api),
+        &[("Fencing-Token", &sign("acct:r", 33, "a"))],
+        Some("{}"),
+    )
+    .await;
+    assert_eq!(
+        (w.status, w.code()),
+        (409, "stale_fencing_token"),
+        "{}",
+        w.body
+    );
+    assert_eq!(w.body["highest_seen"], 34);
+}
+
+/// When the upstream does not answer in time, the write may still land:
+/// the key stays blocked for `uncertain_hold_ms`, then frees up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_upstream_outcome_blocks_the_key_for_a_while() {
+    let upstream = Recorder::start().await;
+    let g = Fencer::gateway(
+        &upstream.url(),
+        &[
+            ("gateway.upstream_timeout_ms", "200"),
+            ("gateway.uncertain_hold_ms", "1500"),
+            ("gateway.serialize_timeout_ms", "100"),
+        ],
+    );
+    let client = reqwest::Client::new();
+    let url = format!("{}/u", g.api);
+    let w = send(
+        &client,
+        "PUT",
+        &url,
+        &[
+            ("Fencing-Token", &sign("acct:u", 1, "a")),
+            ("x-delay-ms", "1000"),
+        ],
+        Some("{}"),
+    )
+    .await;
+    assert_eq!((w.status, w.code()), (504, "upstream_timeout"));
+    let w = send(
+        &client,
+        "PUT",
+        &url,
+        &[("Fencing-Token", &sign("acct:u", 2, "b"))],
+        Some("{}"),
+    )
+    .await;
+    assert_eq!((w.status, w.code()), (503, "fence_busy"), "{}", w.body);
+    tokio::time::sleep(Duration::from_millis(1700)).await;
+    let w = send(
+        &client,
+        "PUT",
+        &url,
+        &[("Fencing-Token", &sign("acct:u", 2, "b"))],
+        Some("{}"),
+    )
+    .await;
+    assert_eq!(w.status, 200, "{}", w.body);
+}
+
+/// Redis lost its counter (counter mode, no persistence): the next token is
+/// below the gateway's mark. Pre-registration detects it, the sidecar raises
+/// the counter past the mark and hands out a token above it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preregistration_repairs_a_counter_that_went_backwards() {
+    let mut redis = RedisServer::start(Persistence::Off);
+    let storage = Fencer::storage(&[]);
+    let gateway = Fencer::gateway(&storage.api, &[]);
+    let pre = prefix(&gateway);
+    let s = Fencer::sidecar(
+        Backend::Redis,
+        Some(&redis.url()),
+        &[
+            ("backend.redis.token_mode", "counter"),
+            ("sidecar.preregister_url", &pre),
+        ],
+    );
+    let mut last = 0;
+    for _ in 0..5 {
+        let r = s.acquire("acct:rep", 10_000, 0).await;
+        last = r.token();
+        s.release("acct:rep", &r.lease()).await;
+    }
+    assert_eq!(last, 5);
+    redis.restart();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let r = loop {
+        let r = s.acquire("acct:rep", 10_000, 0).await;
+        if r.status == 200 || Instant::now() > deadline {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(
+        r.token() > 5,
+        "token {} reused below the gateway's mark",
+        r.token()
+    );
+    assert!(
+        s.metric("fencer_preregistrations_total", &[("result", "stale")])
+            .await
+            >= 1.0
+    );
+}

@@ -74,6 +74,7 @@ pub async fn run_once(args: &DemoArgs, via: Via) -> Result<RunReport, StartError
             path: "accounts/hot".into(),
             ttl_ms: args.ttl_ms,
             cycles: u64::MAX,
+            read_target: None,
             think_ms: 5,
         });
         let counters = counters.clone();

@@ -45,6 +45,10 @@ pub struct WorkerArgs {
     /// Cycles to run.
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub cycles: u64,
+    /// Read from here, without any fencing header (write-only fencing, for
+    /// comparison). Default: read the way writes go.
+    #[arg(long)]
+    pub read_target: Option<String>,
     /// Time between read and write (the "computation"), in ms.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=10_000))]
     pub think_ms: u64,

@@ -415,6 +415,12 @@ impl Fencer {
         self.spawn();
     }
 
+    /// SIGKILL (a crash), then start again on the same ports.
+    pub fn crash_and_restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
     pub async fn post(&self, path: &str, body: Value) -> Resp {
         self.post_raw(path, body.to_string().into_bytes()).await
     }

@@ -154,20 +154,21 @@ async fn run(s: &Schedule, redis: &RedisServer, pg: &PgServer, storage: &Fencer)
         };
         let mut words = line.split_whitespace();
         match (words.next(), words.next()) {
-            (Some("READ"), _) => {
-                if outcome.pauses < MAX_PAUSES && paused_until[i].is_none() && rng.random_bool(0.15)
-                {
-                    // Pause right after the read, before the write.
-                    signal(workers[i].id(), libc::SIGSTOP);
-                    let factor = if rng.random_bool(0.7) {
-                        rng.random_range(1.0..1.25)
-                    } else {
-                        rng.random_range(1.5..3.0)
-                    };
-                    paused_until[i] =
-                        Some(Instant::now() + Duration::from_millis(TTL_MS).mul_f64(factor));
-                    outcome.pauses += 1;
-                }
+            (Some("READ"), _)
+                if outcome.pauses < MAX_PAUSES
+                    && paused_until[i].is_none()
+                    && rng.random_bool(0.15) =>
+            {
+                // Pause right after the read, before the write.
+                signal(workers[i].id(), libc::SIGSTOP);
+                let factor = if rng.random_bool(0.7) {
+                    rng.random_range(1.0..1.25)
+                } else {
+                    rng.random_range(1.5..3.0)
+                };
+                paused_until[i] =
+                    Some(Instant::now() + Duration::from_millis(TTL_MS).mul_f64(factor));
+                outcome.pauses += 1;
             }
             (Some("WRITE"), Some("accepted")) => outcome.accepted_reported += 1,
             (Some("WRITE"), Some("stale")) => outcome.stale += 1,

@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 
 need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""
   [ "$(id -u)" = 0 ] || sudo="sudo"

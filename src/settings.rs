@@ -116,14 +116,43 @@ macro_rules! config_enum {
 pub enum BackendKind {
     Memory,
     Redis,
+    Postgres,
 }
-config_enum!(BackendKind { Memory => "memory", Redis => "redis" });
+config_enum!(BackendKind { Memory => "memory", Redis => "redis", Postgres => "postgres" });
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct BackendSettings {
     pub kind: BackendKind,
     pub redis: RedisSettings,
+    pub postgres: PostgresSettings,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PostgresSettings {
+    /// `postgres://user:password@host:port/db` (libpq-style key=value works too).
+    pub url: String,
+    pub pool_size: usize,
+    pub request_timeout_ms: u64,
+    pub connect_timeout_ms: u64,
+    /// Rows of keys free and untouched this long are deleted (their tokens
+    /// live on in the token floor).
+    pub idle_cleanup_after_ms: u64,
+    pub cleanup_interval_ms: u64,
+}
+
+impl Default for PostgresSettings {
+    fn default() -> Self {
+        Self {
+            url: "postgres://postgres@127.0.0.1:5432/postgres".into(),
+            pool_size: 16,
+            request_timeout_ms: 2_000,
+            connect_timeout_ms: 2_000,
+            idle_cleanup_after_ms: 7 * 24 * 3_600_000,
+            cleanup_interval_ms: 60_000,
+        }
+    }
 }
 
 impl Default for BackendSettings {
@@ -131,6 +160,7 @@ impl Default for BackendSettings {
         Self {
             kind: BackendKind::Memory,
             redis: RedisSettings::default(),
+            postgres: PostgresSettings::default(),
         }
     }
 }
@@ -527,6 +557,37 @@ impl Settings {
                 "must be between 10 and 60000",
             ));
         }
+        let pg = &self.backend.postgres;
+        if self.backend.kind == BackendKind::Postgres {
+            pg.url.parse::<tokio_postgres::Config>().map_err(|e| {
+                invalid("backend.postgres.url", format!("not a PostgreSQL URL: {e}"))
+            })?;
+        }
+        check_range("backend.postgres.pool_size", pg.pool_size as u64, 1, 1024)?;
+        check_range(
+            "backend.postgres.request_timeout_ms",
+            pg.request_timeout_ms,
+            10,
+            60_000,
+        )?;
+        check_range(
+            "backend.postgres.connect_timeout_ms",
+            pg.connect_timeout_ms,
+            10,
+            60_000,
+        )?;
+        check_range(
+            "backend.postgres.idle_cleanup_after_ms",
+            pg.idle_cleanup_after_ms,
+            1_000,
+            31_536_000_000,
+        )?;
+        check_range(
+            "backend.postgres.cleanup_interval_ms",
+            pg.cleanup_interval_ms,
+            100,
+            86_400_000,
+        )?;
         check_key_id("signing.key_id", &self.signing.key_id)?;
         if self.signing.secret_file.is_some() && self.signing.secret_env.is_some() {
             return Err(invalid(

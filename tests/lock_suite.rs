@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::postgres::PgServer;
 use common::*;
 use redis::Commands;
 use serde_json::json;
@@ -18,14 +19,35 @@ use serde_json::json;
 /// `backend` is Redis; otherwise just the shared data store of the test).
 struct Harness {
     redis: RedisServer,
+    pg: Option<PgServer>,
     sidecar: Fencer,
 }
 
 fn harness(backend: Backend, extra: &[(&str, &str)]) -> Harness {
     let redis = RedisServer::start(Persistence::Off);
-    let url = redis.url();
+    let pg = (backend == Backend::Postgres).then(PgServer::start);
+    let url = match &pg {
+        Some(pg) => pg.url(),
+        None => redis.url(),
+    };
     let sidecar = Fencer::sidecar(backend, Some(&url), extra);
-    Harness { redis, sidecar }
+    if backend == Backend::Postgres {
+        // The schema is created in the background; wait for readiness.
+        wait_ready(&sidecar);
+    }
+    Harness { redis, pg, sidecar }
+}
+
+fn wait_ready(s: &Fencer) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let url = format!("{}/readyz", s.admin);
+    while std::time::Instant::now() < deadline {
+        if http_ok(&url) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("sidecar not ready: {}", s.logs());
 }
 
 /// 32 clients × 50 rounds of lock → GET → +1 → SET → release on one key:
@@ -420,6 +442,14 @@ async fn shutdown_releases_leases(backend: Backend) {
         let keys: Vec<String> = conn.keys("fencer:*:lock").unwrap();
         assert!(keys.is_empty(), "locks left after shutdown: {keys:?}");
     }
+    if let Some(pg) = &h.pg {
+        let held = pg_query_i64(
+            &pg.url(),
+            "SELECT count(*) FROM fencer_locks WHERE lease_id IS NOT NULL",
+        )
+        .await;
+        assert_eq!(held, 0, "locks left after shutdown");
+    }
     assert!(h.sidecar.logs().contains("released leases on shutdown"));
 }
 
@@ -435,6 +465,12 @@ macro_rules! suite {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() { super::$name(super::Backend::Redis).await }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() { super::$name(super::Backend::Postgres).await }
             )*
         }
     };

@@ -17,6 +17,7 @@
 pub mod key;
 pub mod lease_id;
 pub mod memory;
+pub mod postgres;
 pub mod redis;
 
 use std::sync::Arc;

@@ -21,6 +21,7 @@ use self::preregister::Preregistrar;
 use self::waiters::WaitQueues;
 use crate::admin::{AdminState, Readiness, ReadyFuture};
 use crate::lock::memory::MemoryBackend;
+use crate::lock::postgres::PgBackend;
 use crate::lock::redis::RedisBackend;
 use crate::lock::{DynBackend, WakeSink};
 use crate::metrics::Metrics;
@@ -52,6 +53,7 @@ pub fn build_backend(
     Ok(match settings.backend.kind {
         BackendKind::Memory => Arc::new(MemoryBackend::new(wake)),
         BackendKind::Redis => Arc::new(RedisBackend::new(&settings.backend.redis, wake)?),
+        BackendKind::Postgres => Arc::new(PgBackend::new(&settings.backend.postgres, wake)?),
     })
 }
 

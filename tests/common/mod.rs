@@ -159,6 +159,17 @@ impl Drop for RedisServer {
 pub enum Backend {
     Memory,
     Redis,
+    Postgres,
+}
+
+impl Backend {
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Memory => "memory",
+            Backend::Redis => "redis",
+            Backend::Postgres => "postgres",
+        }
+    }
 }
 
 pub struct Fencer {
@@ -202,20 +213,17 @@ impl Resp {
 impl Fencer {
     /// Starts `fencer sidecar` with the given backend and extra settings
     /// (`("sidecar.default_ttl_ms", "500")` → `FENCER__SIDECAR__DEFAULT_TTL_MS`).
-    pub fn sidecar(backend: Backend, redis: Option<&str>, extra: &[(&str, &str)]) -> Fencer {
+    /// `url` is the backend's URL (Redis or PostgreSQL) where it has one.
+    pub fn sidecar(backend: Backend, url: Option<&str>, extra: &[(&str, &str)]) -> Fencer {
         let mut env: Vec<(String, String)> = vec![
-            (
-                "backend.kind".into(),
-                match backend {
-                    Backend::Memory => "memory".into(),
-                    Backend::Redis => "redis".into(),
-                },
-            ),
+            ("backend.kind".into(), backend.name().into()),
             ("signing.secret_env".into(), "FENCER_TEST_SECRET".into()),
             ("log.level".into(), "fencer=debug,info".into()),
         ];
-        if let Some(url) = redis {
-            env.push(("backend.redis.url".into(), url.into()));
+        match (backend, url) {
+            (Backend::Redis, Some(url)) => env.push(("backend.redis.url".into(), url.into())),
+            (Backend::Postgres, Some(url)) => env.push(("backend.postgres.url".into(), url.into())),
+            _ => {}
         }
         for (k, v) in extra {
             env.push(((*k).into(), (*v).into()));
@@ -227,14 +235,7 @@ impl Fencer {
     /// routes, which environment variables cannot express).
     pub fn sidecar_with_config(backend: Backend, toml: &str, extra: &[(&str, &str)]) -> Fencer {
         let mut env: Vec<(String, String)> = vec![
-            (
-                "backend.kind".into(),
-                if backend == Backend::Memory {
-                    "memory".into()
-                } else {
-                    "redis".into()
-                },
-            ),
+            ("backend.kind".into(), backend.name().into()),
             ("signing.secret_env".into(), "FENCER_TEST_SECRET".into()),
         ];
         for (k, v) in extra {
@@ -567,6 +568,20 @@ pub fn percent_encode(key: &str) -> String {
         }
     }
     out
+}
+
+/// `GET url` answered 200 (plain TCP, usable outside a runtime).
+pub fn http_ok(url: &str) -> bool {
+    http_get_ok(url)
+}
+
+/// One integer from a query against a test PostgreSQL.
+pub async fn pg_query_i64(url: &str, sql: &str) -> i64 {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    client.query_one(sql, &[]).await.unwrap().get(0)
 }
 
 fn http_get_ok(url: &str) -> bool {

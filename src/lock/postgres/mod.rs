@@ -1,0 +1,291 @@
+//! The PostgreSQL lock backend: leases on the server's clock, tokens from
+//! the key's row, wake-ups by LISTEN/NOTIFY.
+//!
+//! It keeps what database locks are good at (durable, strongly consistent,
+//! tokens that never go backwards, including across a failover of a
+//! synchronously replicated PostgreSQL) and avoids their usual flaws: no
+//! transaction or row lock is held while the application works (each
+//! operation is one autocommit statement on a pooled connection), leases
+//! expire by themselves, and waiters are woken by NOTIFY, not polling.
+
+pub mod listener;
+pub mod sql;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
+use tokio_postgres::NoTls;
+
+use self::listener::Listener;
+use super::{
+    Attempt, BackendError, LeaseId, LockBackend, LockKey, Ownership, WakeSink, WatchGuard,
+};
+use crate::settings::PostgresSettings;
+
+pub struct PgBackend {
+    pool: Pool,
+    timeout: Duration,
+    listener: Listener,
+}
+
+fn unavailable(e: impl std::fmt::Display) -> BackendError {
+    BackendError::Unavailable(e.to_string())
+}
+
+impl PgBackend {
+    /// Creates the backend without waiting for PostgreSQL: the schema is
+    /// created by a background task as soon as the server answers, and the
+    /// sidecar reports not-ready until then.
+    pub fn new(
+        settings: &PostgresSettings,
+        wake: Arc<dyn WakeSink>,
+    ) -> Result<PgBackend, BackendError> {
+        let mut config: tokio_postgres::Config = settings.url.parse().map_err(unavailable)?;
+        config
+            .connect_timeout(Duration::from_millis(settings.connect_timeout_ms))
+            .application_name("fencer-sidecar");
+        let manager = Manager::from_config(
+            config.clone(),
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let timeout = Duration::from_millis(settings.request_timeout_ms);
+        let pool = Pool::builder(manager)
+            .max_size(settings.pool_size)
+            .wait_timeout(Some(timeout))
+            .create_timeout(Some(Duration::from_millis(settings.connect_timeout_ms)))
+            .runtime(Runtime::Tokio1)
+            .build()
+            .map_err(unavailable)?;
+        let backend = PgBackend {
+            pool: pool.clone(),
+            timeout,
+            listener: Listener::start(config, wake),
+        };
+        tokio::spawn(maintain(
+            pool,
+            Duration::from_millis(settings.idle_cleanup_after_ms),
+            Duration::from_millis(settings.cleanup_interval_ms),
+        ));
+        Ok(backend)
+    }
+
+    /// Runs `f` on a pooled connection, bounded by the request timeout.
+    /// A connection that failed is discarded, not returned to the pool.
+    async fn with_conn<T, F, Fut>(&self, f: F) -> Result<T, BackendError>
+    where
+        F: FnOnce(Object) -> Fut,
+        Fut: std::future::Future<Output = (Object, Result<T, tokio_postgres::Error>)>,
+    {
+        let work = async {
+            let conn = self.pool.get().await.map_err(unavailable)?;
+            let (conn, result) = f(conn).await;
+            match result {
+                Ok(v) => Ok(v),
+                Err(e) => {
+                    if e.is_closed() || e.code().is_none() {
+                        drop(Object::take(conn));
+                    }
+                    Err(unavailable(e))
+                }
+            }
+        };
+        tokio::time::timeout(self.timeout, work)
+            .await
+            .map_err(|_| BackendError::Unavailable("postgres request timed out".into()))?
+    }
+
+    async fn query(
+        &self,
+        statement: &'static str,
+        params: Vec<Box<dyn tokio_postgres::types::ToSql + Sync + Send>>,
+    ) -> Result<Vec<tokio_postgres::Row>, BackendError> {
+        self.with_conn(|conn| async move {
+            let result = async {
+                let stmt = conn.prepare_cached(statement).await?;
+                let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = params
+                    .iter()
+                    .map(|p| p.as_ref() as &(dyn tokio_postgres::types::ToSql + Sync))
+                    .collect();
+                conn.query(&stmt, &refs).await
+            }
+            .await;
+            (conn, result)
+        })
+        .await
+    }
+}
+
+fn ms(d: Duration) -> i64 {
+    d.as_millis().min(i64::MAX as u128) as i64
+}
+
+fn ownership(rows: &[tokio_postgres::Row]) -> Result<Ownership, BackendError> {
+    let Some(row) = rows.first() else {
+        return Ok(Ownership::Free);
+    };
+    let status: i32 = row.get(0);
+    let token: i64 = row.get(1);
+    Ok(match status {
+        1 => Ownership::Owned {
+            token: token as u64,
+        },
+        0 => Ownership::Free,
+        _ => Ownership::OtherHolder,
+    })
+}
+
+/// Creates the schema once reachable, then periodically deletes rows of
+/// keys idle for `idle` (bounded batches), keeping tokens monotonic.
+async fn maintain(pool: Pool, idle: Duration, every: Duration) {
+    let mut delay = Duration::from_millis(50);
+    loop {
+        match migrate(&pool).await {
+            Ok(()) => break,
+            Err(e) => {
+                tracing::debug!(error = %e, "postgres schema not created yet; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+    tracing::info!("postgres lock schema ready");
+    let mut tick = tokio::time::interval(every);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        match cleanup(&pool, idle).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(rows = n, "deleted idle lock rows"),
+            Err(e) => tracing::warn!(error = %e, "idle lock clean-up failed"),
+        }
+    }
+}
+
+async fn migrate(pool: &Pool) -> Result<(), BackendError> {
+    let mut conn = pool.get().await.map_err(unavailable)?;
+    let tx = conn.transaction().await.map_err(unavailable)?;
+    // Several sidecars start at once: one creates, the others wait.
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&sql::MIGRATE_LOCK])
+        .await
+        .map_err(unavailable)?;
+    tx.batch_execute(sql::SCHEMA).await.map_err(unavailable)?;
+    tx.commit().await.map_err(unavailable)
+}
+
+pub async fn cleanup(pool: &Pool, idle: Duration) -> Result<i64, BackendError> {
+    let mut conn = pool.get().await.map_err(unavailable)?;
+    let tx = conn.transaction().await.map_err(unavailable)?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&sql::FLOOR_LOCK])
+        .await
+        .map_err(unavailable)?;
+    let row = tx
+        .query_one(sql::CLEANUP, &[&ms(idle), &1000i64])
+        .await
+        .map_err(unavailable)?;
+    tx.commit().await.map_err(unavailable)?;
+    Ok(row.get(0))
+}
+
+#[async_trait]
+impl LockBackend for PgBackend {
+    fn name(&self) -> &'static str {
+        "postgres"
+    }
+
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        lease: &LeaseId,
+        ttl: Duration,
+    ) -> Result<Attempt, BackendError> {
+        let rows = self
+            .query(
+                sql::ACQUIRE,
+                vec![
+                    Box::new(key.as_str().to_owned()),
+                    Box::new(lease.as_str().to_owned()),
+                    Box::new(None::<String>),
+                    Box::new(ms(ttl)),
+                ],
+            )
+            .await?;
+        let Some(row) = rows.first() else {
+            // Inserted by a transaction our snapshot cannot see yet: held.
+            return Ok(Attempt::Held { remaining: None });
+        };
+        let (status, token, remaining): (i32, i64, i64) = (row.get(0), row.get(1), row.get(2));
+        Ok(if status == 1 {
+            Attempt::Acquired {
+                token: token as u64,
+            }
+        } else {
+            Attempt::Held {
+                remaining: Some(Duration::from_millis(remaining.max(0) as u64)),
+            }
+        })
+    }
+
+    async fn renew(
+        &self,
+        key: &LockKey,
+        lease: &LeaseId,
+        ttl: Duration,
+    ) -> Result<Ownership, BackendError> {
+        let rows = self
+            .query(
+                sql::RENEW,
+                vec![
+                    Box::new(key.as_str().to_owned()),
+                    Box::new(lease.as_str().to_owned()),
+                    Box::new(ms(ttl)),
+                ],
+            )
+            .await?;
+        ownership(&rows)
+    }
+
+    async fn release(&self, key: &LockKey, lease: &LeaseId) -> Result<Ownership, BackendError> {
+        let rows = self
+            .query(
+                sql::RELEASE,
+                vec![
+                    Box::new(key.as_str().to_owned()),
+                    Box::new(lease.as_str().to_owned()),
+                    Box::new(listener::channel(key.as_str())),
+                ],
+            )
+            .await?;
+        ownership(&rows)
+    }
+
+    async fn raise_token_floor(&self, key: &LockKey, floor: u64) -> Result<(), BackendError> {
+        let floor = i64::try_from(floor)
+            .map_err(|_| BackendError::Protocol("floor out of range".into()))?;
+        self.query(
+            sql::RAISE_FLOOR,
+            vec![Box::new(key.as_str().to_owned()), Box::new(floor)],
+        )
+        .await
+        .map(|_| ())
+    }
+
+    async fn watch(&self, key: &LockKey) -> WatchGuard {
+        WatchGuard::new(self.listener.watch(key.as_str()).await)
+    }
+
+    async fn ping(&self) -> Result<(), BackendError> {
+        self.with_conn(|conn| async move {
+            let r = conn
+                .simple_query("SELECT 1 FROM fencer_locks LIMIT 0")
+                .await
+                .map(|_| ());
+            (conn, r)
+        })
+        .await
+    }
+}

@@ -1,0 +1,138 @@
+//! The SQL of the PostgreSQL lock backend.
+//!
+//! Every expiry is computed by the server (`clock_timestamp()`), never by the
+//! sidecar. Each operation is one autocommit statement: no transaction (and
+//! no row lock) is held while the application works with its lock.
+
+/// Advisory lock id serializing schema migrations and idle-row clean-up
+/// against token minting for new rows.
+pub const FLOOR_LOCK: i64 = 0x6665_6e63_6572_0001; // "fencer" + 1
+pub const MIGRATE_LOCK: i64 = 0x6665_6e63_6572_0002;
+
+/// Tables and functions, created (idempotently) at start-up.
+///
+/// `fencer_locks` keeps one row per key; a released or expired row is
+/// reused by the next acquire, and its `token` column is the key's counter.
+/// Rows idle for a long time are deleted by the clean-up; before deleting,
+/// the clean-up raises `fencer_token_floor` to their highest token, and a
+/// *new* row starts at `floor + 1`, so a key's tokens never go backwards
+/// even after its row was removed.
+pub const SCHEMA: &str = r#"
+CREATE TABLE IF NOT EXISTS fencer_locks (
+  key        text PRIMARY KEY,
+  lease_id   text,
+  owner      text,
+  token      bigint NOT NULL,
+  expires_at timestamptz,
+  updated_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX IF NOT EXISTS fencer_locks_updated_at ON fencer_locks (updated_at);
+CREATE TABLE IF NOT EXISTS fencer_token_floor (
+  id    boolean PRIMARY KEY DEFAULT true CHECK (id),
+  floor bigint NOT NULL
+);
+INSERT INTO fencer_token_floor (id, floor) VALUES (true, 0) ON CONFLICT (id) DO NOTHING;
+-- VOLATILE: in READ COMMITTED its query takes a fresh snapshot after the
+-- shared lock is granted, so it sees a clean-up that committed meanwhile.
+CREATE OR REPLACE FUNCTION fencer_next_floor() RETURNS bigint
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+  PERFORM pg_advisory_xact_lock_shared(7378424937699213313);
+  RETURN (SELECT floor FROM fencer_token_floor WHERE id);
+END $$;
+"#;
+
+/// $1 key, $2 lease, $3 owner, $4 ttl ms.
+/// Returns (status, token, remaining_ms): 1 acquired (or already ours),
+/// -1 held by another lease.
+pub const ACQUIRE: &str = r#"
+WITH up AS (
+  INSERT INTO fencer_locks AS l (key, lease_id, owner, token, expires_at, updated_at)
+  VALUES ($1, $2, $3, fencer_next_floor() + 1,
+          clock_timestamp() + $4::bigint * interval '1 millisecond', clock_timestamp())
+  ON CONFLICT (key) DO UPDATE
+     SET lease_id = EXCLUDED.lease_id, owner = EXCLUDED.owner, token = l.token + 1,
+         expires_at = EXCLUDED.expires_at, updated_at = EXCLUDED.updated_at
+   WHERE l.lease_id IS NULL OR l.expires_at <= clock_timestamp()
+  RETURNING token
+)
+SELECT 1 AS status, token, 0::bigint AS remaining_ms FROM up
+UNION ALL
+SELECT CASE WHEN l.lease_id = $2 AND l.expires_at > clock_timestamp() THEN 1 ELSE -1 END,
+       l.token,
+       GREATEST(0, (EXTRACT(EPOCH FROM (l.expires_at - clock_timestamp())) * 1000)::bigint)
+  FROM fencer_locks l
+ WHERE l.key = $1 AND NOT EXISTS (SELECT 1 FROM up)
+"#;
+
+/// $1 key, $2 lease, $3 ttl ms. Returns (status, token): 1 renewed,
+/// 0 not held (expired or released), -1 held by another lease.
+pub const RENEW: &str = r#"
+WITH r AS (
+  UPDATE fencer_locks
+     SET expires_at = clock_timestamp() + $3::bigint * interval '1 millisecond',
+         updated_at = clock_timestamp()
+   WHERE key = $1 AND lease_id = $2 AND expires_at > clock_timestamp()
+  RETURNING token
+)
+SELECT 1 AS status, token FROM r
+UNION ALL
+SELECT CASE WHEN l.lease_id IS NULL OR l.lease_id = $2 OR l.expires_at <= clock_timestamp()
+            THEN 0 ELSE -1 END,
+       l.token
+  FROM fencer_locks l
+ WHERE l.key = $1 AND NOT EXISTS (SELECT 1 FROM r)
+"#;
+
+/// $1 key, $2 lease, $3 notification channel. Same statuses as RENEW.
+/// The notification is sent (at commit) only when the release happened.
+pub const RELEASE: &str = r#"
+WITH r AS (
+  UPDATE fencer_locks
+     SET lease_id = NULL, owner = NULL, expires_at = NULL, updated_at = clock_timestamp()
+   WHERE key = $1 AND lease_id = $2 AND expires_at > clock_timestamp()
+  RETURNING token
+)
+SELECT 1 AS status, token, length(pg_notify($3, '')::text) FROM r
+UNION ALL
+SELECT CASE WHEN l.lease_id IS NULL OR l.lease_id = $2 OR l.expires_at <= clock_timestamp()
+            THEN 0 ELSE -1 END,
+       l.token, 0
+  FROM fencer_locks l
+ WHERE l.key = $1 AND NOT EXISTS (SELECT 1 FROM r)
+"#;
+
+/// $1 key, $2 floor: the key's next token will be above `floor`.
+pub const RAISE_FLOOR: &str = r#"
+INSERT INTO fencer_locks AS l (key, token) VALUES ($1, $2)
+ON CONFLICT (key) DO UPDATE SET token = GREATEST(l.token, EXCLUDED.token)
+"#;
+
+/// $1 idle ms, $2 batch size. Deletes up to $2 rows of keys idle (free
+/// and untouched) for $1 ms and raises the floor to their highest token in
+/// the same statement. Run in a transaction holding
+/// `pg_advisory_xact_lock(FLOOR_LOCK)`, which waits for in-flight acquires
+/// and holds new ones until the floor is committed.
+pub const CLEANUP: &str = r#"
+WITH gone AS (
+  DELETE FROM fencer_locks WHERE key IN (
+    SELECT key FROM fencer_locks
+     WHERE (lease_id IS NULL OR expires_at <= clock_timestamp())
+       AND updated_at < clock_timestamp() - $1::bigint * interval '1 millisecond'
+     ORDER BY updated_at LIMIT $2
+     FOR UPDATE SKIP LOCKED)
+  RETURNING token
+)
+UPDATE fencer_token_floor
+   SET floor = GREATEST(floor, (SELECT COALESCE(MAX(token), 0) FROM gone))
+ WHERE id
+RETURNING (SELECT count(*) FROM gone)
+"#;
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn schema_uses_the_floor_lock_id() {
+        assert!(super::SCHEMA.contains(&super::FLOOR_LOCK.to_string()));
+    }
+}

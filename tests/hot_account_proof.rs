@@ -33,6 +33,8 @@ struct Schedule {
     restart_gateway: bool,
     /// Write-only fencing: no pre-registration, reads straight from storage.
     write_only: bool,
+    /// Where the locks live.
+    locks: Backend,
 }
 
 #[derive(Debug, Default)]
@@ -83,7 +85,19 @@ async fn run(s: &Schedule, redis: &RedisServer, pg: &PgServer, storage: &Fencer)
         if !s.write_only {
             extra.push(("sidecar.preregister_url", pre.as_str()));
         }
-        sidecars.push(Fencer::sidecar(Backend::Redis, Some(&redis.url()), &extra));
+        let url = match s.locks {
+            Backend::Postgres => pg.url(),
+            _ => redis.url(),
+        };
+        let sidecar = Fencer::sidecar(s.locks, Some(&url), &extra);
+        if s.locks == Backend::Postgres {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while !http_ok(&format!("{}/readyz", sidecar.admin)) {
+                assert!(Instant::now() < deadline, "sidecar not ready");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        sidecars.push(sidecar);
     }
     let (tx, rx) = mpsc::channel::<(usize, String)>();
     let mut workers: Vec<Child> = Vec::new();
@@ -238,6 +252,7 @@ async fn fencing_keeps_every_update_that_pausing_holders_would_lose() {
             replicas: 1,
             restart_gateway: true,
             write_only: false,
+            locks: Backend::Redis,
         },
         &redis,
         &pg,
@@ -252,13 +267,29 @@ async fn fencing_keeps_every_update_that_pausing_holders_would_lose() {
             replicas: 2,
             restart_gateway: false,
             write_only: false,
+            locks: Backend::Redis,
         },
         &redis,
         &pg,
         &storage,
     )
     .await;
-    for (name, o) in [("restart", &a), ("replicas", &b)] {
+    // 2b. The same with the PostgreSQL lock backend.
+    let p = run(
+        &Schedule {
+            name: "pglocks",
+            enforce: true,
+            replicas: 1,
+            restart_gateway: false,
+            write_only: false,
+            locks: Backend::Postgres,
+        },
+        &redis,
+        &pg,
+        &storage,
+    )
+    .await;
+    for (name, o) in [("restart", &a), ("replicas", &b), ("pglocks", &p)] {
         assert!(
             o.pauses >= MIN_PAUSES,
             "{name}: only {} pauses injected",
@@ -289,6 +320,7 @@ async fn fencing_keeps_every_update_that_pausing_holders_would_lose() {
             replicas: 1,
             restart_gateway: false,
             write_only: false,
+            locks: Backend::Redis,
         },
         &redis,
         &pg,
@@ -308,6 +340,7 @@ async fn fencing_keeps_every_update_that_pausing_holders_would_lose() {
             replicas: 1,
             restart_gateway: false,
             write_only: true,
+            locks: Backend::Redis,
         },
         &redis,
         &pg,

@@ -231,6 +231,32 @@ impl Fencer {
         Fencer::start("sidecar", env, None)
     }
 
+    /// A sidecar with extra process environment (e.g. LD_PRELOAD).
+    pub fn sidecar_env(
+        backend: Backend,
+        url: Option<&str>,
+        extra: &[(&str, &str)],
+        process_env: &[(&str, &str)],
+    ) -> Fencer {
+        let mut env: Vec<(String, String)> = vec![
+            ("backend.kind".into(), backend.name().into()),
+            ("signing.secret_env".into(), "FENCER_TEST_SECRET".into()),
+            ("log.level".into(), "fencer=debug,info".into()),
+        ];
+        match (backend, url) {
+            (Backend::Redis, Some(url)) => env.push(("backend.redis.url".into(), url.into())),
+            (Backend::Postgres, Some(url)) => env.push(("backend.postgres.url".into(), url.into())),
+            _ => {}
+        }
+        for (k, v) in extra {
+            env.push(((*k).into(), (*v).into()));
+        }
+        for (k, v) in process_env {
+            env.push((format!("!{k}"), (*v).into()));
+        }
+        Fencer::start("sidecar", env, None)
+    }
+
     /// Starts a sidecar with a TOML config file (for list settings such as
     /// routes, which environment variables cannot express).
     pub fn sidecar_with_config(backend: Backend, toml: &str, extra: &[(&str, &str)]) -> Fencer {
@@ -349,10 +375,14 @@ impl Fencer {
             .stdout(Stdio::null())
             .stderr(log);
         for (k, v) in &self.env {
-            cmd.env(
-                format!("FENCER__{}", k.replace('.', "__").to_uppercase()),
-                v,
-            );
+            match k.strip_prefix('!') {
+                // A raw process variable.
+                Some(raw) => cmd.env(raw, v),
+                None => cmd.env(
+                    format!("FENCER__{}", k.replace('.', "__").to_uppercase()),
+                    v,
+                ),
+            };
         }
         self.child = Some(cmd.spawn().unwrap());
         let health = self.health.clone();

@@ -64,7 +64,14 @@ impl PgBackend {
         let backend = PgBackend {
             pool: pool.clone(),
             timeout,
-            listener: Listener::start(config, wake),
+            listener: Listener::start(
+                {
+                    let mut c = config;
+                    c.application_name("fencer-listener");
+                    c
+                },
+                wake,
+            ),
         };
         tokio::spawn(maintain(
             pool,

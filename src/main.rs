@@ -12,6 +12,8 @@ use fencer::{dev, gateway, sidecar, storage, telemetry};
 const EXIT_CONFIG: u8 = 2;
 
 fn main() -> ExitCode {
+    // One TLS crypto provider for every client (rediss://, PostgreSQL TLS).
+    fencer::pg::install_crypto_provider();
     let cli = Cli::parse();
     let settings = match Settings::load(cli.config.as_deref()) {
         Ok(s) => s,

@@ -140,6 +140,9 @@ pub struct PostgresSettings {
     /// live on in the token floor).
     pub idle_cleanup_after_ms: u64,
     pub cleanup_interval_ms: u64,
+    /// PEM CA certificate(s) that sign the server's certificate, for
+    /// `sslmode=require` (default: the public web roots).
+    pub ca_file: Option<String>,
 }
 
 impl Default for PostgresSettings {
@@ -151,6 +154,7 @@ impl Default for PostgresSettings {
             connect_timeout_ms: 2_000,
             idle_cleanup_after_ms: 7 * 24 * 3_600_000,
             cleanup_interval_ms: 60_000,
+            ca_file: None,
         }
     }
 }
@@ -276,6 +280,7 @@ pub struct GatewaySettings {
     pub keys: Vec<VerifyKey>,
     pub fence_store: FenceStoreKind,
     pub postgres_url: String,
+    pub postgres_ca_file: Option<String>,
     pub postgres_pool_size: usize,
     /// How long a fenced request waits for the previous one on its key.
     pub serialize_timeout_ms: u64,
@@ -299,6 +304,7 @@ impl Default for GatewaySettings {
             keys: Vec::new(),
             fence_store: FenceStoreKind::Memory,
             postgres_url: String::new(),
+            postgres_ca_file: None,
             postgres_pool_size: 32,
             serialize_timeout_ms: 5_000,
             connect_timeout_ms: 1_000,
@@ -316,6 +322,7 @@ pub struct StorageSettings {
     pub listen: SocketAddr,
     pub backend: FenceStoreKind,
     pub postgres_url: String,
+    pub postgres_ca_file: Option<String>,
 }
 
 impl Default for StorageSettings {
@@ -324,6 +331,7 @@ impl Default for StorageSettings {
             listen: "127.0.0.1:8081".parse().expect("static addr"),
             backend: FenceStoreKind::Memory,
             postgres_url: String::new(),
+            postgres_ca_file: None,
         }
     }
 }

@@ -211,3 +211,123 @@ async fn cleaning_up_idle_rows_never_lets_tokens_go_back() {
         r.token()
     );
 }
+
+/// Makes a test CA and a server certificate for 127.0.0.1, readable by the
+/// PostgreSQL server user.
+fn make_certs() -> tempfile::TempDir {
+    let dir = tempfile::Builder::new()
+        .prefix("fencer-tls-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let d = dir.path();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(d)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    std::fs::write(
+        d.join("san.ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+    )
+    .unwrap();
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-subj",
+        "/CN=fencer-test-ca",
+        "-days",
+        "2",
+    ]);
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    ]);
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.crt",
+        "-days",
+        "2",
+        "-extfile",
+        "san.ext",
+    ]);
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(d.join("server.key"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    if unsafe { libc::geteuid() } == 0 {
+        let (uid, gid) = common::postgres::lookup_user("postgres");
+        std::os::unix::fs::chown(d.join("server.key"), Some(uid), Some(gid)).unwrap();
+        std::os::unix::fs::chown(d.join("server.crt"), Some(uid), Some(gid)).unwrap();
+    }
+    dir
+}
+
+/// `sslmode=require` in the URL: the sidecar talks TLS and verifies the
+/// server against the configured CA; without that CA it refuses to connect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_to_postgres_is_verified() {
+    let certs = make_certs();
+    let crt = certs.path().join("server.crt");
+    let key = certs.path().join("server.key");
+    let ca = certs.path().join("ca.crt");
+    let pg = PgServer::start_with(&[
+        ("ssl", "on"),
+        ("ssl_cert_file", crt.to_str().unwrap()),
+        ("ssl_key_file", key.to_str().unwrap()),
+    ]);
+    let url = format!("{}?sslmode=require", pg.url());
+    let s = Fencer::sidecar(
+        Backend::Postgres,
+        Some(&url),
+        &[("backend.postgres.ca_file", ca.to_str().unwrap())],
+    );
+    wait_ready(&s);
+    let r = s.acquire("tls:1", 10_000, 0).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let encrypted = pg_query_i64(
+        &pg.url(),
+        "SELECT count(*) FROM pg_stat_ssl JOIN pg_stat_activity USING (pid) WHERE ssl AND application_name LIKE 'fencer-%'",
+    )
+    .await;
+    assert!(encrypted >= 1, "no TLS connection from the sidecar");
+    // Without the CA the server cannot be verified: never ready.
+    let untrusted = Fencer::sidecar(
+        Backend::Postgres,
+        Some(&url),
+        &[("backend.postgres.request_timeout_ms", "500")],
+    );
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    assert!(!http_ok(&format!("{}/readyz", untrusted.admin)));
+    let r = untrusted.acquire("tls:2", 10_000, 0).await;
+    assert_eq!(r.code(), "backend_unavailable");
+}

@@ -45,6 +45,7 @@ pub async fn build(
         FenceStoreKind::Postgres => Arc::new(
             PgFences::connect(
                 &g.postgres_url,
+                g.postgres_ca_file.as_deref(),
                 g.postgres_pool_size,
                 Duration::from_millis(g.serialize_timeout_ms),
                 Duration::from_secs(30),

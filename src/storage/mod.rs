@@ -99,9 +99,12 @@ pub async fn build(settings: &Settings) -> Result<Arc<dyn KvStore>, StartError> 
     Ok(match settings.storage.backend {
         FenceStoreKind::Memory => Arc::new(MemoryKv::default()),
         FenceStoreKind::Postgres => Arc::new(
-            PgKv::connect(&settings.storage.postgres_url)
-                .await
-                .map_err(|e| StartError::Store(e.to_string()))?,
+            PgKv::connect(
+                &settings.storage.postgres_url,
+                settings.storage.postgres_ca_file.as_deref(),
+            )
+            .await
+            .map_err(|e| StartError::Store(e.to_string()))?,
         ),
     })
 }

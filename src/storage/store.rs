@@ -5,9 +5,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::Pool;
 use serde_json::Value;
-use tokio_postgres::NoTls;
 
 pub type StoreError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -100,24 +99,16 @@ CREATE TABLE IF NOT EXISTS fencer_demo_kv_log (
 CREATE INDEX IF NOT EXISTS fencer_demo_kv_log_path ON fencer_demo_kv_log (path, id);";
 
 impl PgKv {
-    pub async fn connect(url: &str) -> Result<PgKv, StoreError> {
-        let mut config: tokio_postgres::Config = url.parse()?;
-        config
-            .connect_timeout(Duration::from_secs(5))
-            .application_name("fencer-demo-storage");
-        let manager = Manager::from_config(
-            config,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(manager)
-            .max_size(16)
-            .wait_timeout(Some(Duration::from_secs(5)))
-            .create_timeout(Some(Duration::from_secs(5)))
-            .runtime(Runtime::Tokio1)
-            .build()?;
+    pub async fn connect(url: &str, ca_file: Option<&str>) -> Result<PgKv, StoreError> {
+        let (_, _, pool) = crate::pg::pool(&crate::pg::PgOptions {
+            url,
+            application_name: "fencer-demo-storage",
+            ca_file,
+            pool_size: 16,
+            connect_timeout: Duration::from_secs(5),
+            wait_timeout: Duration::from_secs(5),
+            server_options: None,
+        })?;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {
             let attempt = async {

@@ -343,7 +343,7 @@ fn bin_dir() -> PathBuf {
         .expect("PostgreSQL server binaries not found under /usr/lib/postgresql/*/bin")
 }
 
-fn lookup_user(name: &str) -> (u32, u32) {
+pub fn lookup_user(name: &str) -> (u32, u32) {
     let cname = std::ffi::CString::new(name).unwrap();
     let pw = unsafe { libc::getpwnam(cname.as_ptr()) };
     assert!(

@@ -19,10 +19,9 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{Object, Pool};
 use sha2::{Digest, Sha256};
 use tokio_postgres::error::SqlState;
-use tokio_postgres::NoTls;
 
 use super::{Decision, FenceError, FenceStore, KeyGuard};
 
@@ -70,30 +69,22 @@ impl PgFences {
     /// PostgreSQL is not reachable yet.
     pub async fn connect(
         url: &str,
+        ca_file: Option<&str>,
         pool_size: usize,
         serialize_timeout: Duration,
         startup: Duration,
     ) -> Result<PgFences, FenceError> {
-        let mut config: tokio_postgres::Config = url.parse().map_err(unavailable)?;
-        config
-            .connect_timeout(Duration::from_secs(5))
-            .application_name("fencer-gateway")
+        let (_, _, pool) = crate::pg::pool(&crate::pg::PgOptions {
+            url,
+            application_name: "fencer-gateway",
+            ca_file,
+            pool_size,
+            connect_timeout: Duration::from_secs(5),
+            wait_timeout: serialize_timeout,
             // Bounds the wait for the advisory lock (and any row lock).
-            .options(format!("-c lock_timeout={}", serialize_timeout.as_millis()));
-        let manager = Manager::from_config(
-            config,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(manager)
-            .max_size(pool_size)
-            .wait_timeout(Some(serialize_timeout))
-            .create_timeout(Some(Duration::from_secs(5)))
-            .runtime(Runtime::Tokio1)
-            .build()
-            .map_err(unavailable)?;
+            server_options: Some(format!("-c lock_timeout={}", serialize_timeout.as_millis())),
+        })
+        .map_err(FenceError::Unavailable)?;
         let store = PgFences { pool };
         let deadline = tokio::time::Instant::now() + startup;
         loop {

@@ -14,7 +14,9 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
 use tokio::sync::{mpsc, Mutex};
-use tokio_postgres::{AsyncMessage, Client, NoTls};
+use tokio_postgres::{AsyncMessage, Client};
+
+use crate::pg::Tls;
 
 use crate::lock::WakeSink;
 
@@ -69,9 +71,9 @@ async fn listen(client: &Client, channel: &str) -> Result<(), tokio_postgres::Er
 }
 
 impl Listener {
-    pub fn start(config: tokio_postgres::Config, wake: Arc<dyn WakeSink>) -> Listener {
+    pub fn start(config: tokio_postgres::Config, tls: Tls, wake: Arc<dyn WakeSink>) -> Listener {
         let state = Arc::new(Mutex::new(State::default()));
-        tokio::spawn(run(config, wake, state.clone()));
+        tokio::spawn(run(config, tls, wake, state.clone()));
         Listener { state }
     }
 
@@ -100,10 +102,15 @@ impl Listener {
     }
 }
 
-async fn run(config: tokio_postgres::Config, wake: Arc<dyn WakeSink>, state: Arc<Mutex<State>>) {
+async fn run(
+    config: tokio_postgres::Config,
+    tls: Tls,
+    wake: Arc<dyn WakeSink>,
+    state: Arc<Mutex<State>>,
+) {
     let mut backoff = Duration::from_millis(50);
     loop {
-        let (client, mut connection) = match config.connect(NoTls).await {
+        let (client, mut connection) = match config.connect(tls.clone()).await {
             Ok(c) => c,
             Err(e) => {
                 tracing::debug!(error = %e, "listener connect failed");

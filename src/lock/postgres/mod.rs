@@ -15,8 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
-use tokio_postgres::NoTls;
+use deadpool_postgres::{Object, Pool};
 
 use self::listener::Listener;
 use super::{
@@ -42,36 +41,22 @@ impl PgBackend {
         settings: &PostgresSettings,
         wake: Arc<dyn WakeSink>,
     ) -> Result<PgBackend, BackendError> {
-        let mut config: tokio_postgres::Config = settings.url.parse().map_err(unavailable)?;
-        config
-            .connect_timeout(Duration::from_millis(settings.connect_timeout_ms))
-            .application_name("fencer-sidecar");
-        let manager = Manager::from_config(
-            config.clone(),
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
         let timeout = Duration::from_millis(settings.request_timeout_ms);
-        let pool = Pool::builder(manager)
-            .max_size(settings.pool_size)
-            .wait_timeout(Some(timeout))
-            .create_timeout(Some(Duration::from_millis(settings.connect_timeout_ms)))
-            .runtime(Runtime::Tokio1)
-            .build()
-            .map_err(unavailable)?;
+        let (mut config, tls, pool) = crate::pg::pool(&crate::pg::PgOptions {
+            url: &settings.url,
+            application_name: "fencer-sidecar",
+            ca_file: settings.ca_file.as_deref(),
+            pool_size: settings.pool_size,
+            connect_timeout: Duration::from_millis(settings.connect_timeout_ms),
+            wait_timeout: timeout,
+            server_options: None,
+        })
+        .map_err(BackendError::Unavailable)?;
+        config.application_name("fencer-listener");
         let backend = PgBackend {
             pool: pool.clone(),
             timeout,
-            listener: Listener::start(
-                {
-                    let mut c = config;
-                    c.application_name("fencer-listener");
-                    c
-                },
-                wake,
-            ),
+            listener: Listener::start(config, tls, wake),
         };
         tokio::spawn(maintain(
             pool,

@@ -14,6 +14,7 @@
 //! - expiry is enforced by the backend's own clock, never the sidecar's;
 //! - a release wakes waiters through a [`WakeSink`] (pub/sub for Redis).
 
+pub mod channels;
 pub mod key;
 pub mod lease_id;
 pub mod memory;

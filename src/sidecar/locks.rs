@@ -371,29 +371,7 @@ impl LockManager {
                 .await
             {
                 Ok(Attempt::Acquired { token }) => {
-                    let record = LeaseRecord {
-                        key: key.clone(),
-                        lease_id: lease.clone(),
-                        token,
-                        fencing_token: self.signer.sign(&Claim {
-                            key: key.as_str().to_owned(),
-                            token,
-                            lease_id: lease.as_str().to_owned(),
-                        }),
-                        owner: owner.clone(),
-                        ttl,
-                        acquired_at: Instant::now(),
-                        deadline: self.leases.deadline(first_sent, ttl),
-                        state: LeaseState::Held,
-                    };
-                    if let Some(old) = self.leases.insert(record.clone()) {
-                        self.record_lost([Lost {
-                            key: key.clone(),
-                            reason: LostReason::Backend,
-                            held_for: old.acquired_at.elapsed(),
-                        }]);
-                    }
-                    self.metrics.leases_held.inc();
+                    let record = self.hold(key, lease, token, owner.clone(), ttl, first_sent);
                     return Ok(Try::Got(record));
                 }
                 Ok(Attempt::Held { remaining }) => return Ok(Try::Held(remaining)),
@@ -417,6 +395,44 @@ impl LockManager {
                 }
             }
         }
+    }
+
+    /// Records a lease the backend just confirmed (request sent at `sent`),
+    /// with its signed token, and counts it as held.
+    fn hold(
+        &self,
+        key: &LockKey,
+        lease: &LeaseId,
+        token: u64,
+        owner: Option<String>,
+        ttl: Duration,
+        sent: Instant,
+    ) -> LeaseRecord {
+        let record = LeaseRecord {
+            key: key.clone(),
+            lease_id: lease.clone(),
+            token,
+            fencing_token: self.signer.sign(&Claim {
+                key: key.as_str().to_owned(),
+                token,
+                lease_id: lease.as_str().to_owned(),
+            }),
+            owner,
+            ttl,
+            acquired_at: Instant::now(),
+            deadline: self.leases.deadline(sent, ttl),
+            state: LeaseState::Held,
+        };
+        if let Some(old) = self.leases.insert(record.clone()) {
+            // The backend gave the key to us again: the old lease is gone.
+            self.record_lost([Lost {
+                key: key.clone(),
+                reason: LostReason::Backend,
+                held_for: old.acquired_at.elapsed(),
+            }]);
+        }
+        self.metrics.leases_held.inc();
+        record
     }
 
     /// Classifies a failed compare-and-set for `lease` on `key`.
@@ -491,23 +507,7 @@ impl LockManager {
         ttl: Duration,
         sent: Instant,
     ) -> LeaseView {
-        let record = LeaseRecord {
-            key: key.clone(),
-            lease_id: lease.clone(),
-            token,
-            fencing_token: self.signer.sign(&Claim {
-                key: key.as_str().to_owned(),
-                token,
-                lease_id: lease.as_str().to_owned(),
-            }),
-            owner: None,
-            ttl,
-            acquired_at: sent,
-            deadline: self.leases.deadline(sent, ttl),
-            state: LeaseState::Held,
-        };
-        self.leases.insert(record.clone());
-        self.metrics.leases_held.inc();
+        let record = self.hold(key, lease, token, None, ttl, sent);
         tracing::info!(key = %key, token, lease_id = %lease, "lease adopted on renewal");
         record.view(Instant::now())
     }

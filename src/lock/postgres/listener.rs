@@ -3,22 +3,20 @@
 //! A dedicated connection (a pooled one would hide notifications from
 //! whoever holds it next). Each watched key has its own channel,
 //! `fencer_<16 hex of sha256(key)>`, LISTENed while a waiter of this sidecar
-//! watches it (reference-counted, unlistened lazily). On reconnect every
-//! channel is LISTENed again and every queue re-checks, since notifications
-//! sent meanwhile are lost.
+//! watches it ([`Channels`]). On reconnect every channel is LISTENed again
+//! and every queue re-checks, since notifications sent meanwhile are lost.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
-use tokio::sync::{mpsc, Mutex};
+use tokio::sync::mpsc;
 use tokio_postgres::{AsyncMessage, Client};
 
-use crate::pg::Tls;
-
+use crate::lock::channels::{ChannelWatch, Channels};
 use crate::lock::WakeSink;
+use crate::pg::Tls;
 
 const JANITOR_INTERVAL: Duration = Duration::from_secs(10);
 const PING_INTERVAL: Duration = Duration::from_secs(5);
@@ -30,75 +28,27 @@ pub fn channel(key: &str) -> String {
     format!("fencer_{hex}")
 }
 
-#[derive(Default)]
-struct Channel {
-    key: String,
-    watchers: usize,
-    listening: bool,
-}
-
-#[derive(Default)]
-struct State {
-    client: Option<Arc<Client>>,
-    channels: HashMap<String, Channel>,
-}
-
 pub struct Listener {
-    state: Arc<Mutex<State>>,
+    channels: Channels<Arc<Client>>,
 }
 
-pub struct ChannelWatch {
-    state: Arc<Mutex<State>>,
-    channel: String,
-}
-
-impl Drop for ChannelWatch {
-    fn drop(&mut self) {
-        let state = self.state.clone();
-        let channel = std::mem::take(&mut self.channel);
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
-                if let Some(ch) = state.lock().await.channels.get_mut(&channel) {
-                    ch.watchers = ch.watchers.saturating_sub(1);
-                }
-            });
-        }
-    }
-}
-
-async fn listen(client: &Client, channel: &str) -> Result<(), tokio_postgres::Error> {
-    client.batch_execute(&format!("LISTEN \"{channel}\"")).await
+async fn listen(client: Arc<Client>, channel: String) -> Result<(), String> {
+    client
+        .batch_execute(&format!("LISTEN \"{channel}\""))
+        .await
+        .map_err(|e| e.to_string())
 }
 
 impl Listener {
     pub fn start(config: tokio_postgres::Config, tls: Tls, wake: Arc<dyn WakeSink>) -> Listener {
-        let state = Arc::new(Mutex::new(State::default()));
-        tokio::spawn(run(config, tls, wake, state.clone()));
-        Listener { state }
+        let channels = Channels::new();
+        tokio::spawn(run(config, tls, wake, channels.clone()));
+        Listener { channels }
     }
 
     /// LISTENs on `key`'s channel (when connected) before returning.
-    pub async fn watch(&self, key: &str) -> ChannelWatch {
-        let name = channel(key);
-        let mut st = self.state.lock().await;
-        let client = st.client.clone();
-        let entry = st.channels.entry(name.clone()).or_default();
-        entry.key = key.to_owned();
-        entry.watchers += 1;
-        if !entry.listening {
-            if let Some(client) = client {
-                match listen(&client, &name).await {
-                    Ok(()) => entry.listening = true,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "LISTEN failed; waiters fall back to re-checks")
-                    }
-                }
-            }
-        }
-        ChannelWatch {
-            state: self.state.clone(),
-            channel: name,
-        }
+    pub async fn watch(&self, key: &str) -> ChannelWatch<Arc<Client>> {
+        self.channels.watch(channel(key), key, listen).await
     }
 }
 
@@ -106,7 +56,7 @@ async fn run(
     config: tokio_postgres::Config,
     tls: Tls,
     wake: Arc<dyn WakeSink>,
-    state: Arc<Mutex<State>>,
+    channels: Channels<Arc<Client>>,
 ) {
     let mut backoff = Duration::from_millis(50);
     loop {
@@ -137,24 +87,9 @@ async fn run(
             }
         });
         let client = Arc::new(client);
-        {
-            let mut st = state.lock().await;
-            let mut ok = true;
-            for (name, ch) in st.channels.iter_mut() {
-                ch.listening = false;
-                if ch.watchers > 0 {
-                    ok = listen(&client, name).await.is_ok();
-                    ch.listening = ok;
-                    if !ok {
-                        break;
-                    }
-                }
-            }
-            if !ok {
-                driver.abort();
-                continue;
-            }
-            st.client = Some(client.clone());
+        if !channels.connected(client.clone(), listen).await {
+            driver.abort();
+            continue;
         }
         tracing::info!("LISTEN connection established");
         wake.resync();
@@ -167,8 +102,7 @@ async fn run(
             tokio::select! {
                 msg = rx.recv() => {
                     let Some(name) = msg else { break };
-                    let key = state.lock().await.channels.get(&name).map(|c| c.key.clone());
-                    if let Some(key) = key {
+                    if let Some(key) = channels.key_of(&name).await {
                         wake.released(&key);
                     }
                 }
@@ -180,22 +114,14 @@ async fn run(
                     }
                 }
                 _ = janitor.tick() => {
-                    let mut st = state.lock().await;
-                    let idle: Vec<String> = st
-                        .channels
-                        .iter()
-                        .filter(|(_, c)| c.watchers == 0)
-                        .map(|(n, _)| n.clone())
-                        .collect();
-                    for name in idle {
-                        st.channels.remove(&name);
+                    for name in channels.take_idle().await {
                         let _ = client.batch_execute(&format!("UNLISTEN \"{name}\"")).await;
                     }
                 }
             }
         }
         driver.abort();
-        state.lock().await.client = None;
+        channels.disconnected().await;
         tracing::warn!("LISTEN connection lost; reconnecting");
     }
 }

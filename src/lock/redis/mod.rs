@@ -203,7 +203,11 @@ impl LockBackend for RedisBackend {
     }
 
     async fn watch(&self, key: &LockKey) -> WatchGuard {
-        WatchGuard::new(self.subscriber.watch(self.keys(key).channel).await)
+        WatchGuard::new(
+            self.subscriber
+                .watch(self.keys(key).channel, key.as_str())
+                .await,
+        )
     }
 
     async fn ping(&self) -> Result<(), BackendError> {

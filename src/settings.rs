@@ -193,6 +193,9 @@ pub struct RedisSettings {
     pub request_timeout_ms: u64,
     pub connect_timeout_ms: u64,
     pub token_mode: TokenMode,
+    /// PEM CA certificate(s) for `rediss://` with a private CA (default:
+    /// the public web roots).
+    pub ca_file: Option<String>,
 }
 
 impl Default for RedisSettings {
@@ -203,6 +206,7 @@ impl Default for RedisSettings {
             request_timeout_ms: 1_000,
             connect_timeout_ms: 1_000,
             token_mode: TokenMode::HybridClock,
+            ca_file: None,
         }
     }
 }

@@ -247,3 +247,48 @@ async fn counter_mode_without_persistence_restarts_at_one() {
     };
     assert_eq!(t, 1);
 }
+
+/// `rediss://` with a private CA, a password and a database number.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_password_and_database_in_the_url() {
+    let certs = make_certs();
+    let path = |f: &str| certs.path().join(f).to_str().unwrap().to_owned();
+    let tls_port = free_port();
+    let redis = RedisServer::start_with(
+        Persistence::Off,
+        &[
+            "--tls-port".into(),
+            tls_port.to_string(),
+            "--tls-cert-file".into(),
+            path("server.crt"),
+            "--tls-key-file".into(),
+            path("server.key"),
+            "--tls-ca-cert-file".into(),
+            path("ca.crt"),
+            "--tls-auth-clients".into(),
+            "no".into(),
+        ],
+        Some("s3cret-pass"),
+    );
+    let url = format!("rediss://:s3cret-pass@127.0.0.1:{tls_port}/3");
+    let s = sidecar(&url, &[("backend.redis.ca_file", &path("ca.crt"))]);
+    let r = s.acquire("tls:1", 10_000, 0).await;
+    assert_eq!(r.status, 200, "{}\n{}", r.body, s.logs());
+    // The lock landed in database 3.
+    let mut conn = redis.conn();
+    let _: () = redis::cmd("SELECT").arg(3).query(&mut conn).unwrap();
+    let exists: bool = conn.exists("fencer:{tls:1}:lock").unwrap();
+    assert!(exists);
+    // A wrong password is refused (503, not a hang).
+    let bad = sidecar(
+        &format!("rediss://:wrong@127.0.0.1:{tls_port}/3"),
+        &[
+            ("backend.redis.ca_file", &path("ca.crt")),
+            ("backend.redis.request_timeout_ms", "300"),
+        ],
+    );
+    assert_eq!(
+        bad.acquire("tls:2", 10_000, 0).await.code(),
+        "backend_unavailable"
+    );
+}

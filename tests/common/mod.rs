@@ -60,15 +60,32 @@ pub struct RedisServer {
     pub port: u16,
     dir: tempfile::TempDir,
     persistence: Persistence,
+    extra: Vec<String>,
+    password: Option<String>,
     child: Option<Child>,
 }
 
 impl RedisServer {
     pub fn start(persistence: Persistence) -> RedisServer {
+        RedisServer::start_with(persistence, &[], None)
+    }
+
+    /// With extra `redis-server` arguments and an optional password.
+    pub fn start_with(
+        persistence: Persistence,
+        extra: &[String],
+        password: Option<&str>,
+    ) -> RedisServer {
+        let mut extra = extra.to_vec();
+        if let Some(p) = password {
+            extra.extend(["--requirepass".to_owned(), p.to_owned()]);
+        }
         let mut server = RedisServer {
             port: free_port(),
             dir: tempfile::tempdir().unwrap(),
             persistence,
+            extra,
+            password: password.map(str::to_owned),
             child: None,
         };
         server.spawn();
@@ -91,6 +108,7 @@ impl RedisServer {
             Persistence::Off => cmd.args(["--appendonly", "no"]),
             Persistence::Aof => cmd.args(["--appendonly", "yes", "--appendfsync", "always"]),
         };
+        cmd.args(&self.extra);
         let child = cmd
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -107,7 +125,10 @@ impl RedisServer {
     }
 
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/0", self.port)
+        match &self.password {
+            Some(p) => format!("redis://:{p}@127.0.0.1:{}/0", self.port),
+            None => format!("redis://127.0.0.1:{}/0", self.port),
+        }
     }
 
     pub fn conn(&self) -> redis::Connection {
@@ -151,6 +172,86 @@ impl Drop for RedisServer {
         }
         self.kill();
     }
+}
+
+/// A test CA and a server certificate for 127.0.0.1/localhost (files
+/// `ca.crt`, `server.crt`, `server.key`), readable by the PostgreSQL user.
+pub fn make_certs() -> tempfile::TempDir {
+    let dir = tempfile::Builder::new()
+        .prefix("fencer-tls-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let d = dir.path();
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(d)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    std::fs::write(
+        d.join("san.ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+    )
+    .unwrap();
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-subj",
+        "/CN=fencer-test-ca",
+        "-days",
+        "2",
+    ]);
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    ]);
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.crt",
+        "-days",
+        "2",
+        "-extfile",
+        "san.ext",
+    ]);
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(d.join("server.key"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    if unsafe { libc::geteuid() } == 0 {
+        let (uid, gid) = postgres::lookup_user("postgres");
+        std::os::unix::fs::chown(d.join("server.key"), Some(uid), Some(gid)).unwrap();
+        std::os::unix::fs::chown(d.join("server.crt"), Some(uid), Some(gid)).unwrap();
+    }
+    dir
 }
 
 // ---------------------------------------------------------------- fencer

@@ -41,8 +41,21 @@ impl RedisBackend {
         settings: &RedisSettings,
         wake: Arc<dyn WakeSink>,
     ) -> Result<RedisBackend, BackendError> {
-        let client = redis::Client::open(settings.url.as_str())
-            .map_err(|e| BackendError::Unavailable(format!("invalid redis url: {e}")))?;
+        let client = match &settings.ca_file {
+            None => redis::Client::open(settings.url.as_str()),
+            Some(path) => {
+                let pem = std::fs::read(path)
+                    .map_err(|e| BackendError::Unavailable(format!("CA file {path}: {e}")))?;
+                redis::Client::build_with_tls(
+                    settings.url.as_str(),
+                    redis::TlsCertificates {
+                        client_tls: None,
+                        root_cert: Some(pem),
+                    },
+                )
+            }
+        }
+        .map_err(|e| BackendError::Unavailable(format!("invalid redis url: {e}")))?;
         let timeout = Duration::from_millis(settings.request_timeout_ms);
         let connect_timeout = Duration::from_millis(settings.connect_timeout_ms);
         let config = ConnectionManagerConfig::new()

@@ -128,6 +128,8 @@ pub struct Metrics {
     pub proxy_requests: IntCounterVec,
     pub proxy_duration: HistogramVec,
     pub preregistrations: IntCounterVec,
+    pub webhook_deliveries: IntCounterVec,
+    pub hold_streams: IntGauge,
 }
 
 /// The gateway's series.
@@ -335,6 +337,19 @@ impl Metrics {
                 )
                 .buckets(BACKEND_BUCKETS.to_vec()),
                 &["result"]
+            )
+            .unwrap()),
+            webhook_deliveries: reg!(IntCounterVec::new(
+                Opts::new(
+                    "fencer_webhook_deliveries_total",
+                    "Lost-lease webhook deliveries by result (delivered, failed, dropped)."
+                ),
+                &["result"]
+            )
+            .unwrap()),
+            hold_streams: reg!(IntGauge::new(
+                "fencer_hold_streams",
+                "Open hold connections (locks bound to a connection)."
             )
             .unwrap()),
             preregistrations: reg!(IntCounterVec::new(

@@ -66,6 +66,20 @@ pub struct SidecarSettings {
     /// can land after the new holder's first read. Empty: off.
     pub preregister_url: String,
     pub preregister_timeout_ms: u64,
+    /// Auto-renewed leases stop being renewed after this much silence from
+    /// the application (default for `keepalive_ms` in acquire).
+    pub keepalive_ms: u64,
+    /// Cap on every lease's life however it is renewed; 0 = no cap.
+    pub max_hold_ms: u64,
+    /// How often a hold stream sends a heartbeat line.
+    pub hold_heartbeat_ms: u64,
+    /// After a lease ends without a release (expired or lost), nobody can
+    /// acquire the key for this long (Chubby's lock-delay); 0 = off.
+    /// Enforced by the backend, so it holds across sidecars.
+    pub lock_delay_ms: u64,
+    /// POSTed a JSON body for every lease lost without a release. Empty: off.
+    pub lost_lease_webhook: String,
+    pub webhook_timeout_ms: u64,
 }
 
 impl Default for SidecarSettings {
@@ -83,6 +97,12 @@ impl Default for SidecarSettings {
             lost_lease_retention_ms: 60_000,
             preregister_url: String::new(),
             preregister_timeout_ms: 2_000,
+            keepalive_ms: 30_000,
+            max_hold_ms: 0,
+            hold_heartbeat_ms: 1_000,
+            lock_delay_ms: 0,
+            lost_lease_webhook: String::new(),
+            webhook_timeout_ms: 2_000,
         }
     }
 }
@@ -612,6 +632,36 @@ impl Settings {
                 "sidecar.preregister_timeout_ms",
                 "must be between 100 and 60000",
             ));
+        }
+        check_range(
+            "sidecar.keepalive_ms",
+            s.keepalive_ms,
+            MIN_TTL_MS,
+            MAX_TTL_MS,
+        )?;
+        check_range("sidecar.max_hold_ms", s.max_hold_ms, 0, 30 * 86_400_000)?;
+        check_range(
+            "sidecar.hold_heartbeat_ms",
+            s.hold_heartbeat_ms,
+            10,
+            600_000,
+        )?;
+        check_range("sidecar.lock_delay_ms", s.lock_delay_ms, 0, MAX_TTL_MS)?;
+        check_range(
+            "sidecar.webhook_timeout_ms",
+            s.webhook_timeout_ms,
+            10,
+            60_000,
+        )?;
+        if !s.lost_lease_webhook.is_empty() {
+            let ok = url::Url::parse(&s.lost_lease_webhook)
+                .is_ok_and(|u| u.scheme() == "http" && u.host_str().is_some());
+            if !ok {
+                return Err(invalid(
+                    "sidecar.lost_lease_webhook",
+                    "expected an http:// URL",
+                ));
+            }
         }
         if !s.preregister_url.is_empty() {
             let ok = url::Url::parse(&s.preregister_url).is_ok_and(|u| {

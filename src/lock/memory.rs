@@ -24,6 +24,8 @@ struct Entry {
 #[derive(Default)]
 struct State {
     locks: HashMap<LockKey, Entry>,
+    /// Lock-delay: keys that may not be acquired before this instant.
+    delayed: HashMap<LockKey, Instant>,
     /// Token counters outlive their locks, as in Redis.
     counters: HashMap<LockKey, u64>,
 }
@@ -32,11 +34,15 @@ struct State {
 pub struct MemoryBackend {
     state: Mutex<State>,
     wake: OnceLock<Arc<dyn WakeSink>>,
+    lock_delay: Duration,
 }
 
 impl MemoryBackend {
-    pub fn new(wake: Arc<dyn WakeSink>) -> MemoryBackend {
-        let backend = MemoryBackend::default();
+    pub fn new(lock_delay: Duration, wake: Arc<dyn WakeSink>) -> MemoryBackend {
+        let backend = MemoryBackend {
+            lock_delay,
+            ..MemoryBackend::default()
+        };
         let _ = backend.wake.set(wake);
         backend
     }
@@ -72,9 +78,22 @@ impl LockBackend for MemoryBackend {
                 remaining: Some(entry.expires - now),
             });
         }
+        if let Some(until) = state.delayed.get(key).copied() {
+            if until > now {
+                return Ok(Attempt::Held {
+                    remaining: Some(until - now),
+                });
+            }
+            state.delayed.remove(key);
+        }
         let counter = state.counters.entry(key.clone()).or_insert(0);
         *counter += 1;
         let token = *counter;
+        if !self.lock_delay.is_zero() {
+            state
+                .delayed
+                .insert(key.clone(), now + ttl + self.lock_delay);
+        }
         state.locks.insert(
             key.clone(),
             Entry {
@@ -99,7 +118,13 @@ impl LockBackend for MemoryBackend {
             Some(entry) if &entry.lease != lease => Ownership::OtherHolder,
             Some(entry) => {
                 entry.expires = now + ttl;
-                Ownership::Owned { token: entry.token }
+                let token = entry.token;
+                if !self.lock_delay.is_zero() {
+                    state
+                        .delayed
+                        .insert(key.clone(), now + ttl + self.lock_delay);
+                }
+                Ownership::Owned { token }
             }
         })
     }
@@ -114,6 +139,7 @@ impl LockBackend for MemoryBackend {
                 Some(entry) => {
                     let token = entry.token;
                     state.locks.remove(key);
+                    state.delayed.remove(key);
                     Ownership::Owned { token }
                 }
             }

@@ -103,6 +103,20 @@ pub trait LockBackend: Send + Sync + 'static {
         ttl: Duration,
     ) -> Result<Ownership, BackendError>;
 
+    /// Renews many leases in as few round trips as the backend allows
+    /// (sidecar-driven renewal). One result per item, in order; a lease
+    /// that is not renewed is reported `Free` or `OtherHolder`.
+    async fn renew_many(
+        &self,
+        items: &[(LockKey, LeaseId, Duration)],
+    ) -> Result<Vec<Ownership>, BackendError> {
+        let mut out = Vec::with_capacity(items.len());
+        for (key, lease, ttl) in items {
+            out.push(self.renew(key, lease, *ttl).await?);
+        }
+        Ok(out)
+    }
+
     /// Compare-and-delete, then notify waiters.
     async fn release(&self, key: &LockKey, lease: &LeaseId) -> Result<Ownership, BackendError>;
 

@@ -17,7 +17,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
 
-use super::locks::LockManager;
+use super::locks::{Acquire, LockManager};
 use super::request;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
@@ -26,8 +26,9 @@ use crate::settings::limits::MAX_BODY_BYTES;
 pub struct ApiState {
     pub locks: Arc<LockManager>,
     pub metrics: Arc<Metrics>,
-    pub default_ttl_ms: u64,
-    pub default_wait_ms: u64,
+    pub defaults: request::Defaults,
+    pub hold_heartbeat: Duration,
+    pub shutdown: tokio_util::sync::CancellationToken,
 }
 
 type St = State<Arc<ApiState>>;
@@ -39,6 +40,8 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/v1/locks/{key}/acquire", post(acquire))
         .route("/v1/locks/{key}/renew", post(renew))
         .route("/v1/locks/{key}/release", post(release))
+        .route("/v1/locks/{key}/hold", post(hold))
+        .route("/v1/locks/{key}/keepalive", post(keepalive))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -103,10 +106,16 @@ async fn acquire(
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let key = path_key(path)?;
-    let req = request::acquire(&body(raw)?, state.default_ttl_ms, state.default_wait_ms)?;
+    let req = request::acquire(&body(raw)?, &state.defaults, false)?;
     let view = state
         .locks
-        .acquire(key, req.ttl, req.wait, req.owner)
+        .acquire(Acquire {
+            key,
+            ttl: req.ttl,
+            wait: req.wait,
+            owner: req.owner,
+            renewal: req.renewal,
+        })
         .await?;
     Ok(Json(json!({
         "key": view.key,
@@ -126,7 +135,8 @@ async fn renew(
     let req = request::lease(&body(raw)?, true)?;
     let ttl = req
         .ttl
-        .unwrap_or(Duration::from_millis(state.default_ttl_ms));
+        .unwrap_or(Duration::from_millis(state.defaults.ttl_ms));
+    state.locks.touch(&key, Some(&req.lease_id));
     let view = state.locks.renew(key, req.lease_id, ttl).await?;
     Ok(Json(view).into_response())
 }
@@ -155,6 +165,53 @@ async fn get_one(
 ) -> Result<Response, ApiError> {
     let key = path_key(path)?;
     Ok(Json(state.locks.get(&key)?).into_response())
+}
+
+/// `POST /v1/locks/{key}/hold`: acquire, then stream the lease's life.
+async fn hold(
+    State(state): St,
+    path: Result<Path<String>, PathRejection>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let key = path_key(path)?;
+    let req = request::acquire(&body(raw)?, &state.defaults, true)?;
+    let view = state
+        .locks
+        .acquire(Acquire {
+            key,
+            ttl: req.ttl,
+            wait: req.wait,
+            owner: req.owner,
+            renewal: req.renewal,
+        })
+        .await?;
+    let body = super::hold::stream(
+        state.locks.clone(),
+        view,
+        state.hold_heartbeat,
+        state.shutdown.clone(),
+    );
+    Ok(Response::builder()
+        .header(axum::http::header::CONTENT_TYPE, "application/x-ndjson")
+        .header(axum::http::header::CACHE_CONTROL, "no-cache")
+        .body(body)
+        .expect("static response parts"))
+}
+
+/// `POST /v1/locks/{key}/keepalive` `{"lease_id"}`: the application is alive.
+async fn keepalive(
+    State(state): St,
+    path: Result<Path<String>, PathRejection>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let key = path_key(path)?;
+    let req = request::lease(&body(raw)?, false)?;
+    if !state.locks.touch(&key, Some(&req.lease_id)) {
+        return Err(super::locks::LockError::LeaseLost(key).into());
+    }
+    Ok(Json(
+        json!({"key": key.as_str(), "lease_id": req.lease_id.as_str(), "alive": true}),
+    ))
 }
 
 const DEFAULT_LIST_LIMIT: usize = 1_000;

@@ -119,6 +119,8 @@ impl Egress {
                 return ApiError::from(e).into_hyper();
             }
         };
+        // A proxied request is a sign of life for an auto-renewed lease.
+        self.locks.touch(&key, Some(&record.lease_id));
         let headers = req.headers_mut();
         match HeaderValue::from_bytes(key.as_str().as_bytes()) {
             Ok(v) => headers.insert(HeaderName::from_static("fencing-key"), v),

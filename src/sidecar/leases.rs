@@ -8,7 +8,7 @@
 //! margin. Past that deadline the lease is lost here, whatever the backend
 //! says later.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -34,6 +34,28 @@ impl LostReason {
     }
 }
 
+/// Who keeps a lease alive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Renewal {
+    /// The application calls renew itself.
+    Manual,
+    /// The sidecar renews while the application shows activity (an API
+    /// call or proxied request on the key, or a keepalive) within `keepalive`.
+    Auto { keepalive: Duration },
+    /// The sidecar renews while the hold connection stays open.
+    Hold,
+}
+
+impl Renewal {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Renewal::Manual => "manual",
+            Renewal::Auto { .. } => "auto",
+            Renewal::Hold => "hold",
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub enum LeaseState {
     Held,
@@ -51,6 +73,11 @@ pub struct LeaseRecord {
     pub acquired_at: Instant,
     pub deadline: Instant,
     pub state: LeaseState,
+    pub renewal: Renewal,
+    /// Last sign of life from the application (auto-renew keepalive).
+    pub last_activity: Instant,
+    /// `max_hold_ms` cap: never renewed past this.
+    pub max_until: Option<Instant>,
 }
 
 /// What the API shows of a lease.
@@ -70,6 +97,8 @@ pub struct LeaseView {
     pub held_ms: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lost_reason: Option<&'static str>,
+    /// `manual`, `auto` or `hold`.
+    pub renewal: &'static str,
 }
 
 impl LeaseRecord {
@@ -92,6 +121,7 @@ impl LeaseRecord {
             },
             held_ms: now.saturating_duration_since(self.acquired_at).as_millis() as u64,
             lost_reason,
+            renewal: self.renewal.as_str(),
         }
     }
 
@@ -101,10 +131,27 @@ impl LeaseRecord {
 }
 
 /// Events the table reports so the caller can count them.
+#[derive(Debug, Clone)]
 pub struct Lost {
     pub key: LockKey,
+    pub lease_id: LeaseId,
+    pub token: u64,
+    pub owner: Option<String>,
     pub reason: LostReason,
     pub held_for: Duration,
+}
+
+impl Lost {
+    pub fn of(rec: &LeaseRecord, reason: LostReason, now: Instant) -> Lost {
+        Lost {
+            key: rec.key.clone(),
+            lease_id: rec.lease_id.clone(),
+            token: rec.token,
+            owner: rec.owner.clone(),
+            reason,
+            held_for: now.saturating_duration_since(rec.acquired_at),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -113,6 +160,8 @@ struct Tables {
     /// Leases that ended here recently (released, replaced, forgotten), so
     /// a late call with one is answered `lease_lost`, not `not_owner`.
     retired: HashMap<LeaseId, (LockKey, Instant)>,
+    /// When sidecar-renewed leases are next due (renewal or deadline check).
+    schedule: BTreeSet<(Instant, LockKey)>,
 }
 
 impl Tables {
@@ -158,6 +207,52 @@ impl LeaseTable {
             .mul_f64(1.0 - self.drift_ratio)
             .saturating_sub(self.margin);
         sent + safe
+    }
+
+    /// Schedules `key`'s next renewal (or deadline check) at `at`.
+    pub fn schedule(&self, key: &LockKey, at: Instant) {
+        self.lock().schedule.insert((at, key.clone()));
+    }
+
+    /// The earliest scheduled time, if any.
+    pub fn next_due(&self) -> Option<Instant> {
+        self.lock().schedule.first().map(|(at, _)| *at)
+    }
+
+    /// Up to `limit` held, sidecar-renewed leases whose time has come.
+    pub fn take_due(&self, now: Instant, limit: usize) -> Vec<LeaseRecord> {
+        let mut t = self.lock();
+        let mut out: Vec<LeaseRecord> = Vec::new();
+        while out.len() < limit {
+            let Some((at, _)) = t.schedule.first() else {
+                break;
+            };
+            if *at > now {
+                break;
+            }
+            let (_, key) = t.schedule.pop_first().expect("checked above");
+            if let Some(rec) = t.current.get(&key) {
+                if rec.is_held()
+                    && rec.renewal != Renewal::Manual
+                    && !out.iter().any(|r| r.key == key)
+                {
+                    out.push(rec.clone());
+                }
+            }
+        }
+        out
+    }
+
+    /// The application showed activity on `key` (keepalive for auto-renew).
+    pub fn touch(&self, key: &LockKey, lease: Option<&LeaseId>, now: Instant) -> bool {
+        let mut t = self.lock();
+        match t.current.get_mut(key) {
+            Some(rec) if rec.is_held() && lease.is_none_or(|l| l == &rec.lease_id) => {
+                rec.last_activity = now;
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Number of records (held and recently lost).
@@ -222,11 +317,7 @@ impl LeaseTable {
             .get_mut(key)
             .filter(|r| &r.lease_id == lease && r.is_held())?;
         rec.state = LeaseState::Lost { reason, at: now };
-        Some(Lost {
-            key: key.clone(),
-            reason,
-            held_for: now - rec.acquired_at,
-        })
+        Some(Lost::of(rec, reason, now))
     }
 
     /// Removes `key`'s record if it belongs to `lease`.
@@ -302,11 +393,7 @@ fn expire(rec: &mut LeaseRecord, now: Instant) -> Option<Lost> {
             reason: LostReason::Deadline,
             at: now,
         };
-        return Some(Lost {
-            key: rec.key.clone(),
-            reason: LostReason::Deadline,
-            held_for: now - rec.acquired_at,
-        });
+        return Some(Lost::of(rec, LostReason::Deadline, now));
     }
     None
 }

@@ -8,15 +8,22 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use rand::Rng;
+use tokio::sync::broadcast;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::leases::{LeaseRecord, LeaseState, LeaseTable, LeaseView, Lost, LostReason};
+use super::leases::{LeaseRecord, LeaseState, LeaseTable, LeaseView, Lost, LostReason, Renewal};
 use super::preregister::{PreregisterError, Preregistrar};
 use super::waiters::{WaitQueues, Wake};
+use super::webhook::Webhook;
 use crate::lock::{Attempt, BackendError, DynBackend, LeaseId, LockKey, Ownership};
 use crate::metrics::Metrics;
 use crate::token::{Claim, Signer};
+
+/// Leases renewed per backend round trip at most.
+const RENEW_BATCH: usize = 500;
+/// Below this, a lease capped by `max_hold_ms` is not renewed any more.
+const MIN_RENEW_TTL: Duration = Duration::from_millis(10);
 
 /// Retries of an acquire whose outcome is unknown (same lease id, so the
 /// backend returns the same token if the first attempt went through).
@@ -49,6 +56,10 @@ pub enum LockError {
 }
 
 pub struct LockManagerConfig {
+    /// Cap on any lease's life, however it is renewed.
+    pub max_hold: Option<Duration>,
+    /// Told about every lease lost without a release.
+    pub webhook: Option<Webhook>,
     /// Registers each new token at the gateway before the acquire returns.
     pub preregister: Option<Preregistrar>,
     pub max_leases: usize,
@@ -65,6 +76,9 @@ pub struct LockManager {
     config: LockManagerConfig,
     shutdown: CancellationToken,
     preregister: Option<Preregistrar>,
+    webhook: Option<Webhook>,
+    /// Every lost lease, for hold streams.
+    lost_tx: broadcast::Sender<Lost>,
 }
 
 enum Repair {
@@ -73,7 +87,7 @@ enum Repair {
 }
 
 enum Try {
-    Got(LeaseRecord),
+    Got(Box<LeaseRecord>),
     Held(Option<Duration>),
 }
 
@@ -88,6 +102,7 @@ impl LockManager {
         shutdown: CancellationToken,
     ) -> LockManager {
         let preregister = config.preregister.take();
+        let webhook = config.webhook.take();
         LockManager {
             backend,
             leases,
@@ -97,11 +112,17 @@ impl LockManager {
             config,
             shutdown,
             preregister,
+            webhook,
+            lost_tx: broadcast::channel(1024).0,
         }
     }
 
     pub fn backend(&self) -> &DynBackend {
         &self.backend
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 
     /// Times one backend call and counts its failure.
@@ -138,23 +159,119 @@ impl LockManager {
                 .hold_time
                 .with_label_values(&[group.as_str()])
                 .observe(l.held_for.as_secs_f64());
-            tracing::warn!(key = %l.key, reason = l.reason.as_str(), "lease lost");
+            tracing::warn!(
+                key = %l.key, token = l.token, lease_id = %l.lease_id,
+                reason = l.reason.as_str(), held_ms = l.held_for.as_millis() as u64, "lease lost"
+            );
+            if let Some(w) = &self.webhook {
+                w.send(&l);
+            }
+            let _ = self.lost_tx.send(l);
         }
     }
 
-    /// Acquires `key`, waiting up to `wait` in this sidecar's FIFO queue.
-    pub async fn acquire(
-        &self,
-        key: LockKey,
-        ttl: Duration,
-        wait: Duration,
-        owner: Option<String>,
-    ) -> Result<LeaseView, LockError> {
+    /// Subscribes to lost-lease events.
+    pub fn lost_events(&self) -> broadcast::Receiver<Lost> {
+        self.lost_tx.subscribe()
+    }
+
+    /// Renews, in one batched backend call, every sidecar-renewed lease that
+    /// is due; marks lost the ones the backend no longer gives us; retries
+    /// failures within the lease's safe time. Called by the renewer task.
+    pub async fn renew_due(&self) {
+        let now = Instant::now();
+        let due = self.leases.take_due(now, RENEW_BATCH);
+        if due.is_empty() {
+            return;
+        }
+        let mut batch: Vec<(LockKey, LeaseId, Duration)> = Vec::with_capacity(due.len());
+        for rec in due {
+            if now >= rec.deadline {
+                let (_, lost) = self.leases.get(&rec.key, now);
+                self.record_lost(lost);
+                continue;
+            }
+            if let Renewal::Auto { keepalive } = rec.renewal {
+                if now.saturating_duration_since(rec.last_activity) > keepalive {
+                    // The application went silent: let the lease run out.
+                    tracing::info!(key = %rec.key, "no keepalive; renewal stopped");
+                    self.leases.schedule(&rec.key, rec.deadline);
+                    continue;
+                }
+            }
+            let ttl = match rec.max_until {
+                Some(until) => rec.ttl.min(until.saturating_duration_since(now)),
+                None => rec.ttl,
+            };
+            if ttl < MIN_RENEW_TTL {
+                // max_hold_ms reached: no more renewals.
+                self.leases.schedule(&rec.key, rec.deadline);
+                continue;
+            }
+            batch.push((rec.key, rec.lease_id, ttl));
+        }
+        if batch.is_empty() {
+            return;
+        }
+        let sent = Instant::now();
+        match self
+            .call("renew_many", self.backend.renew_many(&batch))
+            .await
+        {
+            Ok(results) => {
+                for ((key, lease, ttl), result) in batch.into_iter().zip(results) {
+                    let label = match result {
+                        Ownership::Owned { .. } => {
+                            match self.leases.renewed(&key, &lease, sent, ttl) {
+                                Some(_) => {
+                                    self.leases.schedule(&key, renew_at(sent, ttl));
+                                    "renewed"
+                                }
+                                None => {
+                                    self.record_lost(self.leases.mark_lost(
+                                        &key,
+                                        &lease,
+                                        LostReason::Deadline,
+                                    ));
+                                    "lease_lost"
+                                }
+                            }
+                        }
+                        _ => {
+                            self.record_lost(self.leases.mark_lost(
+                                &key,
+                                &lease,
+                                LostReason::Backend,
+                            ));
+                            "lease_lost"
+                        }
+                    };
+                    self.metrics.renewals.with_label_values(&[label]).inc();
+                }
+            }
+            Err(_) => {
+                // Retry soon, and in any case look again at the deadline.
+                for (key, _, ttl) in &batch {
+                    self.metrics.renewals.with_label_values(&["error"]).inc();
+                    let retry =
+                        (*ttl / 10).clamp(Duration::from_millis(10), Duration::from_millis(200));
+                    self.leases.schedule(key, Instant::now() + retry);
+                }
+            }
+        }
+    }
+
+    /// Notes application activity on `key` (keepalive of auto-renewed leases).
+    pub fn touch(&self, key: &LockKey, lease: Option<&LeaseId>) -> bool {
+        self.leases.touch(key, lease, Instant::now())
+    }
+
+    /// Acquires `req.key`, waiting up to `req.wait` in this sidecar's FIFO queue.
+    pub async fn acquire(&self, req: Acquire) -> Result<LeaseView, LockError> {
         let started = Instant::now();
+        let key = req.key.clone();
         let group = self.metrics.groups.of(key.as_str());
-        let result = self
-            .acquire_registered(&key, ttl, wait, owner, started, &group)
-            .await;
+        let result = self.acquire_registered(&req, started, &group).await;
         let outcome = match &result {
             Ok(_) => "acquired",
             Err(LockError::Held(_)) => "timeout",
@@ -183,16 +300,12 @@ impl LockManager {
     /// counter turned out to be behind the gateway.
     async fn acquire_registered(
         &self,
-        key: &LockKey,
-        ttl: Duration,
-        wait: Duration,
-        owner: Option<String>,
+        req: &Acquire,
         started: Instant,
         group: &str,
     ) -> Result<LeaseView, LockError> {
-        let view = self
-            .acquire_inner(key, ttl, wait, owner.clone(), started, group)
-            .await?;
+        let key = &req.key;
+        let view = self.acquire_inner(req, started, group).await?;
         let Some(pre) = &self.preregister else {
             return Ok(view);
         };
@@ -200,9 +313,7 @@ impl LockManager {
             Ok(()) => Ok(view),
             Err(Repair::Failed(e)) => Err(e),
             Err(Repair::Retry) => {
-                let view = self
-                    .acquire_inner(key, ttl, wait, owner, started, group)
-                    .await?;
+                let view = self.acquire_inner(req, started, group).await?;
                 match self.preregister_or_repair(pre, key, &view).await {
                     Ok(()) => Ok(view),
                     Err(Repair::Failed(e)) => Err(e),
@@ -262,13 +373,11 @@ impl LockManager {
 
     async fn acquire_inner(
         &self,
-        key: &LockKey,
-        ttl: Duration,
-        wait: Duration,
-        owner: Option<String>,
+        req: &Acquire,
         started: Instant,
         group: &str,
     ) -> Result<LeaseView, LockError> {
+        let (key, ttl, wait) = (&req.key, req.ttl, req.wait);
         if self.shutdown.is_cancelled() {
             return Err(LockError::ShuttingDown);
         }
@@ -280,7 +389,7 @@ impl LockManager {
 
         // Fast path: nobody here is waiting, so trying first is fair.
         if !self.waiters.has_waiters(key.as_str()) {
-            match self.try_once(key, &lease, ttl, &owner).await? {
+            match self.try_once(req, &lease).await? {
                 Try::Got(rec) => return Ok(rec.view(Instant::now())),
                 Try::Held(_) if wait.is_zero() => return Err(LockError::Held(key.clone())),
                 Try::Held(_) => {}
@@ -305,7 +414,7 @@ impl LockManager {
         let mut recheck_at: Option<Instant> = None;
         loop {
             if must_try {
-                match self.try_once(key, &lease, ttl, &owner).await? {
+                match self.try_once(req, &lease).await? {
                     Try::Got(rec) => {
                         ticket.acquired(ttl);
                         return Ok(rec.view(Instant::now()));
@@ -354,13 +463,8 @@ impl LockManager {
 
     /// One acquisition attempt, retried with the same lease id when the
     /// outcome is unknown.
-    async fn try_once(
-        &self,
-        key: &LockKey,
-        lease: &LeaseId,
-        ttl: Duration,
-        owner: &Option<String>,
-    ) -> Result<Try, LockError> {
+    async fn try_once(&self, req: &Acquire, lease: &LeaseId) -> Result<Try, LockError> {
+        let (key, ttl) = (&req.key, req.ttl);
         // The deadline counts from the FIRST send: a retry may return the
         // lock set by the first attempt, whose TTL started then.
         let first_sent = Instant::now();
@@ -371,8 +475,16 @@ impl LockManager {
                 .await
             {
                 Ok(Attempt::Acquired { token }) => {
-                    let record = self.hold(key, lease, token, owner.clone(), ttl, first_sent);
-                    return Ok(Try::Got(record));
+                    let record = self.hold(
+                        key,
+                        lease,
+                        token,
+                        req.owner.clone(),
+                        ttl,
+                        first_sent,
+                        req.renewal,
+                    );
+                    return Ok(Try::Got(Box::new(record)));
                 }
                 Ok(Attempt::Held { remaining }) => return Ok(Try::Held(remaining)),
                 Err(BackendError::Unavailable(_)) if attempt < ACQUIRE_RETRIES => {
@@ -399,6 +511,7 @@ impl LockManager {
 
     /// Records a lease the backend just confirmed (request sent at `sent`),
     /// with its signed token, and counts it as held.
+    #[allow(clippy::too_many_arguments)]
     fn hold(
         &self,
         key: &LockKey,
@@ -407,7 +520,9 @@ impl LockManager {
         owner: Option<String>,
         ttl: Duration,
         sent: Instant,
+        renewal: Renewal,
     ) -> LeaseRecord {
+        let now = Instant::now();
         let record = LeaseRecord {
             key: key.clone(),
             lease_id: lease.clone(),
@@ -419,17 +534,19 @@ impl LockManager {
             }),
             owner,
             ttl,
-            acquired_at: Instant::now(),
+            acquired_at: now,
             deadline: self.leases.deadline(sent, ttl),
             state: LeaseState::Held,
+            renewal,
+            last_activity: now,
+            max_until: self.config.max_hold.map(|m| now + m),
         };
+        if renewal != Renewal::Manual {
+            self.leases.schedule(key, renew_at(sent, ttl));
+        }
         if let Some(old) = self.leases.insert(record.clone()) {
             // The backend gave the key to us again: the old lease is gone.
-            self.record_lost([Lost {
-                key: key.clone(),
-                reason: LostReason::Backend,
-                held_for: old.acquired_at.elapsed(),
-            }]);
+            self.record_lost([Lost::of(&old, LostReason::Backend, Instant::now())]);
         }
         self.metrics.leases_held.inc();
         record
@@ -507,7 +624,7 @@ impl LockManager {
         ttl: Duration,
         sent: Instant,
     ) -> LeaseView {
-        let record = self.hold(key, lease, token, None, ttl, sent);
+        let record = self.hold(key, lease, token, None, ttl, sent, Renewal::Manual);
         tracing::info!(key = %key, token, lease_id = %lease, "lease adopted on renewal");
         record.view(Instant::now())
     }
@@ -629,6 +746,24 @@ impl LockManager {
         self.metrics.leases_held.set(0);
         (released, total)
     }
+}
+
+/// One acquisition request.
+pub struct Acquire {
+    pub key: LockKey,
+    pub ttl: Duration,
+    pub wait: Duration,
+    pub owner: Option<String>,
+    pub renewal: Renewal,
+}
+
+/// When a sidecar-renewed lease whose request was sent at `sent` is next
+/// renewed: after a third of its TTL (jittered), leaving two more tries
+/// before the lease could run out.
+fn renew_at(sent: Instant, ttl: Duration) -> Instant {
+    let third = ttl / 3;
+    let jitter = rand::rng().random_range(Duration::ZERO..=third / 10);
+    sent + third - jitter
 }
 
 /// Runs `f` on drop.

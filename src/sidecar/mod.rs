@@ -2,11 +2,13 @@
 
 pub mod api;
 pub mod egress;
+pub mod hold;
 pub mod leases;
 pub mod locks;
 pub mod preregister;
 pub mod request;
 pub mod waiters;
+pub mod webhook;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,10 +52,11 @@ pub fn build_backend(
     settings: &Settings,
     wake: Arc<dyn WakeSink>,
 ) -> Result<DynBackend, StartError> {
+    let delay = Duration::from_millis(settings.sidecar.lock_delay_ms);
     Ok(match settings.backend.kind {
-        BackendKind::Memory => Arc::new(MemoryBackend::new(wake)),
-        BackendKind::Redis => Arc::new(RedisBackend::new(&settings.backend.redis, wake)?),
-        BackendKind::Postgres => Arc::new(PgBackend::new(&settings.backend.postgres, wake)?),
+        BackendKind::Memory => Arc::new(MemoryBackend::new(delay, wake)),
+        BackendKind::Redis => Arc::new(RedisBackend::new(&settings.backend.redis, delay, wake)?),
+        BackendKind::Postgres => Arc::new(PgBackend::new(&settings.backend.postgres, delay, wake)?),
     })
 }
 
@@ -134,6 +137,14 @@ impl Sidecar {
                         Duration::from_millis(s.preregister_timeout_ms),
                     )
                 }),
+                max_hold: (s.max_hold_ms > 0).then(|| Duration::from_millis(s.max_hold_ms)),
+                webhook: (!s.lost_lease_webhook.is_empty()).then(|| {
+                    webhook::Webhook::start(
+                        s.lost_lease_webhook.clone(),
+                        Duration::from_millis(s.webhook_timeout_ms),
+                        metrics.webhook_deliveries.clone(),
+                    )
+                }),
                 max_leases: s.max_leases,
                 max_fallback: Duration::from_millis(s.max_fallback_ms),
                 lost_retention: Duration::from_millis(s.lost_lease_retention_ms),
@@ -163,11 +174,17 @@ impl Sidecar {
     }
 
     pub fn api_router(&self) -> axum::Router {
+        let s = &self.settings.sidecar;
         api::router(Arc::new(api::ApiState {
             locks: self.locks.clone(),
             metrics: self.metrics.clone(),
-            default_ttl_ms: self.settings.sidecar.default_ttl_ms,
-            default_wait_ms: self.settings.sidecar.default_wait_ms,
+            defaults: request::Defaults {
+                ttl_ms: s.default_ttl_ms,
+                wait_ms: s.default_wait_ms,
+                keepalive_ms: s.keepalive_ms,
+            },
+            hold_heartbeat: Duration::from_millis(s.hold_heartbeat_ms),
+            shutdown: self.shutdown.clone(),
         }))
     }
 
@@ -191,6 +208,24 @@ impl Sidecar {
             require_lock_for_writes: p.require_lock_for_writes,
             metrics: self.metrics.clone(),
         })))
+    }
+
+    /// Renews sidecar-renewed leases (auto-renew, hold) as they come due.
+    pub fn spawn_renewer(&self) {
+        let locks = self.locks.clone();
+        let shutdown = self.shutdown.clone();
+        tokio::spawn(async move {
+            // A 10 ms tick: renewals are due at a third of the TTL (≥ 33 ms),
+            // so a tick's lateness is small against the remaining two thirds.
+            let mut tick = tokio::time::interval(Duration::from_millis(10));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => locks.renew_due().await,
+                    _ = shutdown.cancelled() => return,
+                }
+            }
+        });
     }
 
     /// Expires overdue leases once a second until shutdown.
@@ -293,6 +328,7 @@ pub async fn run_with(sidecar: Sidecar, shutdown: CancellationToken) -> Result<(
         "sidecar listening"
     );
     sidecar.spawn_sweeper();
+    sidecar.spawn_renewer();
     let api_task = tokio::spawn(serve(api, sidecar.api_router(), shutdown.clone()));
     shutdown.cancelled().await;
     // Waiters were cancelled by the token; let in-flight calls finish so an

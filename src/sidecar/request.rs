@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
+use super::leases::Renewal;
 use crate::error::ApiError;
 use crate::lock::{LeaseId, LockKey};
 use crate::settings::limits::*;
@@ -17,6 +18,15 @@ pub struct AcquireRequest {
     pub ttl: Duration,
     pub wait: Duration,
     pub owner: Option<String>,
+    pub renewal: Renewal,
+}
+
+/// Values used when a request leaves them out (from the configuration).
+#[derive(Debug, Clone, Copy)]
+pub struct Defaults {
+    pub ttl_ms: u64,
+    pub wait_ms: u64,
+    pub keepalive_ms: u64,
 }
 
 pub struct LeaseRequest {
@@ -68,16 +78,45 @@ fn millis(
     }
 }
 
-pub fn acquire(
-    body: &[u8],
-    default_ttl_ms: u64,
-    default_wait_ms: u64,
-) -> Result<AcquireRequest, ApiError> {
-    let map = object(body, &["ttl_ms", "wait_ms", "owner"])?;
+/// Acquire and hold bodies: `ttl_ms`, `wait_ms`, `owner`, and for acquire
+/// `auto_renew` with an optional `keepalive_ms`.
+pub fn acquire(body: &[u8], defaults: &Defaults, hold: bool) -> Result<AcquireRequest, ApiError> {
+    let allowed: &[&str] = if hold {
+        &["ttl_ms", "wait_ms", "owner"]
+    } else {
+        &["ttl_ms", "wait_ms", "owner", "auto_renew", "keepalive_ms"]
+    };
+    let map = object(body, allowed)?;
     let ttl = millis(&map, "ttl_ms", MIN_TTL_MS, MAX_TTL_MS)?
-        .unwrap_or(Duration::from_millis(default_ttl_ms));
+        .unwrap_or(Duration::from_millis(defaults.ttl_ms));
     let wait =
-        millis(&map, "wait_ms", 0, MAX_WAIT_MS)?.unwrap_or(Duration::from_millis(default_wait_ms));
+        millis(&map, "wait_ms", 0, MAX_WAIT_MS)?.unwrap_or(Duration::from_millis(defaults.wait_ms));
+    let auto = match map.get("auto_renew") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "auto_renew",
+                "`auto_renew` must be true or false",
+            ))
+        }
+    };
+    let keepalive = millis(&map, "keepalive_ms", MIN_TTL_MS, MAX_TTL_MS)?;
+    if keepalive.is_some() && !auto {
+        return Err(ApiError::invalid(
+            "keepalive_ms",
+            "`keepalive_ms` only applies with \"auto_renew\": true",
+        ));
+    }
+    let renewal = if hold {
+        Renewal::Hold
+    } else if auto {
+        Renewal::Auto {
+            keepalive: keepalive.unwrap_or(Duration::from_millis(defaults.keepalive_ms)),
+        }
+    } else {
+        Renewal::Manual
+    };
     let owner = match map.get("owner") {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) if s.len() <= MAX_OWNER_BYTES && !s.chars().any(char::is_control) => {
@@ -90,7 +129,12 @@ pub fn acquire(
             ))
         }
     };
-    Ok(AcquireRequest { ttl, wait, owner })
+    Ok(AcquireRequest {
+        ttl,
+        wait,
+        owner,
+        renewal,
+    })
 }
 
 /// Renew (`lease_id`, optional `ttl_ms`) and release (`lease_id`) bodies.
@@ -123,15 +167,65 @@ pub fn lease(body: &[u8], with_ttl: bool) -> Result<LeaseRequest, ApiError> {
 mod tests {
     use super::*;
 
+    const D: Defaults = Defaults {
+        ttl_ms: 1000,
+        wait_ms: 0,
+        keepalive_ms: 5000,
+    };
+
+    #[test]
+    fn auto_renew_and_keepalive() {
+        let r = acquire(br#"{"auto_renew":true,"keepalive_ms":2000}"#, &D, false).unwrap();
+        assert_eq!(
+            r.renewal,
+            Renewal::Auto {
+                keepalive: Duration::from_millis(2000)
+            }
+        );
+        let r = acquire(br#"{"auto_renew":true}"#, &D, false).unwrap();
+        assert_eq!(
+            r.renewal,
+            Renewal::Auto {
+                keepalive: Duration::from_millis(5000)
+            }
+        );
+        assert_eq!(
+            field(
+                acquire(br#"{"keepalive_ms":2000}"#, &D, false)
+                    .err()
+                    .unwrap()
+            ),
+            "keepalive_ms"
+        );
+        assert_eq!(
+            field(
+                acquire(br#"{"auto_renew":"yes"}"#, &D, false)
+                    .err()
+                    .unwrap()
+            ),
+            "auto_renew"
+        );
+        assert_eq!(
+            field(acquire(br#"{"auto_renew":true}"#, &D, true).err().unwrap()),
+            "auto_renew"
+        );
+        assert_eq!(acquire(b"{}", &D, true).unwrap().renewal, Renewal::Hold);
+    }
+
     fn field(err: ApiError) -> String {
         err.extra["field"].as_str().unwrap().to_owned()
     }
 
     #[test]
     fn acquire_defaults_and_bounds() {
-        let r = acquire(b"", 1000, 0).unwrap();
+        let r = acquire(b"", &D, false).unwrap();
         assert_eq!(r.ttl, Duration::from_millis(1000));
-        let r = acquire(br#"{"ttl_ms":100,"wait_ms":300000,"owner":"w1"}"#, 1000, 0).unwrap();
+        let r = acquire(
+            br#"{"ttl_ms":100,"wait_ms":300000,"owner":"w1"}"#,
+            &D,
+            false,
+        )
+        .unwrap();
         assert_eq!(r.wait, Duration::from_millis(300_000));
         for (body, f) in [
             (&br#"{"ttl_ms":0}"#[..], "ttl_ms"),
@@ -144,12 +238,12 @@ mod tests {
             (br#"[1]"#, "body"),
             (b"not json", "body"),
         ] {
-            let err = acquire(body, 1000, 0).err().expect("must fail");
+            let err = acquire(body, &D, false).err().expect("must fail");
             assert_eq!(field(err), f, "{}", String::from_utf8_lossy(body));
         }
         let long_owner = format!(r#"{{"owner":"{}"}}"#, "o".repeat(257));
         assert_eq!(
-            field(acquire(long_owner.as_bytes(), 1000, 0).err().unwrap()),
+            field(acquire(long_owner.as_bytes(), &D, false).err().unwrap()),
             "owner"
         );
     }

@@ -26,6 +26,7 @@ use crate::settings::PostgresSettings;
 pub struct PgBackend {
     pool: Pool,
     timeout: Duration,
+    lock_delay_ms: i64,
     listener: Listener,
 }
 
@@ -39,6 +40,7 @@ impl PgBackend {
     /// sidecar reports not-ready until then.
     pub fn new(
         settings: &PostgresSettings,
+        lock_delay: Duration,
         wake: Arc<dyn WakeSink>,
     ) -> Result<PgBackend, BackendError> {
         let timeout = Duration::from_millis(settings.request_timeout_ms);
@@ -56,6 +58,7 @@ impl PgBackend {
         let backend = PgBackend {
             pool: pool.clone(),
             timeout,
+            lock_delay_ms: ms(lock_delay),
             listener: Listener::start(config, tls, wake),
         };
         tokio::spawn(maintain(
@@ -203,6 +206,7 @@ impl LockBackend for PgBackend {
                     Box::new(lease.as_str().to_owned()),
                     Box::new(None::<String>),
                     Box::new(ms(ttl)),
+                    Box::new(self.lock_delay_ms),
                 ],
             )
             .await?;
@@ -253,6 +257,39 @@ impl LockBackend for PgBackend {
             )
             .await?;
         ownership(&rows)
+    }
+
+    async fn renew_many(
+        &self,
+        items: &[(LockKey, LeaseId, Duration)],
+    ) -> Result<Vec<Ownership>, BackendError> {
+        let keys: Vec<String> = items
+            .iter()
+            .map(|(k, _, _)| k.as_str().to_owned())
+            .collect();
+        let leases: Vec<String> = items
+            .iter()
+            .map(|(_, l, _)| l.as_str().to_owned())
+            .collect();
+        let ttls: Vec<i64> = items.iter().map(|(_, _, t)| ms(*t)).collect();
+        let rows = self
+            .query(
+                sql::RENEW_MANY,
+                vec![Box::new(keys), Box::new(leases), Box::new(ttls)],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                if r.get::<_, bool>(0) {
+                    Ownership::Owned {
+                        token: r.get::<_, i64>(1) as u64,
+                    }
+                } else {
+                    Ownership::Free
+                }
+            })
+            .collect())
     }
 
     async fn raise_token_floor(&self, key: &LockKey, floor: u64) -> Result<(), BackendError> {

@@ -27,6 +27,9 @@ CREATE TABLE IF NOT EXISTS fencer_locks (
   updated_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 CREATE INDEX IF NOT EXISTS fencer_locks_updated_at ON fencer_locks (updated_at);
+-- Lock-delay of the current lease: after an expiry (not a release) the key
+-- stays unavailable until expires_at + delay_ms.
+ALTER TABLE fencer_locks ADD COLUMN IF NOT EXISTS delay_ms bigint NOT NULL DEFAULT 0;
 CREATE TABLE IF NOT EXISTS fencer_token_floor (
   id    boolean PRIMARY KEY DEFAULT true CHECK (id),
   floor bigint NOT NULL
@@ -42,25 +45,28 @@ BEGIN
 END $$;
 "#;
 
-/// $1 key, $2 lease, $3 owner, $4 ttl ms.
+/// $1 key, $2 lease, $3 owner, $4 ttl ms, $5 lock-delay ms.
 /// Returns (status, token, remaining_ms): 1 acquired (or already ours),
 /// -1 held by another lease.
 pub const ACQUIRE: &str = r#"
 WITH up AS (
-  INSERT INTO fencer_locks AS l (key, lease_id, owner, token, expires_at, updated_at)
+  INSERT INTO fencer_locks AS l (key, lease_id, owner, token, expires_at, updated_at, delay_ms)
   VALUES ($1, $2, $3, fencer_next_floor() + 1,
-          clock_timestamp() + $4::bigint * interval '1 millisecond', clock_timestamp())
+          clock_timestamp() + $4::bigint * interval '1 millisecond', clock_timestamp(), $5::bigint)
   ON CONFLICT (key) DO UPDATE
      SET lease_id = EXCLUDED.lease_id, owner = EXCLUDED.owner, token = l.token + 1,
-         expires_at = EXCLUDED.expires_at, updated_at = EXCLUDED.updated_at
-   WHERE l.lease_id IS NULL OR l.expires_at <= clock_timestamp()
+         expires_at = EXCLUDED.expires_at, updated_at = EXCLUDED.updated_at,
+         delay_ms = EXCLUDED.delay_ms
+   WHERE l.lease_id IS NULL
+      OR l.expires_at + l.delay_ms * interval '1 millisecond' <= clock_timestamp()
   RETURNING token
 )
 SELECT 1 AS status, token, 0::bigint AS remaining_ms FROM up
 UNION ALL
 SELECT CASE WHEN l.lease_id = $2 AND l.expires_at > clock_timestamp() THEN 1 ELSE -1 END,
        l.token,
-       GREATEST(0, (EXTRACT(EPOCH FROM (l.expires_at - clock_timestamp())) * 1000)::bigint)
+       GREATEST(0, (EXTRACT(EPOCH FROM (l.expires_at + l.delay_ms * interval '1 millisecond'
+                                        - clock_timestamp())) * 1000)::bigint)
   FROM fencer_locks l
  WHERE l.key = $1 AND NOT EXISTS (SELECT 1 FROM up)
 "#;
@@ -82,6 +88,22 @@ SELECT CASE WHEN l.lease_id IS NULL OR l.lease_id = $2 OR l.expires_at <= clock_
        l.token
   FROM fencer_locks l
  WHERE l.key = $1 AND NOT EXISTS (SELECT 1 FROM r)
+"#;
+
+/// $1 keys, $2 leases, $3 ttls (ms), as arrays. One row per input, in
+/// order: (renewed, token).
+pub const RENEW_MANY: &str = r#"
+WITH t AS (
+  SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY AS t(key, lease, ttl, n)
+), r AS (
+  UPDATE fencer_locks l
+     SET expires_at = clock_timestamp() + t.ttl * interval '1 millisecond',
+         updated_at = clock_timestamp()
+    FROM t
+   WHERE l.key = t.key AND l.lease_id = t.lease AND l.expires_at > clock_timestamp()
+  RETURNING l.key, l.token
+)
+SELECT r.key IS NOT NULL, COALESCE(r.token, 0) FROM t LEFT JOIN r ON r.key = t.key ORDER BY t.n
 "#;
 
 /// $1 key, $2 lease, $3 notification channel. Same statuses as RENEW.
@@ -117,7 +139,8 @@ pub const CLEANUP: &str = r#"
 WITH gone AS (
   DELETE FROM fencer_locks WHERE key IN (
     SELECT key FROM fencer_locks
-     WHERE (lease_id IS NULL OR expires_at <= clock_timestamp())
+     WHERE (lease_id IS NULL
+            OR expires_at + delay_ms * interval '1 millisecond' <= clock_timestamp())
        AND updated_at < clock_timestamp() - $1::bigint * interval '1 millisecond'
      ORDER BY updated_at LIMIT $2
      FOR UPDATE SKIP LOCKED)

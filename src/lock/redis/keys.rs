@@ -12,6 +12,8 @@ use crate::lock::LockKey;
 pub struct RedisKeys {
     pub lock: String,
     pub counter: String,
+    /// Lock-delay marker: outlives a lock that expired without a release.
+    pub delay: String,
     pub channel: String,
 }
 
@@ -34,6 +36,7 @@ impl RedisKeys {
         RedisKeys {
             lock: format!("{prefix}{{{tag}}}:lock"),
             counter: format!("{prefix}{{{tag}}}:token"),
+            delay: format!("{prefix}{{{tag}}}:delay"),
             channel: format!("{prefix}{{{tag}}}:released"),
         }
     }

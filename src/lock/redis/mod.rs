@@ -31,6 +31,7 @@ pub struct RedisBackend {
     prefix: String,
     timeout: Duration,
     token_mode: &'static str,
+    lock_delay_ms: u64,
     subscriber: Subscriber,
 }
 
@@ -39,6 +40,7 @@ impl RedisBackend {
     /// reports not-ready) while Redis is down, and connects when it is up.
     pub fn new(
         settings: &RedisSettings,
+        lock_delay: Duration,
         wake: Arc<dyn WakeSink>,
     ) -> Result<RedisBackend, BackendError> {
         let client = match &settings.ca_file {
@@ -76,6 +78,7 @@ impl RedisBackend {
                 TokenMode::HybridClock => "hybrid",
                 TokenMode::Counter => "counter",
             },
+            lock_delay_ms: lock_delay.as_millis() as u64,
             subscriber,
         };
         backend.spawn_preload();
@@ -164,9 +167,11 @@ impl LockBackend for RedisBackend {
         let mut inv = self.scripts.acquire.prepare_invoke();
         inv.key(&k.lock)
             .key(&k.counter)
+            .key(&k.delay)
             .arg(lease.as_str())
             .arg(ttl.as_millis() as u64)
-            .arg(self.token_mode);
+            .arg(self.token_mode)
+            .arg(self.lock_delay_ms);
         let (status, value) = self.invoke(inv).await?;
         match status {
             1 => Ok(Attempt::Acquired {
@@ -194,8 +199,10 @@ impl LockBackend for RedisBackend {
         let k = self.keys(key);
         let mut inv = self.scripts.renew.prepare_invoke();
         inv.key(&k.lock)
+            .key(&k.delay)
             .arg(lease.as_str())
-            .arg(ttl.as_millis() as u64);
+            .arg(ttl.as_millis() as u64)
+            .arg(self.lock_delay_ms);
         let (status, value) = self.invoke(inv).await?;
         ownership(status, &value)
     }
@@ -203,9 +210,51 @@ impl LockBackend for RedisBackend {
     async fn release(&self, key: &LockKey, lease: &LeaseId) -> Result<Ownership, BackendError> {
         let k = self.keys(key);
         let mut inv = self.scripts.release.prepare_invoke();
-        inv.key(&k.lock).arg(lease.as_str()).arg(&k.channel);
+        inv.key(&k.lock)
+            .key(&k.delay)
+            .arg(lease.as_str())
+            .arg(&k.channel);
         let (status, value) = self.invoke(inv).await?;
         ownership(status, &value)
+    }
+
+    async fn renew_many(
+        &self,
+        items: &[(LockKey, LeaseId, Duration)],
+    ) -> Result<Vec<Ownership>, BackendError> {
+        let mut inv = self.scripts.renew_many.prepare_invoke();
+        for (key, lease, ttl) in items {
+            let k = self.keys(key);
+            inv.key(k.lock)
+                .key(k.delay)
+                .arg(lease.as_str())
+                .arg(ttl.as_millis() as u64);
+        }
+        inv.arg(self.lock_delay_ms);
+        let mut conn = self.conn.clone();
+        let reply = tokio::time::timeout(
+            self.timeout,
+            inv.invoke_async::<Vec<redis::Value>>(&mut conn),
+        )
+        .await
+        .map_err(|_| BackendError::Unavailable("redis request timed out".into()))?
+        .map_err(|e| BackendError::Unavailable(e.to_string()))?;
+        if reply.len() != items.len() * 2 {
+            return Err(BackendError::Protocol(format!(
+                "renew_many returned {} values",
+                reply.len()
+            )));
+        }
+        reply
+            .chunks(2)
+            .map(|pair| {
+                let status: i64 = redis::from_redis_value(pair[0].clone())
+                    .map_err(|e| BackendError::Protocol(e.to_string()))?;
+                let token: String = redis::from_redis_value(pair[1].clone())
+                    .map_err(|e| BackendError::Protocol(e.to_string()))?;
+                ownership(status, &token)
+            })
+            .collect()
     }
 
     async fn raise_token_floor(&self, key: &LockKey, floor: u64) -> Result<(), BackendError> {

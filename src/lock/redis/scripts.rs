@@ -11,7 +11,12 @@
 
 use redis::Script;
 
-/// KEYS: lock, counter. ARGV: lease id, ttl ms, token mode (`hybrid`|`counter`).
+/// KEYS: lock, counter, delay marker. ARGV: lease id, ttl ms, token mode
+/// (`hybrid`|`counter`), lock-delay ms.
+///
+/// Lock-delay: with a delay, the acquire also sets a marker that lives
+/// `ttl + delay`; a release deletes it, an expiry leaves it, and while it
+/// lives nobody acquires the key (whatever their own delay setting).
 ///
 /// In `hybrid` mode the next token is `max(counter + 1, TIME_ms * 1024)`, so
 /// a counter lost with an unpersisted restart or a failover to a lagging
@@ -26,6 +31,10 @@ if cur then
   end
   return {-1, tostring(redis.call('PTTL', KEYS[1]))}
 end
+local delayed = redis.call('PTTL', KEYS[3])
+if delayed > 0 then
+  return {-1, tostring(delayed)}
+end
 local tok
 if ARGV[3] == 'hybrid' then
   local t = redis.call('TIME')
@@ -38,29 +47,69 @@ else
   tok = tostring(redis.call('INCR', KEYS[2]))
 end
 redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. tok, 'PX', ARGV[2])
+if tonumber(ARGV[4]) > 0 then
+  redis.call('SET', KEYS[3], '1', 'PX', tonumber(ARGV[2]) + tonumber(ARGV[4]))
+end
 return {1, tok}
 "#;
 
-/// KEYS: lock. ARGV: lease id, ttl ms.
+/// KEYS: lock, delay marker. ARGV: lease id, ttl ms, lock-delay ms.
 pub const RENEW: &str = r#"
 local cur = redis.call('GET', KEYS[1])
 if not cur then return {0, ''} end
 local sep = string.find(cur, ' ', 1, true)
 if not sep or string.sub(cur, 1, sep - 1) ~= ARGV[1] then return {-1, ''} end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
+if tonumber(ARGV[3]) > 0 then
+  redis.call('SET', KEYS[2], '1', 'PX', tonumber(ARGV[2]) + tonumber(ARGV[3]))
+end
 return {1, string.sub(cur, sep + 1)}
 "#;
 
-/// KEYS: lock. ARGV: lease id, release channel.
-/// The PUBLISH wakes waiters in every sidecar subscribed to this key.
+/// KEYS: lock, delay marker. ARGV: lease id, release channel.
+/// The PUBLISH wakes waiters in every sidecar subscribed to this key; a
+/// release (unlike an expiry) clears the lock-delay.
 pub const RELEASE: &str = r#"
 local cur = redis.call('GET', KEYS[1])
 if not cur then return {0, ''} end
 local sep = string.find(cur, ' ', 1, true)
 if not sep or string.sub(cur, 1, sep - 1) ~= ARGV[1] then return {-1, ''} end
-redis.call('DEL', KEYS[1])
+redis.call('DEL', KEYS[1], KEYS[2])
 redis.call('PUBLISH', ARGV[2], '1')
 return {1, string.sub(cur, sep + 1)}
+"#;
+
+/// KEYS: lock key and delay marker for each lease. ARGV: lease id and ttl
+/// ms for each, in order, then the lock-delay ms.
+/// Returns `{status, token}` per key, flattened. Sidecar-driven renewal of
+/// many leases in one round trip (all keys of one instance; a Cluster
+/// deployment would group them by slot).
+pub const RENEW_MANY: &str = r#"
+local out = {}
+local delay = tonumber(ARGV[#ARGV])
+for i = 1, #KEYS / 2 do
+  local k = KEYS[2 * i - 1]
+  local lease = ARGV[2 * i - 1]
+  local cur = redis.call('GET', k)
+  if not cur then
+    out[2 * i - 1] = 0
+    out[2 * i] = ''
+  else
+    local sep = string.find(cur, ' ', 1, true)
+    if sep and string.sub(cur, 1, sep - 1) == lease then
+      redis.call('PEXPIRE', k, ARGV[2 * i])
+      if delay > 0 then
+        redis.call('SET', KEYS[2 * i], '1', 'PX', tonumber(ARGV[2 * i]) + delay)
+      end
+      out[2 * i - 1] = 1
+      out[2 * i] = string.sub(cur, sep + 1)
+    else
+      out[2 * i - 1] = -1
+      out[2 * i] = ''
+    end
+  end
+end
+return out
 "#;
 
 /// KEYS: counter. ARGV: floor. Raises the counter to at least the floor.
@@ -76,6 +125,7 @@ pub struct Scripts {
     pub renew: Script,
     pub release: Script,
     pub raise_floor: Script,
+    pub renew_many: Script,
 }
 
 impl Scripts {
@@ -85,11 +135,18 @@ impl Scripts {
             renew: Script::new(RENEW),
             release: Script::new(RELEASE),
             raise_floor: Script::new(RAISE_FLOOR),
+            renew_many: Script::new(RENEW_MANY),
         }
     }
 
-    pub fn all(&self) -> [&Script; 4] {
-        [&self.acquire, &self.renew, &self.release, &self.raise_floor]
+    pub fn all(&self) -> [&Script; 5] {
+        [
+            &self.acquire,
+            &self.renew,
+            &self.release,
+            &self.raise_floor,
+            &self.renew_many,
+        ]
     }
 }
 

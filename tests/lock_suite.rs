@@ -469,6 +469,221 @@ async fn shutdown_releases_leases(backend: Backend) {
     assert!(h.sidecar.logs().contains("released leases on shutdown"));
 }
 
+// ------------------------------------------------------------ lifetimes
+
+/// Spawns `curl` holding `key` through a hold stream (a real client
+/// process the test can SIGKILL); returns once the lock is held.
+async fn curl_hold(s: &Fencer, key: &str, ttl_ms: u64) -> std::process::Child {
+    let child = std::process::Command::new("curl")
+        .args([
+            "-N",
+            "-s",
+            "-XPOST",
+            &format!("{}{}", s.api, Fencer::path(key, "hold")),
+        ])
+        .args(["-d", &format!("{{\"ttl_ms\":{ttl_ms}}}")])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("curl must be installed (tests/run.sh installs it)");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let v = s.get(&Fencer::path(key, "")).await;
+        if v.status == 200 && v.body["state"] == "held" && v.body["renewal"] == "hold" {
+            return child;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "hold not established: {}",
+            v.body
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// kill -9 of a client holding a lock through a hold stream frees the lock
+/// at once, far below its TTL.
+async fn hold_is_released_when_the_client_dies(backend: Backend) {
+    let h = harness(backend, &[]);
+    let s = Arc::new(h.sidecar);
+    let mut client = curl_hold(&s, "hold:kill", 30_000).await;
+    let s2 = s.clone();
+    let waiter = tokio::spawn(async move { s2.acquire("hold:kill", 30_000, 20_000).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiter.is_finished());
+    let killed = std::time::Instant::now();
+    client.kill().unwrap();
+    let _ = client.wait();
+    let got = waiter.await.unwrap();
+    let after = killed.elapsed();
+    assert_eq!(got.status, 200, "{}", got.body);
+    eprintln!("{backend:?}: acquired {after:?} after the holder was killed (TTL 30 s)");
+    // Generous bound against CI noise; the TTL is 30 s.
+    assert!(
+        after < Duration::from_secs(2),
+        "released only after {after:?}"
+    );
+}
+
+/// A hold keeps its lock across 10 TTLs, with heartbeats, then releases on
+/// close.
+async fn hold_keeps_the_lock_while_open(backend: Backend) {
+    let h = harness(backend, &[("sidecar.hold_heartbeat_ms", "100")]);
+    let s = &h.sidecar;
+    let resp = s
+        .http
+        .post(format!("{}{}", s.api, Fencer::path("hold:long", "hold")))
+        .body(r#"{"ttl_ms":300}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut resp = resp;
+    let mut lines = String::new();
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_millis(3_000) {
+        match tokio::time::timeout(Duration::from_millis(500), resp.chunk()).await {
+            Ok(Ok(Some(bytes))) => lines.push_str(&String::from_utf8_lossy(&bytes)),
+            other => panic!("hold stream ended early: {other:?}\n{lines}"),
+        }
+    }
+    let first: serde_json::Value = serde_json::from_str(lines.lines().next().unwrap()).unwrap();
+    assert_eq!(first["type"], "acquired");
+    assert!(
+        lines.lines().filter(|l| l.contains("heartbeat")).count() >= 10,
+        "{lines}"
+    );
+    assert!(!lines.contains("\"lost\""), "{lines}");
+    let other = s.acquire("hold:long", 300, 0).await;
+    assert_eq!(other.code(), "lock_held", "lost during the hold");
+    let view = s.get(&Fencer::path("hold:long", "")).await;
+    assert_eq!(view.body["token"], first["token"]);
+    drop(resp);
+    let next = s.acquire("hold:long", 300, 2_000).await;
+    assert_eq!(next.status, 200, "{}", next.body);
+}
+
+/// auto_renew: alive while the application calls; after it goes silent the
+/// lease ends within keepalive + TTL.
+async fn auto_renew_follows_the_application(backend: Backend) {
+    let h = harness(backend, &[]);
+    let s = &h.sidecar;
+    let a = s
+        .post(
+            &Fencer::path("auto:1", "acquire"),
+            json!({"ttl_ms": 300, "auto_renew": true, "keepalive_ms": 500}),
+        )
+        .await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let k = s
+            .post(
+                &Fencer::path("auto:1", "keepalive"),
+                json!({"lease_id": a.lease()}),
+            )
+            .await;
+        assert_eq!(k.status, 200, "{}", k.body);
+    }
+    // 2 s = 6.7 TTLs later, still the same lease.
+    assert_eq!(s.acquire("auto:1", 300, 0).await.code(), "lock_held");
+    let silent = std::time::Instant::now();
+    let b = s.acquire("auto:1", 300, 5_000).await;
+    assert_eq!(b.status, 200, "{}", b.body);
+    let gone = silent.elapsed();
+    assert!(
+        gone >= Duration::from_millis(400),
+        "ended before keepalive ran out: {gone:?}"
+    );
+    assert!(
+        gone < Duration::from_millis(2_000),
+        "outlived keepalive + TTL: {gone:?}"
+    );
+    let k = s
+        .post(
+            &Fencer::path("auto:1", "keepalive"),
+            json!({"lease_id": a.lease()}),
+        )
+        .await;
+    assert_eq!(k.code(), "lease_lost");
+}
+
+/// max_hold_ms ends a lease however actively it is kept alive.
+async fn max_hold_caps_renewal(backend: Backend) {
+    let h = harness(backend, &[("sidecar.max_hold_ms", "900")]);
+    let s = Arc::new(h.sidecar);
+    let a = s
+        .post(
+            &Fencer::path("cap:1", "acquire"),
+            json!({"ttl_ms": 300, "auto_renew": true, "keepalive_ms": 10000}),
+        )
+        .await;
+    assert_eq!(a.status, 200);
+    let started = std::time::Instant::now();
+    let s2 = s.clone();
+    let lease = a.lease();
+    let pinger = tokio::spawn(async move {
+        for _ in 0..30 {
+            s2.post(
+                &Fencer::path("cap:1", "keepalive"),
+                json!({"lease_id": lease}),
+            )
+            .await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let b = s.acquire("cap:1", 300, 5_000).await;
+    assert_eq!(b.status, 200);
+    let held = started.elapsed();
+    assert!(held >= Duration::from_millis(800), "ended early: {held:?}");
+    assert!(
+        held < Duration::from_millis(2_000),
+        "max_hold not enforced: {held:?}"
+    );
+    pinger.abort();
+}
+
+/// Lock-delay: after an expiry (not a release) the key stays unavailable
+/// for the delay, then frees up; a release frees it at once.
+async fn lock_delay_after_expiry(backend: Backend) {
+    let h = harness(backend, &[("sidecar.lock_delay_ms", "800")]);
+    let s = &h.sidecar;
+    let a = s.acquire("delay:1", 200, 0).await;
+    assert_eq!(a.status, 200);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Expired 200 ms ago, delay 800 ms: refused.
+    assert_eq!(s.acquire("delay:1", 200, 0).await.code(), "lock_held");
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let b = s.acquire("delay:1", 200, 0).await;
+    assert_eq!(b.status, 200, "{}", b.body);
+    // A release clears the delay.
+    assert_eq!(s.release("delay:1", &b.lease()).await.status, 200);
+    assert_eq!(s.acquire("delay:1", 200, 0).await.status, 200);
+}
+
+/// SIGTERM closes hold streams with a final line.
+async fn shutdown_closes_hold_streams(backend: Backend) {
+    let mut h = harness(backend, &[]);
+    let resp = h
+        .sidecar
+        .http
+        .post(format!(
+            "{}{}",
+            h.sidecar.api,
+            Fencer::path("hold:term", "hold")
+        ))
+        .body(r#"{"ttl_ms":10000}"#)
+        .send()
+        .await
+        .unwrap();
+    let reader = tokio::spawn(async move { resp.text().await.unwrap_or_default() });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(h.sidecar.terminate(), Some(0));
+    let text = reader.await.unwrap();
+    let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    assert_eq!(last["type"], "released", "{text}");
+    assert_eq!(last["reason"], "shutdown");
+}
+
 macro_rules! suite {
     ($($name:ident),* $(,)?) => {
         mod memory {
@@ -504,4 +719,10 @@ suite!(
     get_and_list,
     bad_inputs,
     shutdown_releases_leases,
+    hold_is_released_when_the_client_dies,
+    hold_keeps_the_lock_while_open,
+    auto_renew_follows_the_application,
+    max_hold_caps_renewal,
+    lock_delay_after_expiry,
+    shutdown_closes_hold_streams,
 );

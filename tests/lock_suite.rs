@@ -473,8 +473,9 @@ async fn shutdown_releases_leases(backend: Backend) {
 
 /// Spawns `curl` holding `key` through a hold stream (a real client
 /// process the test can SIGKILL); returns once the lock is held.
+#[allow(clippy::zombie_processes)] // the caller kills and waits for it
 async fn curl_hold(s: &Fencer, key: &str, ttl_ms: u64) -> std::process::Child {
-    let child = std::process::Command::new("curl")
+    let mut child = std::process::Command::new("curl")
         .args([
             "-N",
             "-s",
@@ -491,11 +492,11 @@ async fn curl_hold(s: &Fencer, key: &str, ttl_ms: u64) -> std::process::Child {
         if v.status == 200 && v.body["state"] == "held" && v.body["renewal"] == "hold" {
             return child;
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "hold not established: {}",
-            v.body
-        );
+        if std::time::Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("hold not established: {}", v.body);
+        }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

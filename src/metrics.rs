@@ -115,7 +115,7 @@ pub struct Metrics {
     pub acquisitions: IntCounterVec,
     pub acquire_wait: HistogramVec,
     pub hold_time: HistogramVec,
-    pub leases_held: IntGauge,
+    pub leases_held: IntGaugeVec,
     pub waiters: IntGaugeVec,
     pub waiter_wakeups: IntCounterVec,
     pub renewals: IntCounterVec,
@@ -130,6 +130,7 @@ pub struct Metrics {
     pub preregistrations: IntCounterVec,
     pub webhook_deliveries: IntCounterVec,
     pub hold_streams: IntGauge,
+    pub backend_up: IntGaugeVec,
 }
 
 /// The gateway's series.
@@ -253,9 +254,9 @@ impl Metrics {
                 &["group"]
             )
             .unwrap()),
-            leases_held: reg!(IntGauge::new(
-                "fencer_leases_held",
-                "Leases this sidecar currently holds."
+            leases_held: reg!(IntGaugeVec::new(
+                Opts::new("fencer_leases_held", "Leases this sidecar currently holds, by lock group."),
+                &["group"]
             )
             .unwrap()),
             waiters: reg!(IntGaugeVec::new(
@@ -347,6 +348,14 @@ impl Metrics {
                 &["result"]
             )
             .unwrap()),
+            backend_up: reg!(IntGaugeVec::new(
+                Opts::new(
+                    "fencer_backend_up",
+                    "1 when the lock backend answered the last periodic ping, else 0."
+                ),
+                &["backend"]
+            )
+            .unwrap()),
             hold_streams: reg!(IntGauge::new(
                 "fencer_hold_streams",
                 "Open hold connections (locks bound to a connection)."
@@ -366,6 +375,34 @@ impl Metrics {
 
     pub fn render(&self) -> String {
         render(&self.registry)
+    }
+
+    /// Creates the series whose label values are known up front at zero,
+    /// so dashboards and alerts see "none yet" instead of "no data".
+    pub fn init_known(&self, backend: &str) {
+        for op in ["acquire", "renew", "renew_many", "release", "raise_floor"] {
+            self.backend_errors.with_label_values(&[backend, op]);
+        }
+        for r in ["renewed", "lease_lost", "not_owner", "error"] {
+            self.renewals.with_label_values(&[r]);
+        }
+        for r in ["released", "lease_lost", "not_owner", "error"] {
+            self.releases.with_label_values(&[r]);
+        }
+        for r in [
+            "forwarded",
+            "passthrough",
+            "lock_not_held",
+            "lease_lost",
+            "bad_request",
+            "upstream_error",
+        ] {
+            self.proxy_requests.with_label_values(&[r]);
+        }
+        for c in ["release", "resync", "promoted", "fallback"] {
+            self.waiter_wakeups.with_label_values(&[c]);
+        }
+        self.backend_up.with_label_values(&[backend]);
     }
 }
 

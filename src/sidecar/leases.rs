@@ -346,7 +346,7 @@ impl LeaseTable {
     }
 
     /// Expires overdue leases and forgets lost ones older than `retention`.
-    pub fn sweep(&self, now: Instant, retention: Duration) -> (Vec<Lost>, usize) {
+    pub fn sweep(&self, now: Instant, retention: Duration) -> (Vec<Lost>, Vec<LockKey>) {
         let mut t = self.lock();
         let mut lost = Vec::new();
         for rec in t.current.values_mut() {
@@ -368,7 +368,12 @@ impl LeaseTable {
         }
         t.retired
             .retain(|_, (_, at)| now.saturating_duration_since(*at) < retention);
-        let held = t.current.values().filter(|r| r.is_held()).count();
+        let held = t
+            .current
+            .values()
+            .filter(|r| r.is_held())
+            .map(|r| r.key.clone())
+            .collect();
         (lost, held)
     }
 

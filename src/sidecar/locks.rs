@@ -548,7 +548,10 @@ impl LockManager {
             // The backend gave the key to us again: the old lease is gone.
             self.record_lost([Lost::of(&old, LostReason::Backend, Instant::now())]);
         }
-        self.metrics.leases_held.inc();
+        self.metrics
+            .leases_held
+            .with_label_values(&[self.metrics.groups.of(key.as_str()).as_str()])
+            .inc();
         record
     }
 
@@ -646,7 +649,10 @@ impl LockManager {
         if !matches!(result, Err(LockError::Backend(_))) {
             if let Some(rec) = self.leases.remove(&key, &lease) {
                 if rec.is_held() {
-                    self.metrics.leases_held.dec();
+                    self.metrics
+                        .leases_held
+                        .with_label_values(&[self.metrics.groups.of(key.as_str()).as_str()])
+                        .dec();
                     let group = self.metrics.groups.of(key.as_str());
                     self.metrics
                         .hold_time
@@ -720,7 +726,27 @@ impl LockManager {
             .leases
             .sweep(Instant::now(), self.config.lost_retention);
         self.record_lost(lost);
-        self.metrics.leases_held.set(held as i64);
+        let mut per_group: std::collections::HashMap<String, i64> =
+            std::collections::HashMap::new();
+        for key in &held {
+            *per_group
+                .entry(self.metrics.groups.of(key.as_str()))
+                .or_default() += 1;
+        }
+        // Groups that dropped to zero must read 0, not their last value.
+        for family in prometheus::core::Collector::collect(&self.metrics.leases_held) {
+            for m in family.get_metric() {
+                if let Some(g) = m.get_label().iter().find(|l| l.name() == "group") {
+                    per_group.entry(g.value().to_owned()).or_default();
+                }
+            }
+        }
+        for (group, n) in per_group {
+            self.metrics
+                .leases_held
+                .with_label_values(&[group.as_str()])
+                .set(n);
+        }
     }
 
     /// Releases every held lease (shutdown), each bounded by the backend
@@ -743,7 +769,7 @@ impl LockManager {
             });
         let _ = tokio::time::timeout(limit, releases).await;
         let released = released.into_inner();
-        self.metrics.leases_held.set(0);
+        self.metrics.leases_held.reset();
         (released, total)
     }
 }

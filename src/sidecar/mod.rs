@@ -119,6 +119,7 @@ impl Sidecar {
             registry.unwrap_or_else(|| crate::metrics::registry("sidecar", backend.name()));
         let groups = Arc::new(crate::metrics::Groups::new(&settings.metrics));
         let metrics = Arc::new(Metrics::new(&registry, groups));
+        metrics.init_known(backend.name());
         let leases = LeaseTable::new(
             s.clock_drift_ratio,
             Duration::from_millis(s.safety_margin_ms),
@@ -228,15 +229,21 @@ impl Sidecar {
         });
     }
 
-    /// Expires overdue leases once a second until shutdown.
+    /// Once a second until shutdown: expires overdue leases and pings the
+    /// backend for `fencer_backend_up`.
     pub fn spawn_sweeper(&self) {
         let locks = self.locks.clone();
         let shutdown = self.shutdown.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
+            let name = locks.backend().name();
             loop {
                 tokio::select! {
-                    _ = tick.tick() => locks.sweep(),
+                    _ = tick.tick() => {
+                        locks.sweep();
+                        let up = locks.backend().ping().await.is_ok();
+                        locks.metrics().backend_up.with_label_values(&[name]).set(i64::from(up));
+                    }
                     _ = shutdown.cancelled() => return,
                 }
             }

@@ -86,18 +86,13 @@ impl Stack {
             crate::admin::router(admin_state),
             shutdown.clone(),
         )));
-        // The lock API and proxy bind inside run_with; wait until they do.
-        let ready = tokio::sync::oneshot::channel::<()>();
+        let listeners = sidecar.bind().await?;
         let sc_shutdown = shutdown.clone();
         tasks.push(tokio::spawn(async move {
-            let _ = ready.0.send(());
-            if let Err(e) = crate::sidecar::run_with(sidecar, sc_shutdown).await {
+            if let Err(e) = crate::sidecar::run_with(sidecar, listeners, sc_shutdown).await {
                 tracing::error!(error = %e, "sidecar failed");
             }
         }));
-        let _ = ready.1.await;
-        wait_listening(api).await;
-        wait_listening(proxy).await;
         Ok(Stack {
             api,
             proxy,
@@ -115,15 +110,6 @@ impl Stack {
         for task in self.tasks {
             let _ = tokio::time::timeout(std::time::Duration::from_secs(10), task).await;
         }
-    }
-}
-
-async fn wait_listening(addr: SocketAddr) {
-    for _ in 0..200 {
-        if tokio::net::TcpStream::connect(addr).await.is_ok() {
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
 }
 

@@ -299,26 +299,53 @@ pub async fn serve_egress(egress: Arc<Egress>, listener: TcpListener, shutdown: 
 /// `fencer sidecar`: runs until `shutdown` fires, then releases every lease.
 pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), StartError> {
     let sidecar = Sidecar::new(settings, shutdown.clone(), None)?;
+    // Every listener is bound before any is served: once /healthz answers,
+    // the lock API and the proxy accept connections too.
+    let listeners = sidecar.bind().await?;
     let admin = bind("admin", sidecar.settings.admin.listen).await?;
     let admin_task = tokio::spawn(serve(
         admin,
         crate::admin::router(sidecar.admin_state()),
         shutdown.clone(),
     ));
-    run_with(sidecar, shutdown).await?;
+    run_with(sidecar, listeners, shutdown).await?;
     let _ = tokio::time::timeout(Duration::from_secs(1), admin_task).await;
     Ok(())
 }
 
+/// The sidecar's bound lock-API and (if enabled) proxy listeners.
+pub struct Listeners {
+    api: TcpListener,
+    proxy: Option<(Arc<Egress>, TcpListener)>,
+}
+
+impl Sidecar {
+    /// Binds the lock API and the egress proxy.
+    pub async fn bind(&self) -> Result<Listeners, StartError> {
+        let api = bind("lock API", self.settings.sidecar.listen).await?;
+        let proxy = match self.egress()? {
+            Some(egress) => Some((
+                egress,
+                bind("egress proxy", self.settings.proxy.listen).await?,
+            )),
+            None => None,
+        };
+        Ok(Listeners { api, proxy })
+    }
+}
+
 /// Runs the lock API and egress proxy of a built sidecar until `shutdown`,
 /// then releases every lease.
-pub async fn run_with(sidecar: Sidecar, shutdown: CancellationToken) -> Result<(), StartError> {
+pub async fn run_with(
+    sidecar: Sidecar,
+    listeners: Listeners,
+    shutdown: CancellationToken,
+) -> Result<(), StartError> {
     let api_addr = sidecar.settings.sidecar.listen;
-    let api = bind("lock API", api_addr).await?;
-    let proxy_task = match sidecar.egress()? {
-        Some(egress) => {
+    let api = listeners.api;
+    let proxy_task = match listeners.proxy {
+        Some((egress, listener)) => {
             let addr = sidecar.settings.proxy.listen;
-            let listener = bind("egress proxy", addr).await?;
             tracing::info!(proxy = %addr, upstream = %sidecar.settings.proxy.upstream, "egress proxy listening");
             Some(tokio::spawn(serve_egress(
                 egress,

@@ -58,6 +58,8 @@ pub enum Command {
     HotAccountWorker(crate::hotaccount::WorkerArgs),
     /// Validate the configuration and print the effective settings.
     CheckConfig,
+    /// Live terminal view of a running sidecar or gateway.
+    Top(crate::top::TopArgs),
     /// Drive a running sidecar's lock API and report throughput and latency.
     Bench(crate::bench::BenchArgs),
 }

@@ -25,3 +25,4 @@ pub mod sidecar;
 pub mod storage;
 pub mod telemetry;
 pub mod token;
+pub mod top;

@@ -30,7 +30,7 @@ fn main() -> ExitCode {
     let mut log = settings.log.clone();
     if matches!(
         cli.command,
-        Command::Demo(_) | Command::HotAccountWorker(_) | Command::Bench(_)
+        Command::Demo(_) | Command::HotAccountWorker(_) | Command::Bench(_) | Command::Top(_)
     ) {
         // These print their own report; keep the stack's logs to problems.
         log.level = "warn".into();
@@ -52,6 +52,15 @@ fn main() -> ExitCode {
             Command::HotAccountWorker(args) => {
                 fencer::hotaccount::run_worker(args).await;
                 Ok(())
+            }
+            Command::Top(args) => {
+                return match fencer::top::run(args).await {
+                    Ok(()) => ExitCode::SUCCESS,
+                    Err(e) => {
+                        eprintln!("fencer top: {e}");
+                        ExitCode::FAILURE
+                    }
+                };
             }
             Command::Bench(args) => {
                 return match fencer::bench::run(args).await {

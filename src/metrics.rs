@@ -69,6 +69,7 @@ pub(crate) fn register<T: prometheus::core::Collector + Clone + 'static>(
 pub struct Groups {
     separator: String,
     max: usize,
+    rules: Vec<(regex::Regex, String)>,
     seen: Mutex<HashSet<String>>,
 }
 
@@ -77,12 +78,21 @@ impl Groups {
         Groups {
             separator: settings.group_separator.clone(),
             max: settings.max_groups,
+            // Validated with the configuration.
+            rules: settings
+                .group_rules
+                .iter()
+                .filter_map(|r| Some((regex::Regex::new(&r.pattern).ok()?, r.group.clone())))
+                .collect(),
             seen: Mutex::new(HashSet::new()),
         }
     }
 
     /// The bounded label value for `key`.
     pub fn of(&self, key: &str) -> String {
+        if let Some((_, group)) = self.rules.iter().find(|(re, _)| re.is_match(key)) {
+            return group.clone();
+        }
         let group = key.split(self.separator.as_str()).next().unwrap_or(key);
         // Group names are user data too: bound their length and charset.
         let group: String = group
@@ -415,7 +425,12 @@ mod tests {
         let g = Groups::new(&MetricsSettings {
             group_separator: ":".into(),
             max_groups: 2,
+            group_rules: vec![crate::settings::GroupRule {
+                pattern: "^tenant-[0-9]+/orders/".into(),
+                group: "orders".into(),
+            }],
         });
+        assert_eq!(g.of("tenant-7/orders/99"), "orders");
         assert_eq!(g.of("account:1"), "account");
         assert_eq!(g.of("order:9"), "order");
         assert_eq!(g.of("user:3"), "other");

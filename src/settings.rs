@@ -423,11 +423,21 @@ impl Default for LogSettings {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct MetricsSettings {
-    /// Lock keys become a bounded `group` label: the part before the first
+    /// Lock keys become a bounded `group` label: the group of the first
+    /// rule whose regex matches the key, else the part before the first
     /// `group_separator`. At most `max_groups` distinct groups; the rest are
     /// reported as `other`.
     pub group_separator: String,
     pub max_groups: usize,
+    pub group_rules: Vec<GroupRule>,
+}
+
+/// `{ pattern = "^tenant-[0-9]+/orders/", group = "orders" }`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupRule {
+    pub pattern: String,
+    pub group: String,
 }
 
 impl Default for MetricsSettings {
@@ -435,6 +445,7 @@ impl Default for MetricsSettings {
         Self {
             group_separator: ":".into(),
             max_groups: 64,
+            group_rules: Vec::new(),
         }
     }
 }
@@ -751,6 +762,29 @@ impl Settings {
                 "storage.postgres_url",
                 "required when storage.backend = \"postgres\"",
             ));
+        }
+        for rule in &self.metrics.group_rules {
+            regex::Regex::new(&rule.pattern).map_err(|e| {
+                invalid(
+                    "metrics.group_rules",
+                    format!("pattern `{}`: {e}", rule.pattern),
+                )
+            })?;
+            if rule.group.is_empty()
+                || rule.group.len() > 48
+                || !rule
+                    .group
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+            {
+                return Err(invalid(
+                    "metrics.group_rules",
+                    format!(
+                        "group `{}`: 1 to 48 characters from [A-Za-z0-9_-]",
+                        rule.group
+                    ),
+                ));
+            }
         }
         if self.metrics.group_separator.is_empty() {
             return Err(invalid("metrics.group_separator", "must not be empty"));

@@ -30,9 +30,12 @@ pub struct TopArgs {
     pub rows: u64,
 }
 
-/// One scrape: `(name, labels) -> value`.
+/// One series of a scrape: name, labels, value.
+type Series = (String, Vec<(String, String)>, f64);
+
+/// One scrape.
 #[derive(Default)]
-struct Sample(Vec<(String, Vec<(String, String)>, f64)>);
+struct Sample(Vec<Series>);
 
 impl Sample {
     fn parse(text: &str) -> Sample {

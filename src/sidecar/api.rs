@@ -17,7 +17,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
 
-use super::locks::{Acquire, LockManager};
+use super::locks::LockManager;
 use super::request;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
@@ -107,16 +107,7 @@ async fn acquire(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let key = path_key(path)?;
     let req = request::acquire(&body(raw)?, &state.defaults, false)?;
-    let view = state
-        .locks
-        .acquire(Acquire {
-            key,
-            ttl: req.ttl,
-            wait: req.wait,
-            owner: req.owner,
-            renewal: req.renewal,
-        })
-        .await?;
+    let view = state.locks.acquire(req.into_acquire(key)).await?;
     Ok(Json(json!({
         "key": view.key,
         "token": view.token,
@@ -175,16 +166,7 @@ async fn hold(
 ) -> Result<Response, ApiError> {
     let key = path_key(path)?;
     let req = request::acquire(&body(raw)?, &state.defaults, true)?;
-    let view = state
-        .locks
-        .acquire(Acquire {
-            key,
-            ttl: req.ttl,
-            wait: req.wait,
-            owner: req.owner,
-            renewal: req.renewal,
-        })
-        .await?;
+    let view = state.locks.acquire(req.into_acquire(key)).await?;
     let body = super::hold::stream(
         state.locks.clone(),
         view,

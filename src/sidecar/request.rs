@@ -21,6 +21,19 @@ pub struct AcquireRequest {
     pub renewal: Renewal,
 }
 
+impl AcquireRequest {
+    /// The lock manager's request for `key`.
+    pub fn into_acquire(self, key: LockKey) -> super::locks::Acquire {
+        super::locks::Acquire {
+            key,
+            ttl: self.ttl,
+            wait: self.wait,
+            owner: self.owner,
+            renewal: self.renewal,
+        }
+    }
+}
+
 /// Values used when a request leaves them out (from the configuration).
 #[derive(Debug, Clone, Copy)]
 pub struct Defaults {

@@ -316,20 +316,7 @@ impl Fencer {
     /// (`("sidecar.default_ttl_ms", "500")` → `FENCER__SIDECAR__DEFAULT_TTL_MS`).
     /// `url` is the backend's URL (Redis or PostgreSQL) where it has one.
     pub fn sidecar(backend: Backend, url: Option<&str>, extra: &[(&str, &str)]) -> Fencer {
-        let mut env: Vec<(String, String)> = vec![
-            ("backend.kind".into(), backend.name().into()),
-            ("signing.secret_env".into(), "FENCER_TEST_SECRET".into()),
-            ("log.level".into(), "fencer=debug,info".into()),
-        ];
-        match (backend, url) {
-            (Backend::Redis, Some(url)) => env.push(("backend.redis.url".into(), url.into())),
-            (Backend::Postgres, Some(url)) => env.push(("backend.postgres.url".into(), url.into())),
-            _ => {}
-        }
-        for (k, v) in extra {
-            env.push(((*k).into(), (*v).into()));
-        }
-        Fencer::start("sidecar", env, None)
+        Fencer::sidecar_env(backend, url, extra, &[])
     }
 
     /// A sidecar with extra process environment (e.g. LD_PRELOAD).

@@ -12,6 +12,7 @@ ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
 command -v curl >/dev/null 2>&1 || need+=(curl)
 command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
+command -v kubectl >/dev/null 2>&1 || need+=(kubectl)
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""
   [ "$(id -u)" = 0 ] || sudo="sudo"
@@ -19,5 +20,8 @@ if [ ${#need[@]} -gt 0 ]; then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}"
 fi
+
+# Offline Kubernetes schema validation (tests/deploy.rs).
+command -v kubernetes-validate >/dev/null 2>&1 || python3 -m pip install -q kubernetes-validate
 
 cargo test --all-targets --locked -- --test-threads="${FENCER_TEST_THREADS:-2}"

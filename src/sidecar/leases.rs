@@ -284,6 +284,13 @@ impl LeaseTable {
         (Some(rec.clone()), lost)
     }
 
+    /// Brings `key`'s state up to date without copying its record: the
+    /// lost event, if its deadline just passed.
+    pub fn refresh(&self, key: &LockKey, now: Instant) -> Option<Lost> {
+        let mut t = self.lock();
+        expire(t.current.get_mut(key)?, now)
+    }
+
     /// Applies a successful renewal sent at `sent`, if `lease` is still the
     /// current, held lease of `key`.
     pub fn renewed(

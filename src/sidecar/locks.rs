@@ -187,7 +187,7 @@ impl LockManager {
         let mut batch: Vec<(LockKey, LeaseId, Duration)> = Vec::with_capacity(due.len());
         for rec in due {
             if now >= rec.deadline {
-                let (_, lost) = self.leases.get(&rec.key, now);
+                let lost = self.leases.refresh(&rec.key, now);
                 self.record_lost(lost);
                 continue;
             }
@@ -633,7 +633,7 @@ impl LockManager {
     }
 
     pub async fn release(&self, key: LockKey, lease: LeaseId) -> Result<(), LockError> {
-        let (_, lost) = self.leases.get(&key, Instant::now());
+        let lost = self.leases.refresh(&key, Instant::now());
         self.record_lost(lost);
         let known = self.leases.knows(&key, &lease);
         let result = self

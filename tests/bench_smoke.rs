@@ -1,29 +1,41 @@
-//! A few seconds of `fencer bench`: every scenario runs on both sides (the
-//! sidecar and the direct-Redis baseline) and no update is lost. Asserts
-//! nothing about speed.
+//! A few seconds of `fencer bench --local`: every scenario runs (lock
+//! scenarios on both sides, the write path through nginx and through the
+//! proxy + gateway, fenced writes on a PostgreSQL fence store, many
+//! auto-renewed leases), no update is lost and no lease is dropped.
+//! Asserts nothing about speed.
 
 mod common;
 
 use std::process::Command;
 
-use common::*;
+use common::postgres::PgServer;
+
+fn number_after(line: &str, label: &str) -> f64 {
+    line.split(label)
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no number after `{label}` in: {line}"))
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_benchmark_scenario_runs_without_lost_updates() {
-    let redis = RedisServer::start(Persistence::Off);
-    let s = Fencer::sidecar(Backend::Redis, Some(&redis.url()), &[]);
-    let (api, url) = (s.api.clone(), redis.url());
+    let pg = PgServer::start();
+    let url = pg.url();
     let out = tokio::task::spawn_blocking(move || {
         Command::new(env!("CARGO_BIN_EXE_fencer"))
             .args([
                 "bench",
+                "--local",
                 "--scenario",
                 "all",
                 "--seconds",
                 "1",
-                "--api",
-                &api,
-                "--redis",
+                "--leases",
+                "2000",
+                "--lease-ttl-ms",
+                "1500",
+                "--postgres",
                 &url,
             ])
             .output()
@@ -42,25 +54,42 @@ async fn every_benchmark_scenario_runs_without_lost_updates() {
         "uncontended-16",
         "contended-16",
         "spread-64x8",
+        "write-path (1 client",
+        "write-path (16 client",
+        "fence-store-pg",
+        "leases (2000",
     ] {
         assert!(text.contains(scenario), "{scenario} missing:\n{text}");
     }
-    let lines: Vec<&str> = text
+    let lock_lines: Vec<&str> = text
         .lines()
-        .filter(|l| l.contains("cycles/s") && l.contains("lost"))
+        .filter(|l| {
+            (l.starts_with("  fencer ") || l.starts_with("  baseline ")) && l.contains("cycles/s")
+        })
         .collect();
-    assert_eq!(lines.len(), 8, "{text}");
-    for l in lines {
+    assert_eq!(lock_lines.len(), 8, "{text}");
+    for l in lock_lines {
         assert!(l.contains("lost 0 "), "lost updates: {l}");
-        let cycles: f64 = l
-            .split("cycles/s")
-            .nth(1)
-            .unwrap()
-            .split_whitespace()
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap();
-        assert!(cycles > 0.0, "scenario did not run: {l}");
+        assert!(
+            number_after(l, "cycles/s") > 0.0,
+            "scenario did not run: {l}"
+        );
     }
+    // direct, nginx and fencer, for 1 and 16 clients; plus direct and
+    // fenced for the PostgreSQL fence store.
+    let write_lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("writes/s") && !l.contains("ratio"))
+        .collect();
+    assert_eq!(write_lines.len(), 8, "{text}");
+    for l in &write_lines {
+        assert!(number_after(l, "writes/s") > 0.0, "no writes: {l}");
+        assert!(l.trim_end().ends_with("errors 0"), "errors: {l}");
+    }
+    let held = text
+        .lines()
+        .find(|l| l.contains("still held"))
+        .expect("leases summary");
+    assert_eq!(number_after(held, "still held"), 2000.0, "{text}");
+    assert_eq!(number_after(held, "lost"), 0.0, "{text}");
 }

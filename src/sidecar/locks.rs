@@ -286,7 +286,10 @@ impl LockManager {
             .with_label_values(&[group.as_str(), outcome])
             .observe(started.elapsed().as_secs_f64());
         match &result {
-            Ok(view) => tracing::info!(
+            // Per-operation lines are debug: at tens of thousands of
+            // acquisitions per second an info line each would cost more CPU
+            // than the lock itself. Failures and lost leases stay at info+.
+            Ok(view) => tracing::debug!(
                 key = %key, token = view.token, lease_id = %view.lease_id,
                 wait_ms = started.elapsed().as_millis() as u64, "lock acquired"
             ),
@@ -669,7 +672,7 @@ impl LockManager {
         };
         self.metrics.releases.with_label_values(&[label]).inc();
         if result.is_ok() {
-            tracing::info!(key = %key, lease_id = %lease, "lock released");
+            tracing::debug!(key = %key, lease_id = %lease, "lock released");
         }
         result
     }

@@ -1,0 +1,201 @@
+//! `fencer bench --local`: the services a benchmark needs, started as child
+//! processes on free loopback ports in a temporary directory — Redis,
+//! fencer roles (this very binary) and nginx — and killed when dropped.
+//! Anyone can then run the whole benchmark with one command and nothing
+//! else running.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// A child process, killed (and its directory removed) on drop.
+pub struct Proc {
+    pub name: String,
+    child: Child,
+    pub dir: PathBuf,
+}
+
+impl Proc {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The last lines of the process's log, for error messages.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(self.dir.join("out.log")).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A port nobody listens on right now.
+pub fn free_port() -> Result<u16, String> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("no free port: {e}"))
+}
+
+fn temp_dir(name: &str) -> Result<PathBuf, String> {
+    let dir = std::env::temp_dir().join(format!(
+        "fencer-bench-{name}-{}-{}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    Ok(dir)
+}
+
+fn spawn(name: &str, mut cmd: Command, dir: PathBuf) -> Result<Proc, String> {
+    let log = std::fs::File::create(dir.join("out.log")).map_err(|e| e.to_string())?;
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().map_err(|e| e.to_string())?)
+        .stderr(log)
+        .spawn()
+        .map_err(|e| format!("cannot start {name} ({:?}): {e}", cmd.get_program()))?;
+    Ok(Proc {
+        name: name.to_owned(),
+        child,
+        dir,
+    })
+}
+
+/// Waits until `addr` accepts TCP connections (or the process died).
+async fn wait_tcp(proc: &mut Proc, addr: &str) -> Result<(), String> {
+    for _ in 0..300 {
+        if tokio::net::TcpStream::connect(addr).await.is_ok() {
+            return Ok(());
+        }
+        if let Ok(Some(status)) = proc.child.try_wait() {
+            return Err(format!(
+                "{} exited ({status}):\n{}",
+                proc.name,
+                proc.log_tail()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Err(format!(
+        "{} did not listen on {addr} within 15 s:\n{}",
+        proc.name,
+        proc.log_tail()
+    ))
+}
+
+/// `redis-server` without persistence; returns it and its URL.
+pub async fn redis() -> Result<(Proc, String), String> {
+    let port = free_port()?;
+    let dir = temp_dir("redis")?;
+    let mut cmd = Command::new("redis-server");
+    cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no"])
+        .arg("--dir")
+        .arg(&dir);
+    let mut p = spawn("redis-server", cmd, dir)?;
+    wait_tcp(&mut p, &format!("127.0.0.1:{port}")).await?;
+    Ok((p, format!("redis://127.0.0.1:{port}/0")))
+}
+
+/// A fencer role started from this binary, configured by `env`
+/// (`section.field` → `FENCER__SECTION__FIELD`); waits for `ready_addr`.
+pub async fn fencer(role: &str, env: &[(&str, String)], ready_addr: &str) -> Result<Proc, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let dir = temp_dir(role)?;
+    let mut cmd = Command::new(exe);
+    cmd.arg(role)
+        .env(SECRET_ENV, SECRET)
+        .env("FENCER__SIGNING__SECRET_ENV", SECRET_ENV)
+        .env("FENCER__LOG__LEVEL", "warn")
+        .env_remove("RUST_LOG");
+    for (k, v) in env {
+        cmd.env(
+            format!("FENCER__{}", k.to_uppercase().replace('.', "__")),
+            v,
+        );
+    }
+    let mut p = spawn(&format!("fencer {role}"), cmd, dir)?;
+    wait_tcp(&mut p, ready_addr).await?;
+    Ok(p)
+}
+
+/// The signing secret of every locally started fencer process.
+pub const SECRET: &str = "fencer-bench-secret-0123456789abcdef0123456789";
+const SECRET_ENV: &str = "FENCER_BENCH_SECRET";
+
+/// nginx as a reverse proxy on `port` in front of `upstream_port`,
+/// configured as a careful operator would: one worker (like the sidecar's
+/// one thread), upstream keep-alive, no access log.
+pub async fn nginx(port: u16, upstream_port: u16) -> Result<Proc, String> {
+    let bin = ["/usr/sbin/nginx", "/usr/local/sbin/nginx", "nginx"]
+        .into_iter()
+        .find(|p| !p.starts_with('/') || std::path::Path::new(p).exists())
+        .unwrap_or("nginx");
+    let dir = temp_dir("nginx")?;
+    let d = dir.display();
+    let conf = format!(
+        "worker_processes 1;\n\
+         daemon off;\n\
+         pid {d}/nginx.pid;\n\
+         error_log {d}/error.log warn;\n\
+         events {{ worker_connections 1024; }}\n\
+         http {{\n\
+           access_log off;\n\
+           client_body_temp_path {d}/body;\n\
+           proxy_temp_path {d}/proxy;\n\
+           fastcgi_temp_path {d}/fastcgi;\n\
+           uwsgi_temp_path {d}/uwsgi;\n\
+           scgi_temp_path {d}/scgi;\n\
+           upstream storage {{ server 127.0.0.1:{upstream_port}; keepalive 64; }}\n\
+           server {{\n\
+             listen 127.0.0.1:{port};\n\
+             location / {{\n\
+               proxy_pass http://storage;\n\
+               proxy_http_version 1.1;\n\
+               proxy_set_header Connection \"\";\n\
+             }}\n\
+           }}\n\
+         }}\n"
+    );
+    std::fs::write(dir.join("nginx.conf"), conf).map_err(|e| e.to_string())?;
+    let mut cmd = Command::new(bin);
+    cmd.arg("-p")
+        .arg(&dir)
+        .arg("-c")
+        .arg(dir.join("nginx.conf"));
+    let mut p = spawn("nginx", cmd, dir)?;
+    wait_tcp(&mut p, &format!("127.0.0.1:{port}")).await?;
+    Ok(p)
+}
+
+/// Resident memory of a process in KiB (`VmRSS`).
+pub fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// CPU time (user + system) a process has used, in seconds.
+pub fn cpu_secs(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised command name; utime and stime are the
+    // 14th and 15th fields overall, in clock ticks (100 per second on Linux).
+    let rest = stat.rsplit_once(')')?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let utime: f64 = f.get(11)?.parse().ok()?;
+    let stime: f64 = f.get(12)?.parse().ok()?;
+    Some((utime + stime) / 100.0)
+}

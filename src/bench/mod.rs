@@ -1,0 +1,274 @@
+//! `fencer bench`: measures fencer against baselines taken in the same run
+//! (never against numbers from another day or machine), and prints both
+//! with their ratio. docs/performance.md holds the results and the
+//! profiles behind them.
+//!
+//! - lock scenarios ([`locks`]): the sidecar's HTTP lock API vs. a direct
+//!   in-process Redis client doing the same lock protocol;
+//! - `write-path` ([`write_path`]): egress proxy + gateway vs. nginx vs. a
+//!   direct request to the same storage;
+//! - `fence-store-pg` ([`fence_store`]): fenced writes/s with marks in
+//!   PostgreSQL vs. the same writes sent straight to the storage;
+//! - `leases` ([`leases`]): memory, CPU and Redis commands of one sidecar
+//!   keeping many auto-renewed leases alive.
+//!
+//! With `--local` the tool starts everything it needs itself (Redis,
+//! fencer processes from this binary, nginx) on free loopback ports.
+
+mod api_conn;
+mod fence_store;
+mod leases;
+pub mod local;
+mod locks;
+pub mod stats;
+mod write_path;
+
+use self::locks::{Side, SCENARIOS};
+use self::stats::{lock_line, median, median_run, Report};
+
+const WRITE_PATH: &str = "write-path";
+const FENCE_STORE: &str = "fence-store-pg";
+const LEASES: &str = "leases";
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// Start Redis and a sidecar (and, for the other scenarios, every
+    /// other process) on free loopback ports instead of using --api/--redis.
+    #[arg(long)]
+    pub local: bool,
+    /// Base URL of the sidecar's lock API (lock scenarios, without --local).
+    #[arg(long, default_value = "http://127.0.0.1:7411")]
+    pub api: String,
+    /// The Redis the sidecar uses (baseline client and lost-update counters;
+    /// without --local).
+    #[arg(long, default_value = "redis://127.0.0.1:6379/0")]
+    pub redis: String,
+    /// PostgreSQL for the fence-store-pg scenario (skipped without it).
+    #[arg(long)]
+    pub postgres: Option<String>,
+    /// Comma-separated: uncontended-1, uncontended-16, contended-16,
+    /// spread-64x8, write-path, fence-store-pg, leases; or `all`, or
+    /// `locks` (the four lock scenarios).
+    #[arg(long, default_value = "all")]
+    pub scenario: String,
+    /// Seconds per scenario, side and run.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub seconds: u64,
+    /// Runs per scenario; sides alternate within a run and the median run
+    /// is reported (this machine's noise is larger than many effects).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=101))]
+    pub runs: u64,
+    /// Leases held in the `leases` scenario.
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub leases: u64,
+    /// TTL of those leases (they are renewed at a third of it).
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1_000..=3_600_000))]
+    pub lease_ttl_ms: u64,
+    /// Skip the direct-Redis baseline of the lock scenarios.
+    #[arg(long)]
+    pub no_baseline: bool,
+}
+
+/// Every result, for the smoke test.
+#[derive(Debug, Default)]
+pub struct Results {
+    /// (scenario, fencer, baseline) per lock scenario.
+    pub locks: Vec<(String, Report, Option<Report>)>,
+    /// (path label, clients, report) per write path.
+    pub write_path: Vec<(&'static str, usize, Report)>,
+    /// (direct, fenced) writes.
+    pub fence_store: Option<(Report, Report)>,
+    pub leases: Option<leases::LeaseReport>,
+}
+
+fn selected(args: &BenchArgs) -> Result<Vec<&'static str>, String> {
+    let all: Vec<&'static str> = SCENARIOS
+        .iter()
+        .map(|s| s.name)
+        .chain([WRITE_PATH, FENCE_STORE, LEASES])
+        .collect();
+    let mut out = Vec::new();
+    for name in args.scenario.split(',').map(str::trim) {
+        match name {
+            "all" => out.extend(all.iter().copied()),
+            "locks" => out.extend(SCENARIOS.iter().map(|s| s.name)),
+            n => match all.iter().find(|a| **a == n) {
+                Some(a) => out.push(*a),
+                None => {
+                    return Err(format!(
+                        "unknown scenario `{n}`; choose from all, locks, {}",
+                        all.join(", ")
+                    ))
+                }
+            },
+        }
+    }
+    out.dedup();
+    Ok(out)
+}
+
+/// Runs the selected scenarios, printing as it goes.
+pub async fn measure(args: &BenchArgs) -> Result<Results, String> {
+    let names = selected(args)?;
+    let mut results = Results::default();
+    // Redis and a sidecar for the lock scenarios (and Redis for `leases`).
+    let mut _local_procs = Vec::new();
+    let (mut api, mut redis_url) = (args.api.clone(), args.redis.clone());
+    let needs_redis = names
+        .iter()
+        .any(|n| *n == LEASES || n.contains('-') && SCENARIOS.iter().any(|s| s.name == *n));
+    if args.local && needs_redis {
+        let (redis, url) = local::redis().await?;
+        let api_addr = format!("127.0.0.1:{}", local::free_port()?);
+        let sidecar = local::fencer(
+            "sidecar",
+            &[
+                ("sidecar.listen", api_addr.clone()),
+                ("proxy.enabled", "false".into()),
+                ("backend.kind", "redis".into()),
+                ("backend.redis.url", url.clone()),
+                ("admin.listen", format!("127.0.0.1:{}", local::free_port()?)),
+            ],
+            &api_addr,
+        )
+        .await?;
+        api = format!("http://{api_addr}");
+        redis_url = url;
+        _local_procs.push(redis);
+        _local_procs.push(sidecar);
+    }
+    let redis = redis::Client::open(redis_url.as_str()).map_err(|e| e.to_string())?;
+    let runs = args.runs as usize;
+    for name in names {
+        if let Some(sc) = SCENARIOS.iter().find(|s| s.name == name) {
+            let (mut f_runs, mut b_runs, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+            for _ in 0..runs {
+                let f = locks::run_side(Side::Fencer, *sc, args.seconds, &api, &redis).await?;
+                if !args.no_baseline {
+                    let b =
+                        locks::run_side(Side::Baseline, *sc, args.seconds, &api, &redis).await?;
+                    ratios.push(f.cycles_per_sec() / b.cycles_per_sec().max(1e-9));
+                    b_runs.push(b);
+                }
+                f_runs.push(f);
+            }
+            println!(
+                "{} ({} clients, {} keys, {} s per side, median of {runs} run(s))",
+                sc.name, sc.clients, sc.keys, args.seconds
+            );
+            let f = median_run(&f_runs).cloned().unwrap_or_default();
+            println!("{}", lock_line("fencer", &f));
+            let b = median_run(&b_runs).cloned();
+            if let Some(b) = &b {
+                println!("{}", lock_line("baseline", b));
+                println!(
+                    "  ratio     cycles/s {:.2}x (median of per-run ratios; runs: {})  owner changes/s {:.2}x  cycle p50 {:.2}x",
+                    median(ratios.clone()),
+                    ratios
+                        .iter()
+                        .map(|r| format!("{r:.2}"))
+                        .collect::<Vec<_>>()
+                        .join(" "),
+                    f.rate(f.owner_changes) / b.rate(b.owner_changes).max(1e-9),
+                    Report::pct(&f.cycle_us, 0.5) / Report::pct(&b.cycle_us, 0.5).max(1e-9),
+                );
+            }
+            results.locks.push((sc.name.to_owned(), f, b));
+        } else if name == WRITE_PATH {
+            let stack = write_path::Stack::start().await?;
+            for clients in [1usize, 16] {
+                let mut per_path: Vec<(write_path::Path, Vec<Report>)> = Vec::new();
+                let paths: Vec<write_path::Path> = [
+                    write_path::Path::Direct,
+                    write_path::Path::Nginx,
+                    write_path::Path::Fenced,
+                ]
+                .into_iter()
+                .filter(|p| *p != write_path::Path::Nginx || stack.nginx.is_some())
+                .collect();
+                for p in &paths {
+                    per_path.push((*p, Vec::new()));
+                }
+                for _ in 0..runs {
+                    for (p, reports) in per_path.iter_mut() {
+                        reports
+                            .push(write_path::run_path(&stack, *p, clients, args.seconds).await?);
+                    }
+                }
+                println!(
+                    "{WRITE_PATH} ({clients} client(s), PUT of a small value, {} s per path, median of {runs} run(s))",
+                    args.seconds
+                );
+                let medians: Vec<(write_path::Path, Report)> = per_path
+                    .iter()
+                    .map(|(p, r)| (*p, median_run(r).cloned().unwrap_or_default()))
+                    .collect();
+                let direct_p50 = Report::pct(&medians[0].1.cycle_us, 0.5);
+                for (p, r) in &medians {
+                    println!("{}", write_path::line(p.label(), r, direct_p50));
+                }
+                let added = |p: write_path::Path| {
+                    medians
+                        .iter()
+                        .find(|(q, _)| *q == p)
+                        .map(|(_, r)| Report::pct(&r.cycle_us, 0.5) - direct_p50)
+                };
+                if let (Some(f), Some(n)) = (
+                    added(write_path::Path::Fenced),
+                    added(write_path::Path::Nginx),
+                ) {
+                    println!(
+                        "  ratio     added p50 fencer/nginx {:.2}x (proxy + gateway: two hops; nginx: one)",
+                        f / n.max(1e-9)
+                    );
+                }
+                for (p, r) in medians {
+                    results.write_path.push((p.label(), clients, r));
+                }
+            }
+        } else if name == FENCE_STORE {
+            let Some(pg) = &args.postgres else {
+                println!("{FENCE_STORE}: skipped (give --postgres URL)");
+                continue;
+            };
+            let stack = fence_store::Stack::start(pg).await?;
+            let clients = 64;
+            let (mut direct, mut fenced) = (Vec::new(), Vec::new());
+            for _ in 0..runs {
+                direct.push(fence_store::run(&stack, false, clients, args.seconds).await?);
+                fenced.push(fence_store::run(&stack, true, clients, args.seconds).await?);
+            }
+            let d = median_run(&direct).cloned().unwrap_or_default();
+            let f = median_run(&fenced).cloned().unwrap_or_default();
+            println!(
+                "{FENCE_STORE} ({clients} writers, each its own key, a new token per write, {} s per side, median of {runs} run(s))",
+                args.seconds
+            );
+            let direct_p50 = Report::pct(&d.cycle_us, 0.5);
+            println!("{}", write_path::line("direct", &d, direct_p50));
+            println!("{}", write_path::line("fenced", &f, direct_p50));
+            println!(
+                "  ratio     writes/s fenced/direct {:.2}x",
+                f.cycles_per_sec() / d.cycles_per_sec().max(1e-9)
+            );
+            results.fence_store = Some((d, f));
+        } else if name == LEASES {
+            let window = args
+                .seconds
+                .max(2 * args.lease_ttl_ms.div_ceil(1000) / 3 + 1);
+            let r =
+                leases::run(&redis_url, args.leases as usize, args.lease_ttl_ms, window).await?;
+            println!(
+                "{LEASES} ({} auto-renewed leases, ttl {} ms, one sidecar on Redis)",
+                args.leases, args.lease_ttl_ms
+            );
+            println!("{}", r.lines());
+            results.leases = Some(r);
+        }
+    }
+    Ok(results)
+}
+
+pub async fn run(args: BenchArgs) -> Result<(), String> {
+    measure(&args).await.map(|_| ())
+}

@@ -14,31 +14,50 @@ pub struct ApiConn {
 }
 
 impl ApiConn {
-    /// `base` is `http://host:port` (a trailing path is ignored).
+    /// `base` is `http://host:port` (a trailing path is ignored) or
+    /// `unix:/path/to/socket`.
     pub fn new(base: &str) -> ApiConn {
-        let authority = base
-            .trim_start_matches("http://")
-            .split('/')
-            .next()
-            .unwrap_or_default()
-            .to_owned();
+        let authority = match base.strip_prefix("unix:") {
+            Some(path) => format!("unix:{path}"),
+            None => base
+                .trim_start_matches("http://")
+                .split('/')
+                .next()
+                .unwrap_or_default()
+                .to_owned(),
+        };
         ApiConn {
             authority,
             sender: None,
         }
     }
 
+    fn host(&self) -> &str {
+        if self.authority.starts_with("unix:") {
+            "localhost"
+        } else {
+            &self.authority
+        }
+    }
+
     async fn sender(&mut self) -> Result<&mut SendRequest<Full<Bytes>>, String> {
         if self.sender.as_ref().is_none_or(|s| s.is_closed()) {
-            let stream = tokio::net::TcpStream::connect(&self.authority)
-                .await
-                .map_err(|e| format!("connect {}: {e}", self.authority))?;
-            stream.set_nodelay(true).map_err(|e| e.to_string())?;
-            let (sender, conn) =
-                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-                    .await
-                    .map_err(|e| e.to_string())?;
-            tokio::spawn(conn);
+            let connect_err = |e: std::io::Error| format!("connect {}: {e}", self.authority);
+            let sender = match self.authority.strip_prefix("unix:") {
+                Some(path) => {
+                    let stream = tokio::net::UnixStream::connect(path)
+                        .await
+                        .map_err(connect_err)?;
+                    handshake(stream).await?
+                }
+                None => {
+                    let stream = tokio::net::TcpStream::connect(&self.authority)
+                        .await
+                        .map_err(connect_err)?;
+                    stream.set_nodelay(true).map_err(|e| e.to_string())?;
+                    handshake(stream).await?
+                }
+            };
             self.sender = Some(sender);
         }
         let sender = self.sender.as_mut().expect("connected above");
@@ -61,7 +80,7 @@ impl ApiConn {
         let mut req = hyper::Request::builder()
             .method(method)
             .uri(path)
-            .header(hyper::header::HOST, self.authority.as_str());
+            .header(hyper::header::HOST, self.host());
         for (name, value) in headers {
             req = req.header(*name, *value);
         }
@@ -94,4 +113,17 @@ impl ApiConn {
         )
         .await
     }
+}
+
+/// HTTP/1.1 over any stream; the connection runs as its own task.
+async fn handshake<S>(stream: S) -> Result<SendRequest<Full<Bytes>>, String>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+{
+    let (sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .map_err(|e| e.to_string())?;
+    tokio::spawn(conn);
+    Ok(sender)
 }

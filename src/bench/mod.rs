@@ -36,7 +36,12 @@ pub struct BenchArgs {
     /// other process) on free loopback ports instead of using --api/--redis.
     #[arg(long)]
     pub local: bool,
-    /// Base URL of the sidecar's lock API (lock scenarios, without --local).
+    /// With --local: the lock scenarios talk to the sidecar over its Unix
+    /// socket (`sidecar.listen_unix`) instead of loopback TCP.
+    #[arg(long)]
+    pub unix: bool,
+    /// Base URL of the sidecar's lock API (lock scenarios, without --local):
+    /// `http://host:port` or `unix:/path/to/socket`.
     #[arg(long, default_value = "http://127.0.0.1:7411")]
     pub api: String,
     /// The Redis the sidecar uses (baseline client and lost-update counters;
@@ -120,10 +125,17 @@ pub async fn measure(args: &BenchArgs) -> Result<Results, String> {
     if args.local && needs_redis {
         let (redis, url) = local::redis().await?;
         let api_addr = format!("127.0.0.1:{}", local::free_port()?);
+        let socket = std::env::temp_dir().join(format!(
+            "fencer-bench-{}-{}.sock",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        let socket = socket.display().to_string();
         let sidecar = local::fencer(
             "sidecar",
             &[
                 ("sidecar.listen", api_addr.clone()),
+                ("sidecar.listen_unix", socket.clone()),
                 ("proxy.enabled", "false".into()),
                 ("backend.kind", "redis".into()),
                 ("backend.redis.url", url.clone()),
@@ -132,7 +144,11 @@ pub async fn measure(args: &BenchArgs) -> Result<Results, String> {
             &api_addr,
         )
         .await?;
-        api = format!("http://{api_addr}");
+        api = if args.unix {
+            format!("unix:{socket}")
+        } else {
+            format!("http://{api_addr}")
+        };
         redis_url = url;
         _local_procs.push(redis);
         _local_procs.push(sidecar);

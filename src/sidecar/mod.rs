@@ -40,6 +40,12 @@ pub enum StartError {
         addr: std::net::SocketAddr,
         source: std::io::Error,
     },
+    #[error("cannot listen on unix socket {path} ({what}): {source}")]
+    BindUnix {
+        what: &'static str,
+        path: String,
+        source: std::io::Error,
+    },
     #[error("{0}")]
     Config(#[from] crate::settings::ConfigError),
     #[error("backend: {0}")]
@@ -267,6 +273,58 @@ pub async fn bind(
         .map_err(|source| StartError::Bind { what, addr, source })
 }
 
+/// Binds a Unix socket at `path`, replacing a stale socket left by a
+/// previous run (but never a file of another kind), readable and writable
+/// by owner and group only: in Kubernetes the application container shares
+/// the pod's `fsGroup`.
+pub fn bind_unix(what: &'static str, path: &str) -> Result<UnixSocket, StartError> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let err = |source| StartError::BindUnix {
+        what,
+        path: path.to_owned(),
+        source,
+    };
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(err(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                "exists and is not a socket",
+            )));
+        }
+        std::fs::remove_file(path).map_err(err)?;
+    }
+    let listener = tokio::net::UnixListener::bind(path).map_err(err)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660)).map_err(err)?;
+    Ok(UnixSocket {
+        listener: Some(listener),
+        path: path.into(),
+    })
+}
+
+/// A bound Unix socket; its file is removed when this is dropped.
+pub struct UnixSocket {
+    listener: Option<tokio::net::UnixListener>,
+    path: std::path::PathBuf,
+}
+
+impl Drop for UnixSocket {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Serves `router` on a Unix socket until `shutdown`.
+pub async fn serve_unix(mut socket: UnixSocket, router: axum::Router, shutdown: CancellationToken) {
+    let listener = socket.listener.take().expect("served once");
+    let result = axum::serve(listener, router)
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await;
+    if let Err(e) = result {
+        tracing::error!(error = %e, "unix socket server error");
+    }
+    drop(socket);
+}
+
 /// Serves `router` on `listener` until `shutdown`, then drains in-flight requests.
 pub async fn serve(listener: TcpListener, router: axum::Router, shutdown: CancellationToken) {
     let result = axum::serve(listener, router)
@@ -316,6 +374,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
 /// The sidecar's bound lock-API and (if enabled) proxy listeners.
 pub struct Listeners {
     api: TcpListener,
+    api_unix: Option<UnixSocket>,
     proxy: Option<(Arc<Egress>, TcpListener)>,
 }
 
@@ -323,6 +382,10 @@ impl Sidecar {
     /// Binds the lock API and the egress proxy.
     pub async fn bind(&self) -> Result<Listeners, StartError> {
         let api = bind("lock API", self.settings.sidecar.listen).await?;
+        let api_unix = match self.settings.sidecar.listen_unix.as_str() {
+            "" => None,
+            path => Some(bind_unix("lock API", path)?),
+        };
         let proxy = match self.egress()? {
             Some(egress) => Some((
                 egress,
@@ -330,7 +393,11 @@ impl Sidecar {
             )),
             None => None,
         };
-        Ok(Listeners { api, proxy })
+        Ok(Listeners {
+            api,
+            api_unix,
+            proxy,
+        })
     }
 }
 
@@ -364,10 +431,17 @@ pub async fn run_with(
     sidecar.spawn_sweeper();
     sidecar.spawn_renewer();
     let api_task = tokio::spawn(serve(api, sidecar.api_router(), shutdown.clone()));
+    let unix_task = listeners.api_unix.map(|socket| {
+        tracing::info!(api_unix = %sidecar.settings.sidecar.listen_unix, "lock API on unix socket");
+        tokio::spawn(serve_unix(socket, sidecar.api_router(), shutdown.clone()))
+    });
     shutdown.cancelled().await;
     // Waiters were cancelled by the token; let in-flight calls finish so an
     // acquire that completes now is released below, not left to its TTL.
     let _ = tokio::time::timeout(Duration::from_secs(2), api_task).await;
+    if let Some(task) = unix_task {
+        let _ = tokio::time::timeout(Duration::from_secs(2), task).await;
+    }
     if let Some(task) = proxy_task {
         let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
     }

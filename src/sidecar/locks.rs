@@ -652,11 +652,11 @@ impl LockManager {
         if !matches!(result, Err(LockError::Backend(_))) {
             if let Some(rec) = self.leases.remove(&key, &lease) {
                 if rec.is_held() {
+                    let group = self.metrics.groups.of(key.as_str());
                     self.metrics
                         .leases_held
-                        .with_label_values(&[self.metrics.groups.of(key.as_str()).as_str()])
+                        .with_label_values(&[group.as_str()])
                         .dec();
-                    let group = self.metrics.groups.of(key.as_str());
                     self.metrics
                         .hold_time
                         .with_label_values(&[group.as_str()])

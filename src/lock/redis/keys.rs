@@ -8,17 +8,20 @@
 
 use crate::lock::LockKey;
 
+/// The names of one lock's keys, built on demand: each operation needs
+/// only two or three of them, and this runs on every lock request.
 #[derive(Debug, Clone)]
 pub struct RedisKeys {
-    pub lock: String,
-    pub counter: String,
-    /// Lock-delay marker: outlives a lock that expired without a release.
-    pub delay: String,
-    pub channel: String,
+    /// `<prefix>{<escaped key>}`.
+    tagged: String,
 }
 
-pub fn escape(key: &str) -> String {
-    let mut out = String::with_capacity(key.len() + 2);
+/// Appends `key` with `%`, `{` and `}` percent-escaped.
+fn escape_into(out: &mut String, key: &str) {
+    if !key.contains(['%', '{', '}']) {
+        out.push_str(key);
+        return;
+    }
     for ch in key.chars() {
         match ch {
             '%' => out.push_str("%25"),
@@ -27,18 +30,43 @@ pub fn escape(key: &str) -> String {
             c => out.push(c),
         }
     }
-    out
 }
 
 impl RedisKeys {
     pub fn new(prefix: &str, key: &LockKey) -> RedisKeys {
-        let tag = escape(key.as_str());
-        RedisKeys {
-            lock: format!("{prefix}{{{tag}}}:lock"),
-            counter: format!("{prefix}{{{tag}}}:token"),
-            delay: format!("{prefix}{{{tag}}}:delay"),
-            channel: format!("{prefix}{{{tag}}}:released"),
-        }
+        let mut tagged = String::with_capacity(prefix.len() + key.as_str().len() + 2);
+        tagged.push_str(prefix);
+        tagged.push('{');
+        escape_into(&mut tagged, key.as_str());
+        tagged.push('}');
+        RedisKeys { tagged }
+    }
+
+    fn with(&self, suffix: &str) -> String {
+        let mut name = String::with_capacity(self.tagged.len() + suffix.len());
+        name.push_str(&self.tagged);
+        name.push_str(suffix);
+        name
+    }
+
+    /// The lock entry: `"<lease id> <token>"` with the lease's TTL.
+    pub fn lock(&self) -> String {
+        self.with(":lock")
+    }
+
+    /// The key's token counter (never expires).
+    pub fn counter(&self) -> String {
+        self.with(":token")
+    }
+
+    /// Lock-delay marker: outlives a lock that expired without a release.
+    pub fn delay(&self) -> String {
+        self.with(":delay")
+    }
+
+    /// The pub/sub channel a release publishes on.
+    pub fn channel(&self) -> String {
+        self.with(":released")
     }
 
     /// Inverse of the channel name, for routing a pub/sub message to the
@@ -77,10 +105,10 @@ mod tests {
         for raw in ["plain", "}x", "{", "a}b{c", "%7D", "}{", "{}"] {
             let key = LockKey::parse(raw).unwrap();
             let k = RedisKeys::new("fencer:", &key);
-            assert_eq!(hash_tag(&k.lock), hash_tag(&k.counter), "key {raw:?}");
-            assert_ne!(hash_tag(&k.lock), k.lock, "key {raw:?} must be tagged");
+            assert_eq!(hash_tag(&k.lock()), hash_tag(&k.counter()), "key {raw:?}");
+            assert_ne!(hash_tag(&k.lock()), k.lock(), "key {raw:?} must be tagged");
             assert_eq!(
-                RedisKeys::key_from_channel("fencer:", &k.channel).as_deref(),
+                RedisKeys::key_from_channel("fencer:", &k.channel()).as_deref(),
                 Some(raw)
             );
         }
@@ -90,6 +118,6 @@ mod tests {
     fn escaping_is_injective() {
         let a = RedisKeys::new("p:", &LockKey::parse("%7B").unwrap());
         let b = RedisKeys::new("p:", &LockKey::parse("{").unwrap());
-        assert_ne!(a.lock, b.lock);
+        assert_ne!(a.lock(), b.lock());
     }
 }

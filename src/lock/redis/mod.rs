@@ -165,9 +165,9 @@ impl LockBackend for RedisBackend {
     ) -> Result<Attempt, BackendError> {
         let k = self.keys(key);
         let mut inv = self.scripts.acquire.prepare_invoke();
-        inv.key(&k.lock)
-            .key(&k.counter)
-            .key(&k.delay)
+        inv.key(k.lock())
+            .key(k.counter())
+            .key(k.delay())
             .arg(lease.as_str())
             .arg(ttl.as_millis() as u64)
             .arg(self.token_mode)
@@ -198,8 +198,8 @@ impl LockBackend for RedisBackend {
     ) -> Result<Ownership, BackendError> {
         let k = self.keys(key);
         let mut inv = self.scripts.renew.prepare_invoke();
-        inv.key(&k.lock)
-            .key(&k.delay)
+        inv.key(k.lock())
+            .key(k.delay())
             .arg(lease.as_str())
             .arg(ttl.as_millis() as u64)
             .arg(self.lock_delay_ms);
@@ -210,10 +210,10 @@ impl LockBackend for RedisBackend {
     async fn release(&self, key: &LockKey, lease: &LeaseId) -> Result<Ownership, BackendError> {
         let k = self.keys(key);
         let mut inv = self.scripts.release.prepare_invoke();
-        inv.key(&k.lock)
-            .key(&k.delay)
+        inv.key(k.lock())
+            .key(k.delay())
             .arg(lease.as_str())
-            .arg(&k.channel);
+            .arg(k.channel());
         let (status, value) = self.invoke(inv).await?;
         ownership(status, &value)
     }
@@ -225,8 +225,8 @@ impl LockBackend for RedisBackend {
         let mut inv = self.scripts.renew_many.prepare_invoke();
         for (key, lease, ttl) in items {
             let k = self.keys(key);
-            inv.key(k.lock)
-                .key(k.delay)
+            inv.key(k.lock())
+                .key(k.delay())
                 .arg(lease.as_str())
                 .arg(ttl.as_millis() as u64);
         }
@@ -260,14 +260,14 @@ impl LockBackend for RedisBackend {
     async fn raise_token_floor(&self, key: &LockKey, floor: u64) -> Result<(), BackendError> {
         let k = self.keys(key);
         let mut inv = self.scripts.raise_floor.prepare_invoke();
-        inv.key(&k.counter).arg(floor.to_string());
+        inv.key(k.counter()).arg(floor.to_string());
         self.invoke(inv).await.map(|_| ())
     }
 
     async fn watch(&self, key: &LockKey) -> WatchGuard {
         WatchGuard::new(
             self.subscriber
-                .watch(self.keys(key).channel, key.as_str())
+                .watch(self.keys(key).channel(), key.as_str())
                 .await,
         )
     }

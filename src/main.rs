@@ -47,11 +47,17 @@ fn main() -> ExitCode {
         (0, _) => std::thread::available_parallelism().map_or(2, |n| n.get()),
         (n, _) => n,
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    // One thread: a current-thread runtime, so a request never crosses
+    // threads between its connection task, the Redis connection task and
+    // the timers (each crossing is a futex wake-up and a context switch).
+    let mut builder = if threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(threads);
+        b
+    };
+    let runtime = builder.enable_all().build().expect("tokio runtime");
     runtime.block_on(async move {
         let shutdown = CancellationToken::new();
         tokio::spawn(wait_for_signal(shutdown.clone()));

@@ -199,3 +199,17 @@ pub fn cpu_secs(pid: u32) -> Option<f64> {
     let stime: f64 = f.get(12)?.parse().ok()?;
     Some((utime + stime) / 100.0)
 }
+
+/// CPU time of a process and all its descendants (nginx: master and
+/// workers), in seconds.
+pub fn tree_cpu_secs(pid: u32) -> Option<f64> {
+    let mut total = cpu_secs(pid)?;
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    for task in tasks.flatten() {
+        let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        for child in children.split_whitespace().filter_map(|c| c.parse().ok()) {
+            total += tree_cpu_secs(child).unwrap_or(0.0);
+        }
+    }
+    Some(total)
+}

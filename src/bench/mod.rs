@@ -24,7 +24,7 @@ pub mod stats;
 mod write_path;
 
 use self::locks::{Side, SCENARIOS};
-use self::stats::{lock_line, median, median_run, Report};
+use self::stats::{cpu_line, lock_line, median, median_run, Report};
 
 const WRITE_PATH: &str = "write-path";
 const FENCE_STORE: &str = "fence-store-pg";
@@ -118,6 +118,8 @@ pub async fn measure(args: &BenchArgs) -> Result<Results, String> {
     let mut results = Results::default();
     // Redis and a sidecar for the lock scenarios (and Redis for `leases`).
     let mut _local_procs = Vec::new();
+    // (sidecar, redis) when started here: their CPU is measured per cycle.
+    let mut pids: Option<(u32, u32)> = None;
     let (mut api, mut redis_url) = (args.api.clone(), args.redis.clone());
     let needs_redis = names
         .iter()
@@ -150,6 +152,7 @@ pub async fn measure(args: &BenchArgs) -> Result<Results, String> {
             format!("http://{api_addr}")
         };
         redis_url = url;
+        pids = Some((sidecar.pid(), redis.pid()));
         _local_procs.push(redis);
         _local_procs.push(sidecar);
     }
@@ -159,10 +162,10 @@ pub async fn measure(args: &BenchArgs) -> Result<Results, String> {
         if let Some(sc) = SCENARIOS.iter().find(|s| s.name == name) {
             let (mut f_runs, mut b_runs, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
             for _ in 0..runs {
-                let f = locks::run_side(Side::Fencer, *sc, args.seconds, &api, &redis).await?;
+                let f = run_lock_side(Side::Fencer, *sc, args.seconds, &api, &redis, pids).await?;
                 if !args.no_baseline {
-                    let b =
-                        locks::run_side(Side::Baseline, *sc, args.seconds, &api, &redis).await?;
+                    let b = run_lock_side(Side::Baseline, *sc, args.seconds, &api, &redis, pids)
+                        .await?;
                     ratios.push(f.cycles_per_sec() / b.cycles_per_sec().max(1e-9));
                     b_runs.push(b);
                 }
@@ -174,9 +177,15 @@ pub async fn measure(args: &BenchArgs) -> Result<Results, String> {
             );
             let f = median_run(&f_runs).cloned().unwrap_or_default();
             println!("{}", lock_line("fencer", &f));
+            if let Some(l) = cpu_line(&f) {
+                println!("{l}");
+            }
             let b = median_run(&b_runs).cloned();
             if let Some(b) = &b {
                 println!("{}", lock_line("baseline", b));
+                if let Some(l) = cpu_line(b) {
+                    println!("{l}");
+                }
                 println!(
                     "  ratio     cycles/s {:.2}x (median of per-run ratios; runs: {})  owner changes/s {:.2}x  cycle p50 {:.2}x",
                     median(ratios.clone()),
@@ -205,14 +214,32 @@ pub async fn measure(args: &BenchArgs) -> Result<Results, String> {
                 for p in &paths {
                     per_path.push((*p, Vec::new()));
                 }
+                let cpu_before = stack.cpu();
+                let mut writes: Vec<(write_path::Path, u64)> = Vec::new();
                 for _ in 0..runs {
-                    for (p, reports) in per_path.iter_mut() {
-                        reports
-                            .push(write_path::run_path(&stack, *p, clients, args.seconds).await?);
+                    if clients == 1 {
+                        let total = args.seconds * paths.len() as u64;
+                        let reports = write_path::run_interleaved(&stack, &paths, total).await?;
+                        for ((p, runs), r) in per_path.iter_mut().zip(reports) {
+                            writes.push((*p, r.cycles));
+                            runs.push(r);
+                        }
+                    } else {
+                        for (p, reports) in per_path.iter_mut() {
+                            let r = write_path::run_path(&stack, *p, clients, args.seconds).await?;
+                            writes.push((*p, r.cycles));
+                            reports.push(r);
+                        }
                     }
                 }
+                let cpu_line = stack.cpu_line(&cpu_before, &stack.cpu(), &writes);
+                let how = if clients == 1 {
+                    "paths interleaved in batches of 20 writes"
+                } else {
+                    "one path after the other"
+                };
                 println!(
-                    "{WRITE_PATH} ({clients} client(s), PUT of a small value, {} s per path, median of {runs} run(s))",
+                    "{WRITE_PATH} ({clients} client(s), PUT of a small value, {} s per path, {how}, median of {runs} run(s))",
                     args.seconds
                 );
                 let medians: Vec<(write_path::Path, Report)> = per_path
@@ -223,6 +250,7 @@ pub async fn measure(args: &BenchArgs) -> Result<Results, String> {
                 for (p, r) in &medians {
                     println!("{}", write_path::line(p.label(), r, direct_p50));
                 }
+                println!("{cpu_line}");
                 let added = |p: write_path::Path| {
                     medians
                         .iter()
@@ -283,6 +311,33 @@ pub async fn measure(args: &BenchArgs) -> Result<Results, String> {
         }
     }
     Ok(results)
+}
+
+/// One side of a lock scenario, with the CPU each process spent per cycle
+/// when `pids` (sidecar, Redis) are known.
+async fn run_lock_side(
+    side: Side,
+    sc: locks::Scenario,
+    secs: u64,
+    api: &str,
+    redis: &redis::Client,
+    pids: Option<(u32, u32)>,
+) -> Result<Report, String> {
+    let cpu = |pids: Option<(u32, u32)>| {
+        let (sidecar, redis) = pids?;
+        Some([
+            local::cpu_secs(std::process::id())?,
+            local::cpu_secs(sidecar)?,
+            local::cpu_secs(redis)?,
+        ])
+    };
+    let before = cpu(pids);
+    let mut r = locks::run_side(side, sc, secs, api, redis).await?;
+    if let (Some(b), Some(a)) = (before, cpu(pids)) {
+        let per = |i: usize| 1e6 * (a[i] - b[i]) / r.cycles.max(1) as f64;
+        r.cpu_us = Some([per(0), per(1), per(2)]);
+    }
+    Ok(r)
 }
 
 pub async fn run(args: BenchArgs) -> Result<(), String> {

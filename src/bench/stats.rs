@@ -13,6 +13,9 @@ pub struct Report {
     /// Time of a whole cycle or request, sorted.
     pub cycle_us: Vec<u32>,
     pub per_client: Vec<u64>,
+    /// CPU per cycle in µs of (bench client, sidecar, Redis), when the
+    /// benchmark started those processes itself (`--local`).
+    pub cpu_us: Option<[f64; 3]>,
 }
 
 impl Report {
@@ -87,6 +90,15 @@ pub fn median_run(runs: &[Report]) -> Option<&Report> {
             .total_cmp(&runs[*b].cycles_per_sec())
     });
     idx.get(runs.len() / 2).map(|i| &runs[*i])
+}
+
+/// The CPU line of a lock-scenario side, if measured.
+pub fn cpu_line(r: &Report) -> Option<String> {
+    let [client, sidecar, redis] = r.cpu_us?;
+    Some(format!(
+        "            cpu µs per cycle: client {client:.1}  sidecar {sidecar:.1}  redis {redis:.1}  total {:.1}",
+        client + sidecar + redis
+    ))
 }
 
 /// One printed line for a lock-scenario side.

@@ -24,6 +24,8 @@ pub struct Stack {
     pub nginx: Option<String>,
     pub proxy: String,
     pub api: String,
+    /// (role, pid) of every process, for CPU per write.
+    pub pids: Vec<(&'static str, u32)>,
     _procs: Vec<Proc>,
 }
 
@@ -68,9 +70,15 @@ impl Stack {
         )
         .await?;
         let nginx_port = local::free_port()?;
+        let mut pids = vec![
+            ("storage", storage.pid()),
+            ("gateway", gateway.pid()),
+            ("proxy", sidecar.pid()),
+        ];
         let mut procs = vec![storage, gateway, sidecar];
         let nginx = match local::nginx(nginx_port, storage_port).await {
             Ok(p) => {
+                pids.push(("nginx", p.pid()));
                 procs.push(p);
                 Some(format!("http://127.0.0.1:{nginx_port}"))
             }
@@ -84,6 +92,7 @@ impl Stack {
             nginx,
             proxy: format!("http://{proxy_addr}"),
             api: format!("http://{api_addr}"),
+            pids,
             _procs: procs,
         })
     }
@@ -107,6 +116,118 @@ impl Path {
     }
 }
 
+/// One writer on one path: its own keep-alive connection and key.
+struct Writer {
+    path: Path,
+    conn: ApiConn,
+    uri: String,
+    lock: Option<String>,
+    n: u64,
+}
+
+impl Writer {
+    /// For `path`, writing `/kv/bench/<tag>/<c>`; on the fenced path it first
+    /// acquires (for the whole run) the lock the proxy will find by name.
+    async fn new(stack: &Stack, path: Path, tag: u32, c: usize) -> Result<Writer, String> {
+        let base = match path {
+            Path::Direct => stack.storage.clone(),
+            Path::Nginx => stack.nginx.clone().ok_or("nginx is not running")?,
+            Path::Fenced => stack.proxy.clone(),
+        };
+        let lock = if path == Path::Fenced {
+            let lock = format!("wp:{tag}:{c}");
+            let (status, body) = ApiConn::new(&stack.api)
+                .post_json(
+                    &format!("/v1/locks/{lock}/acquire"),
+                    r#"{"ttl_ms":3600000}"#.into(),
+                )
+                .await?;
+            if status != 200 {
+                return Err(format!(
+                    "acquire for the write path: {status} {}",
+                    String::from_utf8_lossy(&body)
+                ));
+            }
+            Some(lock)
+        } else {
+            None
+        };
+        Ok(Writer {
+            path,
+            conn: ApiConn::new(&base),
+            uri: format!("/kv/bench/{tag}/{c}"),
+            lock,
+            n: 0,
+        })
+    }
+
+    /// One PUT; records its latency (or an error) in `r`.
+    async fn write(&mut self, r: &mut Report) -> Result<(), String> {
+        self.n += 1;
+        let headers: &[(&str, &str)] = match &self.lock {
+            Some(lock) => &[("fencing-lock", lock.as_str())],
+            None => &[],
+        };
+        let t0 = Instant::now();
+        match self
+            .conn
+            .send(
+                Method::PUT,
+                &self.uri,
+                headers,
+                Bytes::from(self.n.to_string()),
+            )
+            .await
+        {
+            Ok((200..=299, _)) => {
+                r.record(Duration::ZERO, t0.elapsed());
+                Ok(())
+            }
+            Ok((status, body)) => Err(format!(
+                "{} write refused: {status} {}",
+                self.path.label(),
+                String::from_utf8_lossy(&body)
+            )),
+            Err(_) => {
+                r.errors += 1;
+                Ok(())
+            }
+        }
+    }
+}
+
+/// One client alternating between `paths` in batches of 20 writes for
+/// `secs`, so that the machine's drift (this machine's noise is larger than
+/// the differences measured) hits every path alike. Returns one report per
+/// path, each timed by the time spent on that path.
+pub async fn run_interleaved(
+    stack: &Stack,
+    paths: &[Path],
+    secs: u64,
+) -> Result<Vec<Report>, String> {
+    let tag = rand::random::<u32>();
+    let mut writers = Vec::new();
+    for p in paths {
+        writers.push(Writer::new(stack, *p, tag, 0).await?);
+    }
+    let mut reports = vec![Report::default(); paths.len()];
+    let until = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < until {
+        for (w, r) in writers.iter_mut().zip(reports.iter_mut()) {
+            let t0 = Instant::now();
+            for _ in 0..20 {
+                w.write(r).await?;
+            }
+            r.secs += t0.elapsed().as_secs_f64();
+        }
+    }
+    for r in &mut reports {
+        r.per_client.push(r.cycles);
+        r.sort();
+    }
+    Ok(reports)
+}
+
 /// `clients` writers, each PUTting to its own key for `secs`.
 pub async fn run_path(
     stack: &Stack,
@@ -114,64 +235,19 @@ pub async fn run_path(
     clients: usize,
     secs: u64,
 ) -> Result<Report, String> {
-    let base = match path {
-        Path::Direct => stack.storage.clone(),
-        Path::Nginx => stack.nginx.clone().ok_or("nginx is not running")?,
-        Path::Fenced => stack.proxy.clone(),
-    };
     let tag = rand::random::<u32>();
     let until = Instant::now() + Duration::from_secs(secs);
-    let tasks: Vec<_> = (0..clients)
-        .map(|c| {
-            let (base, api) = (base.clone(), stack.api.clone());
-            tokio::spawn(async move {
-                let lock = format!("wp:{tag}:{c}");
-                if path == Path::Fenced {
-                    // Held for the whole run; the proxy finds it by name.
-                    let mut conn = ApiConn::new(&api);
-                    let (status, body) = conn
-                        .post_json(
-                            &format!("/v1/locks/{lock}/acquire"),
-                            r#"{"ttl_ms":3600000}"#.into(),
-                        )
-                        .await?;
-                    if status != 200 {
-                        return Err(format!(
-                            "acquire for the write path: {status} {}",
-                            String::from_utf8_lossy(&body)
-                        ));
-                    }
-                }
-                let mut conn = ApiConn::new(&base);
-                let uri = format!("/kv/bench/{tag}/{c}");
-                let headers: Vec<(&str, &str)> = match path {
-                    Path::Fenced => vec![("fencing-lock", lock.as_str())],
-                    _ => Vec::new(),
-                };
-                let mut r = Report::default();
-                let mut n = 0u64;
-                while Instant::now() < until {
-                    n += 1;
-                    let t0 = Instant::now();
-                    match conn
-                        .send(Method::PUT, &uri, &headers, Bytes::from(n.to_string()))
-                        .await
-                    {
-                        Ok((200..=299, _)) => r.record(Duration::ZERO, t0.elapsed()),
-                        Ok((status, body)) => {
-                            return Err(format!(
-                                "{} write refused: {status} {}",
-                                path.label(),
-                                String::from_utf8_lossy(&body)
-                            ))
-                        }
-                        Err(_) => r.errors += 1,
-                    }
-                }
-                Ok(r)
-            })
-        })
-        .collect();
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let mut w = Writer::new(stack, path, tag, c).await?;
+        tasks.push(tokio::spawn(async move {
+            let mut r = Report::default();
+            while Instant::now() < until {
+                w.write(&mut r).await?;
+            }
+            Ok::<Report, String>(r)
+        }));
+    }
     let started = Instant::now();
     let mut total = Report::default();
     for t in tasks {
@@ -180,6 +256,44 @@ pub async fn run_path(
     total.secs = started.elapsed().as_secs_f64();
     total.sort();
     Ok(total)
+}
+
+impl Stack {
+    /// CPU seconds used so far by each process (with its children).
+    pub fn cpu(&self) -> Vec<f64> {
+        self.pids
+            .iter()
+            .map(|(_, pid)| local::tree_cpu_secs(*pid).unwrap_or(0.0))
+            .collect()
+    }
+
+    /// "cpu µs per write" for the hop processes, from CPU snapshots taken
+    /// around a measurement and the writes each path made.
+    pub fn cpu_line(&self, before: &[f64], after: &[f64], writes: &[(Path, u64)]) -> String {
+        let count = |p: Path| {
+            writes
+                .iter()
+                .filter(|(q, _)| *q == p)
+                .map(|(_, n)| *n)
+                .sum::<u64>()
+                .max(1) as f64
+        };
+        let all = writes.iter().map(|(_, n)| *n).sum::<u64>().max(1) as f64;
+        let parts: Vec<String> = self
+            .pids
+            .iter()
+            .enumerate()
+            .map(|(i, (role, _))| {
+                let n = match *role {
+                    "nginx" => count(Path::Nginx),
+                    "proxy" | "gateway" => count(Path::Fenced),
+                    _ => all,
+                };
+                format!("{role} {:.1}", 1e6 * (after[i] - before[i]) / n)
+            })
+            .collect();
+        format!("            cpu µs per write: {}", parts.join("  "))
+    }
 }
 
 pub fn line(label: &str, r: &Report, direct_p50: f64) -> String {

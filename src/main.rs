@@ -57,7 +57,18 @@ fn main() -> ExitCode {
         b.worker_threads(threads);
         b
     };
-    let runtime = builder.enable_all().build().expect("tokio runtime");
+    // Worker threads named for the role (`top -H`, `perf` by thread name).
+    let role = match &cli.command {
+        Command::Sidecar => "sidecar",
+        Command::Gateway => "gateway",
+        Command::Storage => "storage",
+        _ => "worker",
+    };
+    let runtime = builder
+        .thread_name(format!("fencer-{role}"))
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
     runtime.block_on(async move {
         let shutdown = CancellationToken::new();
         tokio::spawn(wait_for_signal(shutdown.clone()));

@@ -316,23 +316,31 @@ impl Drop for UnixSocket {
 /// Serves `router` on a Unix socket until `shutdown`.
 pub async fn serve_unix(mut socket: UnixSocket, router: axum::Router, shutdown: CancellationToken) {
     let listener = socket.listener.take().expect("served once");
-    let result = axum::serve(listener, router)
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await;
-    if let Err(e) = result {
-        tracing::error!(error = %e, "unix socket server error");
-    }
+    serve_router(listener, router, shutdown).await;
     drop(socket);
 }
 
-/// Serves `router` on `listener` until `shutdown`, then drains in-flight requests.
+/// The bounds of the HTTP servers built from axum routers (lock API,
+/// admin, demo storage).
+const ROUTER_LIMITS: crate::proxy::server::Limits = crate::proxy::server::Limits {
+    header_read_timeout: Duration::from_secs(10),
+    max_connections: 16_384,
+    drain: Duration::from_secs(2),
+};
+
+async fn serve_router<L: crate::proxy::server::Accept>(
+    listener: L,
+    router: axum::Router,
+    shutdown: CancellationToken,
+) {
+    let service = hyper_util::service::TowerToHyperService::new(router);
+    crate::proxy::server::serve_service(listener, service, shutdown, ROUTER_LIMITS).await;
+}
+
+/// Serves `router` on `listener` until `shutdown`, then drains in-flight
+/// requests (bounded: header read time, connections, drain time).
 pub async fn serve(listener: TcpListener, router: axum::Router, shutdown: CancellationToken) {
-    let result = axum::serve(listener, router)
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await;
-    if let Err(e) = result {
-        tracing::error!(error = %e, "server error");
-    }
+    serve_router(listener, router, shutdown).await;
 }
 
 impl StartError {

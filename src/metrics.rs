@@ -163,7 +163,7 @@ impl GatewayMetrics {
                 IntCounterVec::new(
                     Opts::new(
                         "fencer_gateway_requests_total",
-                        "Gateway requests by lock group, kind (write, read, preregister) and result (accepted, stale, invalid_token, missing_token, key_mismatch, busy, store_error, upstream_error, unchecked, unenforced).",
+                        "Gateway requests by lock group, kind (write, read, preregister) and result (accepted, replay, stale, stale_sequence, invalid_token, invalid_sequence, missing_token, key_mismatch, busy, store_error, upstream_error, unchecked, unenforced).",
                     ),
                     &["group", "kind", "result"],
                 )
@@ -336,7 +336,7 @@ impl Metrics {
             proxy_requests: reg!(IntCounterVec::new(
                 Opts::new(
                     "fencer_proxy_requests_total",
-                    "Egress proxy requests by result (forwarded, passthrough, lock_not_held, lease_lost, bad_request, upstream_error)."
+                    "Egress proxy requests by result (forwarded, passthrough, lock_not_held, lease_lost, lease_busy, bad_request, upstream_error)."
                 ),
                 &["result"]
             )

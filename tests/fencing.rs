@@ -620,3 +620,167 @@ async fn preregistration_repairs_a_counter_that_went_backwards() {
             >= 1.0
     );
 }
+
+/// PITFALLS 5 (the KIP-890 hole): equal tokens must pass for one holder's
+/// many writes, so without sequences a delayed duplicate of the lease's
+/// first write would land after its second and undo it. With `Fencing-Seq`
+/// the gateway refuses it, and lets an exact replay of the last write
+/// through (a retry of what was just accepted).
+async fn check_sequences(extra: &[(&str, &str)]) {
+    let storage = Fencer::storage(&[]);
+    let gateway = Fencer::gateway(&storage.api, extra);
+    let client = reqwest::Client::new();
+    let path = format!("seq-{}", rand_suffix());
+    let url = format!("{}/kv/{path}", gateway.api);
+    let token = sign(&format!("acct:{path}"), 34, "lease-a");
+    let write = |seq: &'static str, balance: i64| {
+        let (client, url, token) = (client.clone(), url.clone(), token.clone());
+        let key = format!("acct:{path}");
+        async move {
+            let mut headers = vec![
+                ("Fencing-Token", token.as_str()),
+                ("Fencing-Key", key.as_str()),
+            ];
+            if !seq.is_empty() {
+                headers.push(("Fencing-Seq", seq));
+            }
+            send(
+                &client,
+                "PUT",
+                &url,
+                &headers,
+                Some(&json!({ "balance": balance }).to_string()),
+            )
+            .await
+        }
+    };
+    let first = write("1", 100).await;
+    assert_eq!(first.status, 200, "{}\n{}", first.body, gateway.logs());
+    assert_eq!(write("2", 90).await.status, 200);
+    // Write 1 again, delayed: it must not undo write 2.
+    let late = write("1", 100).await;
+    assert_eq!(
+        (late.status, late.code()),
+        (409, "stale_sequence"),
+        "{}",
+        late.body
+    );
+    assert_eq!(late.body["last_seq"], 2);
+    let read = |client: reqwest::Client| {
+        let url = format!("{}/kv/{path}", storage.api);
+        async move { send(&client, "GET", &url, &[], None).await }
+    };
+    assert_eq!(read(client.clone()).await.body["value"]["balance"], 90);
+    // An exact replay of the last write is a retry: let through.
+    let again = write("2", 90).await;
+    assert_eq!(again.status, 200, "{}", again.body);
+    // The lease goes on; a client that does not number its writes still
+    // passes with its equal token.
+    assert_eq!(write("3", 80).await.status, 200);
+    assert_eq!(write("", 70).await.status, 200);
+    assert_eq!(read(client.clone()).await.body["value"]["balance"], 70);
+    // A bad sequence header is a 400, and moves nothing.
+    let bad = write("zero", 1).await;
+    assert_eq!(
+        (bad.status, bad.code()),
+        (400, "invalid_request"),
+        "{}",
+        bad.body
+    );
+    // A new token starts its lease's sequence afresh.
+    let next = sign(&format!("acct:{path}"), 35, "lease-b");
+    let key = format!("acct:{path}");
+    let w = send(
+        &client,
+        "PUT",
+        &url,
+        &[
+            ("Fencing-Token", &next),
+            ("Fencing-Key", &key),
+            ("Fencing-Seq", "1"),
+        ],
+        Some(&json!({ "balance": 60 }).to_string()),
+    )
+    .await;
+    assert_eq!(w.status, 200, "{}", w.body);
+    assert_eq!(read(client.clone()).await.body["value"]["balance"], 60);
+}
+
+fn rand_suffix() -> u32 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delayed_write_of_a_lease_cannot_undo_its_later_write() {
+    check_sequences(&[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delayed_write_of_a_lease_cannot_undo_its_later_write_on_postgres() {
+    let pg = PgServer::start();
+    check_sequences(&[
+        ("gateway.fence_store", "postgres"),
+        ("gateway.postgres_url", &pg.url() as &str),
+    ])
+    .await;
+}
+
+/// The proxy numbers a lease's requests 1, 2, 3 in order, one at a time,
+/// whatever the application sent, and a new lease starts again at 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_numbers_a_leases_requests_in_order() {
+    let upstream = Recorder::start().await;
+    let s = Fencer::sidecar(
+        Backend::Memory,
+        None,
+        &[("proxy.upstream", upstream.url().as_str())],
+    );
+    let lease = s.acquire("acct:n", 10_000, 0).await;
+    let url = format!("{}/n", s.proxy);
+    // Eight concurrent requests of one lease: serialized and numbered.
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let (http, url) = (s.http.clone(), url.clone());
+        tasks.push(tokio::spawn(async move {
+            send(
+                &http,
+                "PUT",
+                &url,
+                &[
+                    ("Fencing-Lock", "acct:n"),
+                    ("Fencing-Seq", "999"),
+                    ("x-delay-ms", "20"),
+                ],
+                Some(&i.to_string()),
+            )
+            .await
+            .status
+        }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), 200);
+    }
+    let seen = upstream.seen();
+    let seqs: Vec<u64> = seen.iter().map(|r| r.seq.unwrap()).collect();
+    assert_eq!(seqs, (1..=8).collect::<Vec<_>>(), "{seen:?}");
+    assert!(seen.iter().all(|r| r.token == Some(lease.token())));
+    // One at a time: each arrived after the previous one finished.
+    for pair in seen.windows(2) {
+        assert!(pair[1].arrived >= pair[0].finished, "{seen:?}");
+    }
+    s.release("acct:n", &lease.lease()).await;
+    let _second = s.acquire("acct:n", 10_000, 0).await;
+    let w = send(
+        &s.http,
+        "PUT",
+        &url,
+        &[("Fencing-Lock", "acct:n")],
+        Some("x"),
+    )
+    .await;
+    assert_eq!(w.status, 200);
+    assert_eq!(upstream.seen().last().unwrap().seq, Some(1));
+}

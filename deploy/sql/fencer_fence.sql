@@ -87,8 +87,12 @@ CREATE TABLE IF NOT EXISTS fencer_fences (
   key        text PRIMARY KEY,
   token      bigint NOT NULL,
   lease_id   text NOT NULL DEFAULT '',
+  -- The gateway's per-lease write sequence (Fencing-Seq); a new token
+  -- starts its lease's sequence afresh, so an advance here resets it.
+  seq        bigint NOT NULL DEFAULT 0,
   updated_at timestamptz NOT NULL DEFAULT now()
 );
+ALTER TABLE fencer_fences ADD COLUMN IF NOT EXISTS seq bigint NOT NULL DEFAULT 0;
 
 CREATE OR REPLACE FUNCTION fencer_fence(p_key text, p_token bigint, p_lease_id text DEFAULT '')
 RETURNS bigint
@@ -137,7 +141,7 @@ BEGIN
 
   IF p_token > v_token THEN
     UPDATE fencer_fences
-    SET token = p_token, lease_id = p_lease_id, updated_at = now()
+    SET token = p_token, lease_id = p_lease_id, seq = 0, updated_at = now()
     WHERE key = p_key;
     RETURN p_token;
   END IF;

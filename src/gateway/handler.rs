@@ -26,6 +26,8 @@ use crate::token::{Claim, Keyring};
 
 pub const TOKEN_HEADER: &str = "fencing-token";
 pub const KEY_HEADER: &str = "fencing-key";
+/// The per-lease write sequence the sidecar's proxy adds (PITFALLS 5).
+pub const SEQ_HEADER: &str = "fencing-seq";
 
 pub struct Gateway {
     pub forwarder: Forwarder,
@@ -93,8 +95,15 @@ impl Gateway {
                 return err.into_hyper();
             }
         };
+        let seq = match sequence(&req) {
+            Ok(s) => s,
+            Err(e) => {
+                self.count("none", kind, "invalid_sequence");
+                return e.into_hyper();
+            }
+        };
         let group = self.metrics.groups.of(&claim.key);
-        let guard = match self.check(&claim, &group, kind).await {
+        let (guard, replay) = match self.check(&claim, seq, &group, kind).await {
             Ok(g) => g,
             Err(resp) => return *resp,
         };
@@ -103,6 +112,8 @@ impl Gateway {
             || resp.status() == StatusCode::GATEWAY_TIMEOUT
         {
             "upstream_error"
+        } else if replay {
+            "replay"
         } else {
             "accepted"
         };
@@ -155,13 +166,15 @@ impl Gateway {
         Ok(claim)
     }
 
-    /// Enters the key's serialization and applies the fencing rule.
+    /// Enters the key's serialization and applies the fencing rule; the
+    /// flag says the request is an exact replay of the lease's last write.
     async fn check(
         &self,
         claim: &Claim,
+        seq: Option<u64>,
         group: &str,
         kind: &str,
-    ) -> Result<InFlight, Box<Response<ProxyBody>>> {
+    ) -> Result<(InFlight, bool), Box<Response<ProxyBody>>> {
         let started = Instant::now();
         let entered = self
             .store
@@ -169,6 +182,7 @@ impl Gateway {
                 &claim.key,
                 claim.token,
                 &claim.lease_id,
+                seq,
                 self.serialize_timeout,
             )
             .await;
@@ -225,13 +239,46 @@ impl Gateway {
                     .inc();
                 tracing::debug!(key = %claim.key, token = claim.token, "fence advanced");
             }
+            Decision::StaleSeq { last } => {
+                drop(guard);
+                self.count(group, kind, "stale_sequence");
+                tracing::warn!(
+                    key = %claim.key, token = claim.token, seq, last_seq = last,
+                    lease_id = %claim.lease_id, kind,
+                    "delayed or duplicated write of a lease rejected (sequence below one accepted)"
+                );
+                return Err(Box::new(
+                    ApiError::new(
+                        StatusCode::CONFLICT,
+                        "stale_sequence",
+                        format!(
+                            "write {} of this lease arrived after write {last} was accepted: a delayed or duplicated request",
+                            seq.unwrap_or(0)
+                        ),
+                    )
+                    .with("key", claim.key.as_str())
+                    .with("token", claim.token)
+                    .with("seq", seq.unwrap_or(0))
+                    .with("last_seq", last)
+                    .into_hyper(),
+                ));
+            }
+            Decision::Replay => {
+                tracing::info!(
+                    key = %claim.key, token = claim.token, seq,
+                    "exact replay of the lease's last write let through (idempotent)"
+                );
+            }
             Decision::Same => {}
         }
         self.metrics.in_flight_keys.inc();
-        Ok(InFlight {
-            _guard: guard,
-            gauge: self.metrics.in_flight_keys.clone(),
-        })
+        Ok((
+            InFlight {
+                _guard: guard,
+                gauge: self.metrics.in_flight_keys.clone(),
+            },
+            decision == Decision::Replay,
+        ))
     }
 
     /// Forwards upstream; `guard` (if any) lives until the response body is
@@ -329,8 +376,8 @@ impl Gateway {
             }
         };
         let group = self.metrics.groups.of(&claim.key);
-        match self.check(&claim, &group, "preregister").await {
-            Ok(guard) => {
+        match self.check(&claim, None, &group, "preregister").await {
+            Ok((guard, _)) => {
                 drop(guard);
                 self.count(&group, "preregister", "accepted");
                 json_ok(
@@ -340,6 +387,24 @@ impl Gateway {
             Err(resp) => *resp,
         }
     }
+}
+
+/// The optional `Fencing-Seq` header: a positive integer.
+fn sequence(req: &Request<Incoming>) -> Result<Option<u64>, ApiError> {
+    let Some(raw) = req.headers().get(SEQ_HEADER) else {
+        return Ok(None);
+    };
+    raw.to_str()
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|s| (1..=i64::MAX as u64).contains(s))
+        .map(Some)
+        .ok_or_else(|| {
+            ApiError::invalid(
+                "Fencing-Seq",
+                "Fencing-Seq must be an integer between 1 and 2^63-1",
+            )
+        })
 }
 
 fn stale(claim: &Claim, highest: u64) -> ApiError {

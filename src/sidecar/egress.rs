@@ -7,6 +7,11 @@
 //! that is not held (428) or whose lease is lost or past its local deadline
 //! (409) is answered here and never forwarded — that is the fail-fast half
 //! of fencing; the gateway is the half that cannot be bypassed.
+//!
+//! Requests under one lease are numbered (`Fencing-Seq`: 1, 2, 3, …) and
+//! sent one at a time, each after the previous one's response head came
+//! back, so the gateway sees them in order and can refuse a delayed or
+//! duplicated earlier one that arrives after a later one (PITFALLS 5).
 
 use std::sync::Arc;
 
@@ -28,6 +33,9 @@ pub const LEASE_HEADER: &str = "fencing-lease";
 
 pub struct Egress {
     pub locks: Arc<LockManager>,
+    /// How long a request waits for the lease's previous one to get its
+    /// response head.
+    pub order_wait: std::time::Duration,
     pub forwarder: Forwarder,
     pub routes: Routes,
     pub write_methods: Vec<Method>,
@@ -130,7 +138,31 @@ impl Egress {
             HeaderName::from_static("fencing-token"),
             HeaderValue::from_str(&record.fencing_token).expect("tokens are ASCII"),
         );
-        self.forward(req, "forwarded", started).await
+        let mut sequence =
+            match tokio::time::timeout(self.order_wait, record.writes.clone().lock_owned()).await {
+                Ok(guard) => guard,
+                Err(_) => {
+                    self.done("lease_busy", started);
+                    tracing::warn!(key = %key, "previous request of this lease still in flight");
+                    return ApiError::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "lease_busy",
+                        "the previous request under this lease has not been answered yet",
+                    )
+                    .with("key", key.as_str())
+                    .into_hyper();
+                }
+            };
+        *sequence += 1;
+        req.headers_mut().insert(
+            HeaderName::from_static(crate::gateway::handler::SEQ_HEADER),
+            HeaderValue::from(*sequence),
+        );
+        // Released when the response head is back (or the forward failed):
+        // the next request of the lease is numbered and sent after this one.
+        let resp = self.forward(req, "forwarded", started).await;
+        drop(sequence);
+        resp
     }
 
     async fn forward(

@@ -78,6 +78,10 @@ pub struct LeaseRecord {
     pub last_activity: Instant,
     /// `max_hold_ms` cap: never renewed past this.
     pub max_until: Option<Instant>,
+    /// The lease's write sequence (last number given to a proxied request),
+    /// locked while one request is on its way: the proxy numbers and sends
+    /// a lease's requests one at a time, in order (PITFALLS 5).
+    pub writes: std::sync::Arc<tokio::sync::Mutex<u64>>,
 }
 
 /// What the API shows of a lease.

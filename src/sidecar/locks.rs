@@ -543,6 +543,7 @@ impl LockManager {
             renewal,
             last_activity: now,
             max_until: self.config.max_hold.map(|m| now + m),
+            writes: Default::default(),
         };
         if renewal != Renewal::Manual {
             self.leases.schedule(key, renew_at(sent, ttl));

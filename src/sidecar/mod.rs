@@ -209,6 +209,9 @@ impl Sidecar {
         .map_err(|e| config_err("proxy.upstream", e))?;
         Ok(Some(Arc::new(Egress {
             locks: self.locks.clone(),
+            order_wait: std::time::Duration::from_millis(
+                p.upstream_timeout_ms + p.connect_timeout_ms,
+            ),
             forwarder,
             routes: Routes::compile(&p.routes).map_err(|e| config_err("proxy.routes", e))?,
             write_methods: crate::gateway::methods(&p.write_methods),

@@ -19,6 +19,8 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 pub struct Seen {
     pub path: String,
     pub token: Option<u64>,
+    /// The `Fencing-Seq` the request carried.
+    pub seq: Option<u64>,
     pub arrived: Instant,
     pub finished: Instant,
     pub bytes: u64,
@@ -53,6 +55,11 @@ impl Recorder {
                                 .and_then(|v| v.to_str().ok())
                                 .and_then(|t| t.split('.').nth(2))
                                 .and_then(|t| t.parse().ok());
+                            let seq = req
+                                .headers()
+                                .get("fencing-seq")
+                                .and_then(|v| v.to_str().ok())
+                                .and_then(|v| v.parse().ok());
                             let delay = req
                                 .headers()
                                 .get("x-delay-ms")
@@ -70,6 +77,7 @@ impl Recorder {
                             seen.lock().unwrap().push(Seen {
                                 path,
                                 token,
+                                seq,
                                 arrived,
                                 finished: Instant::now(),
                                 bytes,

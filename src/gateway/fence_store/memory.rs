@@ -13,6 +13,7 @@ use super::{decide, Decision, FenceError, FenceStore, KeyGuard};
 struct Mark {
     token: u64,
     lease: String,
+    seq: u64,
 }
 
 #[derive(Default)]
@@ -42,17 +43,25 @@ impl FenceStore for MemoryFences {
         key: &str,
         token: u64,
         lease: &str,
+        seq: Option<u64>,
         wait: Duration,
     ) -> Result<(Decision, KeyGuard), FenceError> {
         let slot = self.slot(key);
         let mut guard = tokio::time::timeout(wait, slot.lock_owned())
             .await
             .map_err(|_| FenceError::Busy)?;
-        let stored = (guard.token > 0).then(|| (guard.token, guard.lease.as_str()));
-        let decision = decide(stored, token, lease);
-        if decision == Decision::Advanced {
-            guard.token = token;
-            guard.lease = lease.to_owned();
+        let stored = (guard.token > 0).then(|| super::Mark {
+            token: guard.token,
+            lease: guard.lease.as_str(),
+            seq: guard.seq,
+        });
+        let decision = decide(stored, token, lease, seq);
+        if decision.writes_mark(seq) {
+            if decision == Decision::Advanced {
+                guard.token = token;
+                guard.lease = lease.to_owned();
+            }
+            guard.seq = seq.unwrap_or(0);
         }
         Ok((decision, KeyGuard::new(guard)))
     }

@@ -1,6 +1,14 @@
 //! Fence stores: where the gateway keeps, per key, the highest token it has
-//! accepted (and the lease that token belongs to), and how it serializes
-//! fenced requests per key.
+//! accepted, the lease that token belongs to and that lease's highest write
+//! sequence, and how it serializes fenced requests per key.
+//!
+//! The sequence closes the hole that equal tokens leave open (PITFALLS 5,
+//! Kafka's KIP-890): one holder writes many times with the same token, so
+//! equal must pass — but then a delayed or retried write of the lease could
+//! land after a later write of the same lease. The sidecar's proxy numbers
+//! every request of a lease (`Fencing-Seq`, 1, 2, 3, … in the order it sends
+//! them, one at a time); the gateway requires `(token, seq)` to increase and
+//! lets an exact replay of the last one through (idempotent).
 //!
 //! `enter` is check-and-advance under the key's exclusive guard. The caller
 //! forwards the request while holding the guard and drops it only when the
@@ -21,10 +29,36 @@ pub enum Decision {
     /// the request is forwarded.
     Advanced,
     /// The highest token again, from the same lease (one holder writing
-    /// several times).
+    /// several times), with a higher write sequence or none.
     Same,
+    /// The same lease's last write again, same sequence: a retry of the
+    /// write just accepted, let through (idempotent).
+    Replay,
     /// Lower than the highest, or equal but from another lease.
     Stale { highest: u64 },
+    /// The highest token and its lease, but a sequence below one already
+    /// accepted: a delayed or duplicated earlier write of this lease.
+    StaleSeq { last: u64 },
+}
+
+impl Decision {
+    /// Whether the stored mark changes (token or sequence).
+    pub fn writes_mark(&self, seq: Option<u64>) -> bool {
+        match self {
+            Decision::Advanced => true,
+            Decision::Same => seq.is_some(),
+            _ => false,
+        }
+    }
+}
+
+/// A key's mark: highest token, its lease, and the lease's last sequence
+/// (0 = none seen).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mark<'a> {
+    pub token: u64,
+    pub lease: &'a str,
+    pub seq: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -48,14 +82,16 @@ impl KeyGuard {
 pub trait FenceStore: Send + Sync + 'static {
     fn name(&self) -> &'static str;
 
-    /// Waits at most `wait` for exclusive use of `key`, then checks `token`
-    /// against the key's mark and advances it if higher. The guard is
-    /// returned whatever the decision; dropping it lets the next request in.
+    /// Waits at most `wait` for exclusive use of `key`, then checks
+    /// `(token, lease, seq)` against the key's mark with [`decide`] and
+    /// records it if it moves the mark. The guard is returned whatever the
+    /// decision; dropping it lets the next request in.
     async fn enter(
         &self,
         key: &str,
         token: u64,
         lease: &str,
+        seq: Option<u64>,
         wait: Duration,
     ) -> Result<(Decision, KeyGuard), FenceError>;
 
@@ -66,12 +102,25 @@ pub trait FenceStore: Send + Sync + 'static {
 }
 
 /// The decision rule every store applies to the stored mark.
-pub fn decide(stored: Option<(u64, &str)>, token: u64, lease: &str) -> Decision {
-    match stored {
-        None => Decision::Advanced,
-        Some((high, _)) if token > high => Decision::Advanced,
-        Some((high, held_by)) if token == high && held_by == lease => Decision::Same,
-        Some((high, _)) => Decision::Stale { highest: high },
+pub fn decide(stored: Option<Mark<'_>>, token: u64, lease: &str, seq: Option<u64>) -> Decision {
+    let Some(mark) = stored else {
+        return Decision::Advanced;
+    };
+    if token > mark.token {
+        return Decision::Advanced;
+    }
+    if token < mark.token || mark.lease != lease {
+        return Decision::Stale {
+            highest: mark.token,
+        };
+    }
+    match seq {
+        // A client that does not number its writes (it carries its token to
+        // the gateway itself): equal passes, as without sequences.
+        None => Decision::Same,
+        Some(s) if s > mark.seq => Decision::Same,
+        Some(s) if s == mark.seq => Decision::Replay,
+        Some(_) => Decision::StaleSeq { last: mark.seq },
     }
 }
 
@@ -79,18 +128,45 @@ pub fn decide(stored: Option<(u64, &str)>, token: u64, lease: &str) -> Decision 
 mod tests {
     use super::*;
 
+    fn mark(token: u64, lease: &str, seq: u64) -> Option<Mark<'_>> {
+        Some(Mark { token, lease, seq })
+    }
+
     #[test]
     fn decision_rule() {
-        assert_eq!(decide(None, 1, "a"), Decision::Advanced);
-        assert_eq!(decide(Some((33, "a")), 34, "b"), Decision::Advanced);
-        assert_eq!(decide(Some((34, "b")), 34, "b"), Decision::Same);
+        assert_eq!(decide(None, 1, "a", None), Decision::Advanced);
+        assert_eq!(decide(mark(33, "a", 0), 34, "b", None), Decision::Advanced);
+        assert_eq!(decide(mark(34, "b", 0), 34, "b", None), Decision::Same);
         assert_eq!(
-            decide(Some((34, "b")), 34, "c"),
+            decide(mark(34, "b", 0), 34, "c", None),
             Decision::Stale { highest: 34 }
         );
         assert_eq!(
-            decide(Some((34, "b")), 33, "a"),
+            decide(mark(34, "b", 0), 33, "a", None),
             Decision::Stale { highest: 34 }
         );
+    }
+
+    #[test]
+    fn sequence_rule_inside_one_lease() {
+        // A new token starts its lease's sequence afresh.
+        assert_eq!(
+            decide(mark(33, "a", 9), 34, "b", Some(1)),
+            Decision::Advanced
+        );
+        assert_eq!(decide(mark(34, "b", 1), 34, "b", Some(2)), Decision::Same);
+        assert_eq!(decide(mark(34, "b", 2), 34, "b", Some(2)), Decision::Replay);
+        assert_eq!(
+            decide(mark(34, "b", 2), 34, "b", Some(1)),
+            Decision::StaleSeq { last: 2 }
+        );
+        // Another lease with the same token is stale whatever its sequence.
+        assert_eq!(
+            decide(mark(34, "b", 2), 34, "c", Some(3)),
+            Decision::Stale { highest: 34 }
+        );
+        assert!(Decision::Same.writes_mark(Some(3)));
+        assert!(!Decision::Same.writes_mark(None));
+        assert!(!Decision::Replay.writes_mark(Some(2)));
     }
 }

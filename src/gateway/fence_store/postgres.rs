@@ -1,6 +1,7 @@
 //! Durable fence store on PostgreSQL, shared by every gateway replica.
 //!
-//! Per key, `fencer_fences` holds the highest accepted token and its lease.
+//! Per key, `fencer_fences` holds the highest accepted token, its lease and
+//! that lease's last write sequence.
 //! Serialization across replicas uses a session-level advisory lock on a
 //! hash of the key, held on a pooled connection for the whole forward:
 //!
@@ -23,32 +24,38 @@ use deadpool_postgres::{Object, Pool};
 use sha2::{Digest, Sha256};
 use tokio_postgres::error::SqlState;
 
-use super::{Decision, FenceError, FenceStore, KeyGuard};
+use super::{decide, Decision, FenceError, FenceStore, KeyGuard, Mark};
 
-/// Created on start-up. The same table serves `deploy/sql/fencer_fence.sql`.
+/// Created on start-up (and the `seq` column added to tables of earlier
+/// versions). The same table serves `deploy/sql/fencer_fence.sql`.
 pub const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS fencer_fences (
   key        text PRIMARY KEY,
   token      bigint NOT NULL,
   lease_id   text NOT NULL DEFAULT '',
+  seq        bigint NOT NULL DEFAULT 0,
   updated_at timestamptz NOT NULL DEFAULT now()
-);";
+);
+ALTER TABLE fencer_fences ADD COLUMN IF NOT EXISTS seq bigint NOT NULL DEFAULT 0;";
 
-/// Check-and-advance in one statement. Returns the mark after the statement
-/// and whether this call advanced it.
+/// Check-and-advance in one statement: the mark as it was (`old`, from the
+/// statement's snapshot) and whether the upsert moved it — to a higher
+/// token, or to a higher sequence of the same token and lease. `$4` is the
+/// sequence, -1 when the request has none (never moves a sequence).
 const ADVANCE: &str = "
-WITH up AS (
-  INSERT INTO fencer_fences AS f (key, token, lease_id, updated_at)
-  VALUES ($1, $2, $3, now())
+WITH old AS (SELECT token, lease_id, seq FROM fencer_fences WHERE key = $1),
+up AS (
+  INSERT INTO fencer_fences AS f (key, token, lease_id, seq, updated_at)
+  VALUES ($1, $2, $3, GREATEST($4::bigint, 0), now())
   ON CONFLICT (key) DO UPDATE
-    SET token = EXCLUDED.token, lease_id = EXCLUDED.lease_id, updated_at = now()
+    SET token = EXCLUDED.token, lease_id = EXCLUDED.lease_id, seq = EXCLUDED.seq,
+        updated_at = now()
     WHERE f.token < EXCLUDED.token
-  RETURNING token, lease_id
+       OR (f.token = EXCLUDED.token AND f.lease_id = EXCLUDED.lease_id AND f.seq < $4::bigint)
+  RETURNING 1
 )
-SELECT token, lease_id, true AS advanced FROM up
-UNION ALL
-SELECT token, lease_id, false FROM fencer_fences
- WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM up)";
+SELECT (SELECT token FROM old), (SELECT lease_id FROM old), (SELECT seq FROM old),
+       (SELECT count(*) FROM up)";
 
 pub struct PgFences {
     pool: Pool,
@@ -152,9 +159,14 @@ impl FenceStore for PgFences {
         key: &str,
         token: u64,
         lease: &str,
+        seq: Option<u64>,
         wait: Duration,
     ) -> Result<(Decision, KeyGuard), FenceError> {
-        let token = i64::try_from(token).map_err(|_| unavailable("token above i64 range"))?;
+        let token_i = i64::try_from(token).map_err(|_| unavailable("token above i64 range"))?;
+        let seq_i = match seq {
+            Some(s) => i64::try_from(s).map_err(|_| unavailable("sequence above i64 range"))?,
+            None => -1,
+        };
         let conn = tokio::time::timeout(wait, self.conn())
             .await
             .map_err(|_| FenceError::Busy)??;
@@ -179,19 +191,29 @@ impl FenceStore for PgFences {
         let conn = guard.conn.as_ref().expect("just set");
         let advance = conn.prepare_cached(ADVANCE).await.map_err(unavailable)?;
         let row = conn
-            .query_one(&advance, &[&key, &token, &lease])
+            .query_one(&advance, &[&key, &token_i, &lease, &seq_i])
             .await
             .map_err(unavailable)?;
-        let (high, held_by, advanced): (i64, String, bool) = (row.get(0), row.get(1), row.get(2));
-        let decision = if advanced {
-            Decision::Advanced
-        } else if high == token && held_by == lease {
-            Decision::Same
-        } else {
-            Decision::Stale {
-                highest: high as u64,
-            }
-        };
+        let (old_token, old_lease, old_seq, moved): (
+            Option<i64>,
+            Option<String>,
+            Option<i64>,
+            i64,
+        ) = (row.get(0), row.get(1), row.get(2), row.get(3));
+        let stored = old_token.map(|t| Mark {
+            token: t as u64,
+            lease: old_lease.as_deref().unwrap_or(""),
+            seq: old_seq.unwrap_or(0) as u64,
+        });
+        let mut decision = decide(stored, token, lease, seq);
+        if decision.writes_mark(seq) && moved == 0 {
+            // The row changed between the snapshot and the upsert (only
+            // possible when something else than a gateway — e.g.
+            // fencer_fence() — writes the same key): refuse, never guess.
+            decision = Decision::Stale {
+                highest: old_token.unwrap_or(0) as u64,
+            };
+        }
         Ok((decision, KeyGuard::new(guard)))
     }
 

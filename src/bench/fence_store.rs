@@ -25,33 +25,15 @@ pub struct Stack {
 
 impl Stack {
     pub async fn start(postgres_url: &str) -> Result<Stack, String> {
-        let storage_addr = format!("127.0.0.1:{}", local::free_port()?);
-        let storage = local::fencer(
-            "storage",
-            &[
-                ("storage.listen", storage_addr.clone()),
-                ("storage.backend", "memory".into()),
-            ],
-            &storage_addr,
-        )
-        .await?;
-        let gateway_addr = format!("127.0.0.1:{}", local::free_port()?);
-        let gateway = local::fencer(
-            "gateway",
-            &[
-                ("gateway.listen", gateway_addr.clone()),
-                ("gateway.upstream", format!("http://{storage_addr}")),
-                ("gateway.fence_store", "postgres".into()),
-                ("gateway.postgres_url", postgres_url.into()),
-                ("admin.listen", format!("127.0.0.1:{}", local::free_port()?)),
-            ],
-            &gateway_addr,
-        )
+        let (storage_port, gateway_addr, procs) = local::storage_and_gateway(&[
+            ("gateway.fence_store", "postgres".into()),
+            ("gateway.postgres_url", postgres_url.into()),
+        ])
         .await?;
         Ok(Stack {
-            storage: format!("http://{storage_addr}"),
+            storage: format!("http://127.0.0.1:{storage_port}"),
             gateway: format!("http://{gateway_addr}"),
-            _procs: vec![storage, gateway],
+            _procs: procs,
         })
     }
 }

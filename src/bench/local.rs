@@ -127,6 +127,34 @@ pub async fn fencer(role: &str, env: &[(&str, String)], ready_addr: &str) -> Res
     Ok(p)
 }
 
+/// The demo storage (memory) and a gateway in front of it, configured with
+/// `gateway_env` as well: the storage's port, the gateway's address, and
+/// the two processes (storage first).
+pub async fn storage_and_gateway(
+    gateway_env: &[(&str, String)],
+) -> Result<(u16, String, Vec<Proc>), String> {
+    let storage_port = free_port()?;
+    let storage_addr = format!("127.0.0.1:{storage_port}");
+    let storage = fencer(
+        "storage",
+        &[
+            ("storage.listen", storage_addr.clone()),
+            ("storage.backend", "memory".into()),
+        ],
+        &storage_addr,
+    )
+    .await?;
+    let gateway_addr = format!("127.0.0.1:{}", free_port()?);
+    let mut env = vec![
+        ("gateway.listen", gateway_addr.clone()),
+        ("gateway.upstream", format!("http://{storage_addr}")),
+        ("admin.listen", format!("127.0.0.1:{}", free_port()?)),
+    ];
+    env.extend(gateway_env.iter().cloned());
+    let gateway = fencer("gateway", &env, &gateway_addr).await?;
+    Ok((storage_port, gateway_addr, vec![storage, gateway]))
+}
+
 /// The signing secret of every locally started fencer process.
 pub const SECRET: &str = "fencer-bench-secret-0123456789abcdef0123456789";
 const SECRET_ENV: &str = "FENCER_BENCH_SECRET";

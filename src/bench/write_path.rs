@@ -31,29 +31,9 @@ pub struct Stack {
 
 impl Stack {
     pub async fn start() -> Result<Stack, String> {
-        let storage_port = local::free_port()?;
+        let (storage_port, gateway_addr, base) =
+            local::storage_and_gateway(&[("gateway.fence_store", "memory".into())]).await?;
         let storage_addr = format!("127.0.0.1:{storage_port}");
-        let storage = local::fencer(
-            "storage",
-            &[
-                ("storage.listen", storage_addr.clone()),
-                ("storage.backend", "memory".into()),
-            ],
-            &storage_addr,
-        )
-        .await?;
-        let gateway_addr = format!("127.0.0.1:{}", local::free_port()?);
-        let gateway = local::fencer(
-            "gateway",
-            &[
-                ("gateway.listen", gateway_addr.clone()),
-                ("gateway.upstream", format!("http://{storage_addr}")),
-                ("gateway.fence_store", "memory".into()),
-                ("admin.listen", format!("127.0.0.1:{}", local::free_port()?)),
-            ],
-            &gateway_addr,
-        )
-        .await?;
         let api_addr = format!("127.0.0.1:{}", local::free_port()?);
         let proxy_addr = format!("127.0.0.1:{}", local::free_port()?);
         let sidecar = local::fencer(
@@ -71,11 +51,12 @@ impl Stack {
         .await?;
         let nginx_port = local::free_port()?;
         let mut pids = vec![
-            ("storage", storage.pid()),
-            ("gateway", gateway.pid()),
+            ("storage", base[0].pid()),
+            ("gateway", base[1].pid()),
             ("proxy", sidecar.pid()),
         ];
-        let mut procs = vec![storage, gateway, sidecar];
+        let mut procs = base;
+        procs.push(sidecar);
         let nginx = match local::nginx(nginx_port, storage_port).await {
             Ok(p) => {
                 pids.push(("nginx", p.pid()));

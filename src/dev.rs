@@ -57,6 +57,7 @@ impl Stack {
         let store = crate::storage::build(&settings).await?;
         let storage_listener = bind("storage", storage_addr).await?;
         tasks.push(tokio::spawn(serve(
+            "storage",
             storage_listener,
             crate::storage::router(store),
             shutdown.clone(),
@@ -82,6 +83,7 @@ impl Stack {
         });
         let admin_listener = bind("admin", admin).await?;
         tasks.push(tokio::spawn(serve(
+            "admin",
             admin_listener,
             crate::admin::router(admin_state),
             shutdown.clone(),

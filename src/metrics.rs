@@ -27,8 +27,44 @@ const BACKEND_BUCKETS: &[f64] = &[
 /// A registry with the process-wide series (build info, process metrics).
 /// Every role in a process registers into the same one, so `fencer dev`
 /// serves all of them from one `/metrics`.
+/// Connections of every HTTP server in the process, by listener (`api`,
+/// `api_unix`, `admin`, `proxy`, `gateway`, `storage`). Process-wide because
+/// one server function serves them all; registered into each role's
+/// registry by [`registry`].
+pub struct ServerMetrics {
+    pub open: IntGaugeVec,
+    pub limit_waits: IntCounterVec,
+}
+
+pub static SERVER: std::sync::LazyLock<ServerMetrics> = std::sync::LazyLock::new(|| {
+    ServerMetrics {
+        open: IntGaugeVec::new(
+            Opts::new(
+                "fencer_http_connections",
+                "Open HTTP connections by listener.",
+            ),
+            &["listener"],
+        )
+        .expect("valid metric"),
+        limit_waits: IntCounterVec::new(
+            Opts::new(
+                "fencer_http_connection_limit_reached_total",
+                "Times a listener reached its connection limit and stopped accepting until a connection closed.",
+            ),
+            &["listener"],
+        )
+        .expect("valid metric"),
+    }
+});
+
 pub fn registry(role: &str, backend: &str) -> Registry {
     let registry = Registry::new();
+    registry
+        .register(Box::new(SERVER.open.clone()))
+        .expect("registered once per registry");
+    registry
+        .register(Box::new(SERVER.limit_waits.clone()))
+        .expect("registered once per registry");
     let build = IntGaugeVec::new(
         Opts::new("fencer_build_info", "Build information; always 1."),
         &["version", "role", "backend"],

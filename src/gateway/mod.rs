@@ -95,7 +95,14 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) {
     let handler = Arc::new(move |req| gateway.clone().handle(req));
-    crate::proxy::server::serve(listener, handler, shutdown, Duration::from_secs(10)).await;
+    crate::proxy::server::serve(
+        "gateway",
+        listener,
+        handler,
+        shutdown,
+        Duration::from_secs(10),
+    )
+    .await;
 }
 
 /// `fencer gateway`.
@@ -116,6 +123,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         readiness: readiness(&gateway),
     });
     let admin_task = tokio::spawn(crate::sidecar::serve(
+        "admin",
         admin,
         crate::admin::router(admin_state),
         shutdown.clone(),

@@ -45,6 +45,8 @@ impl Accept for UnixListener {
 /// What one server bounds.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
+    /// The listener's name in `fencer_http_connections{listener}`.
+    pub listener: &'static str,
     /// How long a client may take to send a request's headers.
     pub header_read_timeout: Duration,
     /// Open connections at most; beyond it the server stops accepting
@@ -76,11 +78,19 @@ pub async fn serve_service<L, S, B>(
 {
     let tracker = tokio_util::task::TaskTracker::new();
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let open = crate::metrics::SERVER
+        .open
+        .with_label_values(&[limits.listener]);
+    let limit_waits = crate::metrics::SERVER
+        .limit_waits
+        .with_label_values(&[limits.listener]);
     loop {
         let permit = match slots.clone().try_acquire_owned() {
             Ok(p) => p,
             Err(_) => {
+                limit_waits.inc();
                 tracing::warn!(
+                    listener = limits.listener,
                     max_connections = limits.max_connections,
                     "connection limit reached; not accepting until one closes"
                 );
@@ -104,8 +114,11 @@ pub async fn serve_service<L, S, B>(
         };
         let service = service.clone();
         let shutdown = shutdown.clone();
+        let open = open.clone();
+        open.inc();
         tracker.spawn(async move {
             let _permit = permit;
+            let _open = OnDrop(Some(move || open.dec()));
             let mut builder = auto::Builder::new(TokioExecutor::new());
             builder
                 .http1()
@@ -127,8 +140,20 @@ pub async fn serve_service<L, S, B>(
     let _ = tokio::time::timeout(limits.drain, tracker.wait()).await;
 }
 
+/// Runs `f` when dropped (a connection's end, however it ends).
+struct OnDrop<F: FnOnce()>(Option<F>);
+
+impl<F: FnOnce()> Drop for OnDrop<F> {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.take() {
+            f();
+        }
+    }
+}
+
 /// [`serve_service`] for a plain async handler (proxy, gateway).
 pub async fn serve<H, F>(
+    name: &'static str,
     listener: TcpListener,
     handler: Arc<H>,
     shutdown: CancellationToken,
@@ -142,6 +167,7 @@ pub async fn serve<H, F>(
         async move { Ok::<_, Infallible>(fut.await) }
     });
     let limits = Limits {
+        listener: name,
         header_read_timeout: Duration::from_secs(30),
         max_connections: 16_384,
         drain,

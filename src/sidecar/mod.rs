@@ -319,31 +319,43 @@ impl Drop for UnixSocket {
 /// Serves `router` on a Unix socket until `shutdown`.
 pub async fn serve_unix(mut socket: UnixSocket, router: axum::Router, shutdown: CancellationToken) {
     let listener = socket.listener.take().expect("served once");
-    serve_router(listener, router, shutdown).await;
+    serve_router("api_unix", listener, router, shutdown).await;
     drop(socket);
 }
 
 /// The bounds of the HTTP servers built from axum routers (lock API,
 /// admin, demo storage).
 const ROUTER_LIMITS: crate::proxy::server::Limits = crate::proxy::server::Limits {
+    listener: "api",
     header_read_timeout: Duration::from_secs(10),
     max_connections: 16_384,
     drain: Duration::from_secs(2),
 };
 
 async fn serve_router<L: crate::proxy::server::Accept>(
+    name: &'static str,
     listener: L,
     router: axum::Router,
     shutdown: CancellationToken,
 ) {
     let service = hyper_util::service::TowerToHyperService::new(router);
-    crate::proxy::server::serve_service(listener, service, shutdown, ROUTER_LIMITS).await;
+    let limits = crate::proxy::server::Limits {
+        listener: name,
+        ..ROUTER_LIMITS
+    };
+    crate::proxy::server::serve_service(listener, service, shutdown, limits).await;
 }
 
 /// Serves `router` on `listener` until `shutdown`, then drains in-flight
 /// requests (bounded: header read time, connections, drain time).
-pub async fn serve(listener: TcpListener, router: axum::Router, shutdown: CancellationToken) {
-    serve_router(listener, router, shutdown).await;
+/// `name` labels its connections in `fencer_http_connections`.
+pub async fn serve(
+    name: &'static str,
+    listener: TcpListener,
+    router: axum::Router,
+    shutdown: CancellationToken,
+) {
+    serve_router(name, listener, router, shutdown).await;
 }
 
 impl StartError {
@@ -362,7 +374,7 @@ fn config_err(field: &'static str, message: impl std::fmt::Display) -> StartErro
 /// Serves the egress proxy until `shutdown`.
 pub async fn serve_egress(egress: Arc<Egress>, listener: TcpListener, shutdown: CancellationToken) {
     let handler = Arc::new(move |req| egress.clone().handle(req));
-    crate::proxy::server::serve(listener, handler, shutdown, Duration::from_secs(5)).await;
+    crate::proxy::server::serve("proxy", listener, handler, shutdown, Duration::from_secs(5)).await;
 }
 
 /// `fencer sidecar`: runs until `shutdown` fires, then releases every lease.
@@ -373,6 +385,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     let listeners = sidecar.bind().await?;
     let admin = bind("admin", sidecar.settings.admin.listen).await?;
     let admin_task = tokio::spawn(serve(
+        "admin",
         admin,
         crate::admin::router(sidecar.admin_state()),
         shutdown.clone(),
@@ -441,7 +454,7 @@ pub async fn run_with(
     );
     sidecar.spawn_sweeper();
     sidecar.spawn_renewer();
-    let api_task = tokio::spawn(serve(api, sidecar.api_router(), shutdown.clone()));
+    let api_task = tokio::spawn(serve("api", api, sidecar.api_router(), shutdown.clone()));
     let unix_task = listeners.api_unix.map(|socket| {
         tracing::info!(api_unix = %sidecar.settings.sidecar.listen_unix, "lock API on unix socket");
         tokio::spawn(serve_unix(socket, sidecar.api_router(), shutdown.clone()))

@@ -114,6 +114,6 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     let store = build(&settings).await?;
     let listener = crate::sidecar::bind("storage", settings.storage.listen).await?;
     tracing::info!(listen = %settings.storage.listen, backend = settings.storage.backend.as_str(), "demo storage listening");
-    crate::sidecar::serve(listener, router(store), shutdown).await;
+    crate::sidecar::serve("storage", listener, router(store), shutdown).await;
     Ok(())
 }

@@ -36,8 +36,17 @@ impl Drop for Proc {
     }
 }
 
-/// A port nobody listens on right now.
+/// A port nobody listens on right now, chosen below Linux's ephemeral range
+/// (32768-60999), where no outgoing connection can take it as its local
+/// port between this check and the server's bind.
 pub fn free_port() -> Result<u16, String> {
+    let seed = rand::random::<u32>();
+    for i in 0..1000u32 {
+        let port = 20_000 + (seed.wrapping_add(i.wrapping_mul(104_729)) % 12_000) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())

@@ -20,7 +20,19 @@ use serde_json::{json, Value};
 
 pub const SECRET: &str = "test-secret-0123456789-abcdefghijklmnopqrstuvwxyz";
 
+/// A port nobody listens on now, chosen below Linux's ephemeral range
+/// (32768-60999): a port from that range can be taken as the local port of
+/// some outgoing connection between this check and the server's bind.
 pub fn free_port() -> u16 {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let seed = std::process::id().wrapping_mul(7919) ^ rand::random::<u32>();
+    for _ in 0..1000 {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = 20_000 + (seed.wrapping_add(n.wrapping_mul(104_729)) % 12_000) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -393,6 +405,21 @@ impl Fencer {
     }
 
     fn start(role: &'static str, env: Vec<(String, String)>, config: Option<&str>) -> Fencer {
+        // A port checked free can still be taken before the process binds
+        // it (by another test's process): start again on other ports.
+        let mut last = String::new();
+        for _ in 0..5 {
+            let mut f = Fencer::prepare(role, env.clone(), config);
+            match f.try_spawn() {
+                Ok(()) => return f,
+                Err(e) if e.contains("Address already in use") => last = e,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        panic!("no free ports after 5 attempts: {last}");
+    }
+
+    fn prepare(role: &'static str, env: Vec<(String, String)>, config: Option<&str>) -> Fencer {
         let dir = tempfile::tempdir().unwrap();
         let config = config.map(|toml| {
             let path = dir.path().join("fencer.toml");
@@ -409,7 +436,7 @@ impl Fencer {
         } else {
             format!("{admin}/healthz")
         };
-        let mut f = Fencer {
+        let f = Fencer {
             api,
             proxy: format!("http://127.0.0.1:{proxy_port}"),
             admin,
@@ -429,11 +456,16 @@ impl Fencer {
                 .build()
                 .unwrap(),
         };
-        f.spawn();
         f
     }
 
     fn spawn(&mut self) {
+        if let Err(e) = self.try_spawn() {
+            panic!("{e}");
+        }
+    }
+
+    fn try_spawn(&mut self) -> Result<(), String> {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -479,13 +511,13 @@ impl Fencer {
         let start = Instant::now();
         loop {
             if let Ok(Some(status)) = child.try_wait() {
-                panic!(
+                return Err(format!(
                     "fencer exited with {status}: {}",
                     std::fs::read_to_string(&log).unwrap_or_default()
-                );
+                ));
             }
             if http_get_ok(&health) {
-                break;
+                return Ok(());
             }
             assert!(
                 start.elapsed() < Duration::from_secs(40),

@@ -110,11 +110,13 @@ impl Client {
                                 .map_err(|e| format!("bad acquire reply: {e}"))?
                                 .lease_id
                         }
-                        _ => {
+                        Ok(_) => {
                             // A timed-out wait at the very end of the run.
                             r.errors += 1;
                             continue;
                         }
+                        // No sidecar there: stop, instead of spinning.
+                        Err(e) => return Err(format!("lock API {}: {e}", self.api)),
                     }
                 }
                 Side::Baseline => loop {

@@ -103,6 +103,34 @@ impl ApiConn {
         Ok((status, bytes))
     }
 
+    /// PUTs `body` to `path` and records its latency in `r`: a refusal
+    /// (non-2xx) ends the run with an error naming `what`; a transport
+    /// error is counted.
+    pub async fn put_timed(
+        &mut self,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Bytes,
+        r: &mut super::stats::Report,
+        what: &str,
+    ) -> Result<(), String> {
+        let t0 = std::time::Instant::now();
+        match self.send(hyper::Method::PUT, path, headers, body).await {
+            Ok((200..=299, _)) => {
+                r.record(std::time::Duration::ZERO, t0.elapsed());
+                Ok(())
+            }
+            Ok((status, body)) => Err(format!(
+                "{what} write refused: {status} {}",
+                String::from_utf8_lossy(&body)
+            )),
+            Err(_) => {
+                r.errors += 1;
+                Ok(())
+            }
+        }
+    }
+
     /// POSTs a JSON body.
     pub async fn post_json(&mut self, path: &str, body: String) -> Result<(u16, Bytes), String> {
         self.send(

@@ -9,7 +9,6 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use hyper::Method;
 
 use super::api_conn::ApiConn;
 use super::local::{self, Proc};
@@ -75,31 +74,18 @@ pub async fn run(stack: &Stack, fenced: bool, clients: usize, secs: u64) -> Resu
                     } else {
                         Vec::new()
                     };
-                    let t0 = Instant::now();
-                    match conn
-                        .send(Method::PUT, &uri, &headers, Bytes::from(token.to_string()))
-                        .await
-                    {
-                        Ok((200..=299, _)) => r.record(Duration::ZERO, t0.elapsed()),
-                        Ok((status, body)) => {
-                            return Err(format!(
-                                "fenced write refused: {status} {}",
-                                String::from_utf8_lossy(&body)
-                            ))
-                        }
-                        Err(_) => r.errors += 1,
-                    }
+                    conn.put_timed(
+                        &uri,
+                        &headers,
+                        Bytes::from(token.to_string()),
+                        &mut r,
+                        "fenced",
+                    )
+                    .await?;
                 }
                 Ok(r)
             })
         })
         .collect();
-    let started = Instant::now();
-    let mut total = Report::default();
-    for t in tasks {
-        total.absorb(t.await.map_err(|e| e.to_string())??);
-    }
-    total.secs = started.elapsed().as_secs_f64();
-    total.sort();
-    Ok(total)
+    super::stats::join(tasks, Instant::now()).await
 }

@@ -38,11 +38,15 @@ impl Drop for Proc {
 
 /// A port nobody listens on right now, chosen below Linux's ephemeral range
 /// (32768-60999), where no outgoing connection can take it as its local
-/// port between this check and the server's bind.
+/// port between this check and the server's bind. Successive calls walk
+/// different ports, so ports picked for one process before it binds them
+/// do not collide. (The test harness uses this too.)
 pub fn free_port() -> Result<u16, String> {
-    let seed = rand::random::<u32>();
-    for i in 0..1000u32 {
-        let port = 20_000 + (seed.wrapping_add(i.wrapping_mul(104_729)) % 12_000) as u16;
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    static SEED: std::sync::LazyLock<u32> = std::sync::LazyLock::new(rand::random::<u32>);
+    for _ in 0..1000 {
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let port = 20_000 + (SEED.wrapping_add(n.wrapping_mul(104_729)) % 12_000) as u16;
         if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
             return Ok(port);
         }

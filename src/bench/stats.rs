@@ -68,6 +68,21 @@ impl Report {
     }
 }
 
+/// Waits for every client task started at `started` and adds up their
+/// reports (rates over the time until the last one finished).
+pub async fn join(
+    tasks: Vec<tokio::task::JoinHandle<Result<Report, String>>>,
+    started: std::time::Instant,
+) -> Result<Report, String> {
+    let mut total = Report::default();
+    for t in tasks {
+        total.absorb(t.await.map_err(|e| e.to_string())??);
+    }
+    total.secs = started.elapsed().as_secs_f64();
+    total.sort();
+    Ok(total)
+}
+
 fn micros(d: std::time::Duration) -> u32 {
     d.as_micros().min(u32::MAX as u128) as u32
 }

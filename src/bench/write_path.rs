@@ -12,7 +12,6 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use hyper::Method;
 
 use super::api_conn::ApiConn;
 use super::local::{self, Proc};
@@ -149,31 +148,15 @@ impl Writer {
             Some(lock) => &[("fencing-lock", lock.as_str())],
             None => &[],
         };
-        let t0 = Instant::now();
-        match self
-            .conn
-            .send(
-                Method::PUT,
+        self.conn
+            .put_timed(
                 &self.uri,
                 headers,
                 Bytes::from(self.n.to_string()),
+                r,
+                self.path.label(),
             )
             .await
-        {
-            Ok((200..=299, _)) => {
-                r.record(Duration::ZERO, t0.elapsed());
-                Ok(())
-            }
-            Ok((status, body)) => Err(format!(
-                "{} write refused: {status} {}",
-                self.path.label(),
-                String::from_utf8_lossy(&body)
-            )),
-            Err(_) => {
-                r.errors += 1;
-                Ok(())
-            }
-        }
     }
 }
 
@@ -229,14 +212,7 @@ pub async fn run_path(
             Ok::<Report, String>(r)
         }));
     }
-    let started = Instant::now();
-    let mut total = Report::default();
-    for t in tasks {
-        total.absorb(t.await.map_err(|e| e.to_string())??);
-    }
-    total.secs = started.elapsed().as_secs_f64();
-    total.sort();
-    Ok(total)
+    super::stats::join(tasks, Instant::now()).await
 }
 
 impl Stack {

@@ -118,7 +118,7 @@ pub async fn serve_service<L, S, B>(
         open.inc();
         tracker.spawn(async move {
             let _permit = permit;
-            let _open = OnDrop(Some(move || open.dec()));
+            let _open = OnDrop::new(move || open.dec());
             let mut builder = auto::Builder::new(TokioExecutor::new());
             builder
                 .http1()
@@ -140,8 +140,15 @@ pub async fn serve_service<L, S, B>(
     let _ = tokio::time::timeout(limits.drain, tracker.wait()).await;
 }
 
-/// Runs `f` when dropped (a connection's end, however it ends).
-struct OnDrop<F: FnOnce()>(Option<F>);
+/// Runs `f` when dropped, however the scope ends (a connection's end, a
+/// waiter giving up): for gauges that must come back down.
+pub struct OnDrop<F: FnOnce()>(Option<F>);
+
+impl<F: FnOnce()> OnDrop<F> {
+    pub fn new(f: F) -> OnDrop<F> {
+        OnDrop(Some(f))
+    }
+}
 
 impl<F: FnOnce()> Drop for OnDrop<F> {
     fn drop(&mut self) {

@@ -392,7 +392,7 @@ impl LockManager {
 
         // Fast path: nobody here is waiting, so trying first is fair.
         if !self.waiters.has_waiters(key.as_str()) {
-            match self.try_once(req, &lease).await? {
+            match self.try_once(req, &lease, group).await? {
                 Try::Got(rec) => return Ok(rec.view(Instant::now())),
                 Try::Held(_) if wait.is_zero() => return Err(LockError::Held(key.clone())),
                 Try::Held(_) => {}
@@ -408,7 +408,7 @@ impl LockManager {
             .map_err(|e| LockError::TooManyWaiters(e.0))?;
         let gauge = self.metrics.waiters.with_label_values(&[group]);
         gauge.inc();
-        let _gauge_guard = scopeguard(move || gauge.dec());
+        let _gauge_guard = crate::proxy::server::OnDrop::new(move || gauge.dec());
         // Subscribe before the first try under the queue, so a release
         // between that try and our sleep cannot be missed.
         let _watch = self.backend.watch(key).await;
@@ -417,7 +417,7 @@ impl LockManager {
         let mut recheck_at: Option<Instant> = None;
         loop {
             if must_try {
-                match self.try_once(req, &lease).await? {
+                match self.try_once(req, &lease, group).await? {
                     Try::Got(rec) => {
                         ticket.acquired(ttl);
                         return Ok(rec.view(Instant::now()));
@@ -466,7 +466,12 @@ impl LockManager {
 
     /// One acquisition attempt, retried with the same lease id when the
     /// outcome is unknown.
-    async fn try_once(&self, req: &Acquire, lease: &LeaseId) -> Result<Try, LockError> {
+    async fn try_once(
+        &self,
+        req: &Acquire,
+        lease: &LeaseId,
+        group: &str,
+    ) -> Result<Try, LockError> {
         let (key, ttl) = (&req.key, req.ttl);
         // The deadline counts from the FIRST send: a retry may return the
         // lock set by the first attempt, whose TTL started then.
@@ -480,6 +485,7 @@ impl LockManager {
                 Ok(Attempt::Acquired { token }) => {
                     let record = self.hold(
                         key,
+                        group,
                         lease,
                         token,
                         req.owner.clone(),
@@ -518,6 +524,7 @@ impl LockManager {
     fn hold(
         &self,
         key: &LockKey,
+        group: &str,
         lease: &LeaseId,
         token: u64,
         owner: Option<String>,
@@ -552,10 +559,7 @@ impl LockManager {
             // The backend gave the key to us again: the old lease is gone.
             self.record_lost([Lost::of(&old, LostReason::Backend, Instant::now())]);
         }
-        self.metrics
-            .leases_held
-            .with_label_values(&[self.metrics.groups.of(key.as_str()).as_str()])
-            .inc();
+        self.metrics.leases_held.with_label_values(&[group]).inc();
         record
     }
 
@@ -631,7 +635,8 @@ impl LockManager {
         ttl: Duration,
         sent: Instant,
     ) -> LeaseView {
-        let record = self.hold(key, lease, token, None, ttl, sent, Renewal::Manual);
+        let group = self.metrics.groups.of(key.as_str());
+        let record = self.hold(key, &group, lease, token, None, ttl, sent, Renewal::Manual);
         tracing::info!(key = %key, token, lease_id = %lease, "lease adopted on renewal");
         record.view(Instant::now())
     }
@@ -794,17 +799,4 @@ fn renew_at(sent: Instant, ttl: Duration) -> Instant {
     let third = ttl / 3;
     let jitter = rand::rng().random_range(Duration::ZERO..=third / 10);
     sent + third - jitter
-}
-
-/// Runs `f` on drop.
-fn scopeguard(f: impl FnOnce()) -> impl Drop {
-    struct Guard<F: FnOnce()>(Option<F>);
-    impl<F: FnOnce()> Drop for Guard<F> {
-        fn drop(&mut self) {
-            if let Some(f) = self.0.take() {
-                f()
-            }
-        }
-    }
-    Guard(Some(f))
 }

@@ -20,24 +20,9 @@ use serde_json::{json, Value};
 
 pub const SECRET: &str = "test-secret-0123456789-abcdefghijklmnopqrstuvwxyz";
 
-/// A port nobody listens on now, chosen below Linux's ephemeral range
-/// (32768-60999): a port from that range can be taken as the local port of
-/// some outgoing connection between this check and the server's bind.
+/// A free port below the ephemeral range (see `fencer::bench::local::free_port`).
 pub fn free_port() -> u16 {
-    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let seed = std::process::id().wrapping_mul(7919) ^ rand::random::<u32>();
-    for _ in 0..1000 {
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let port = 20_000 + (seed.wrapping_add(n.wrapping_mul(104_729)) % 12_000) as u16;
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    fencer::bench::local::free_port().unwrap()
 }
 
 fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {

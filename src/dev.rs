@@ -34,8 +34,8 @@ impl Stack {
         mut settings: Settings,
         shutdown: CancellationToken,
     ) -> Result<Stack, StartError> {
-        settings.backend.kind = BackendKind::Memory;
-        settings.gateway.fence_store = FenceStoreKind::Memory;
+        settings.backend.kind = Some(BackendKind::Memory);
+        settings.gateway.fence_store = Some(FenceStoreKind::Memory);
         settings.storage.backend = FenceStoreKind::Memory;
         if settings.signing_secret()?.is_none() {
             let mut secret = vec![0u8; 32];

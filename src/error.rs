@@ -80,6 +80,10 @@ impl From<LockError> for ApiError {
                 ApiError::new(StatusCode::CONFLICT, "not_owner", message).with("key", key.as_str())
             }
             LockError::NotFound(key) => ApiError::not_found(message).with("key", key.as_str()),
+            LockError::MaxHold(key) => {
+                ApiError::new(StatusCode::CONFLICT, "max_hold_reached", message)
+                    .with("key", key.as_str())
+            }
             LockError::NotHeld(key) => {
                 ApiError::new(StatusCode::PRECONDITION_REQUIRED, "lock_not_held", message)
                     .with("key", key.as_str())

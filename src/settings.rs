@@ -102,7 +102,8 @@ impl Default for SidecarSettings {
             shutdown_release_timeout_ms: 5_000,
             lost_lease_retention_ms: 60_000,
             preregister_url: String::new(),
-            preregister_timeout_ms: 2_000,
+            // Above the gateway's wait for a busy key (5 s by default).
+            preregister_timeout_ms: 7_000,
             keepalive_ms: 30_000,
             max_hold_ms: 0,
             hold_heartbeat_ms: 1_000,
@@ -146,10 +147,12 @@ pub enum BackendKind {
 }
 config_enum!(BackendKind { Memory => "memory", Redis => "redis", Postgres => "postgres" });
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Default)]
 #[serde(default, deny_unknown_fields)]
 pub struct BackendSettings {
-    pub kind: BackendKind,
+    /// Required for `fencer sidecar`: `memory` must be chosen explicitly,
+    /// never fallen into (its locks vanish with the process).
+    pub kind: Option<BackendKind>,
     pub redis: RedisSettings,
     pub postgres: PostgresSettings,
 }
@@ -181,16 +184,6 @@ impl Default for PostgresSettings {
             idle_cleanup_after_ms: 7 * 24 * 3_600_000,
             cleanup_interval_ms: 60_000,
             ca_file: None,
-        }
-    }
-}
-
-impl Default for BackendSettings {
-    fn default() -> Self {
-        Self {
-            kind: BackendKind::Memory,
-            redis: RedisSettings::default(),
-            postgres: PostgresSettings::default(),
         }
     }
 }
@@ -265,7 +258,10 @@ impl Default for ProxySettings {
             write_methods: default_write_methods(),
             routes: Vec::new(),
             connect_timeout_ms: 1_000,
-            upstream_timeout_ms: 10_000,
+            // Above the gateway's whole budget (wait for the key 5 s +
+            // connect 1 s + storage 10 s): the proxy must not give up on a
+            // request the gateway is still working on.
+            upstream_timeout_ms: 20_000,
         }
     }
 }
@@ -308,10 +304,14 @@ pub struct GatewaySettings {
     pub routes: Vec<crate::routes::RouteSpec>,
     /// Accepted signing keys. Empty: the `[signing]` key.
     pub keys: Vec<VerifyKey>,
-    pub fence_store: FenceStoreKind,
+    /// Required for `fencer gateway`: `postgres`, or `memory` chosen
+    /// explicitly for development (marks are lost on restart).
+    pub fence_store: Option<FenceStoreKind>,
     pub postgres_url: String,
     pub postgres_ca_file: Option<String>,
     pub postgres_pool_size: usize,
+    /// Bound on one fence-store call (check-and-advance, clearing a stamp).
+    pub postgres_request_timeout_ms: u64,
     /// How long a fenced request waits for the previous one on its key.
     pub serialize_timeout_ms: u64,
     pub connect_timeout_ms: u64,
@@ -332,16 +332,38 @@ impl Default for GatewaySettings {
             write_methods: default_write_methods(),
             routes: Vec::new(),
             keys: Vec::new(),
-            fence_store: FenceStoreKind::Memory,
+            fence_store: None,
             postgres_url: String::new(),
             postgres_ca_file: None,
             postgres_pool_size: 32,
+            postgres_request_timeout_ms: 2_000,
             serialize_timeout_ms: 5_000,
             connect_timeout_ms: 1_000,
             upstream_timeout_ms: 10_000,
             uncertain_hold_ms: 10_000,
             fence_api_prefix: "/_fencer/v1/fences/".into(),
         }
+    }
+}
+
+impl GatewaySettings {
+    /// How long a fenced request's in-flight stamp keeps other replicas
+    /// off its key were this gateway to die mid-forward: connecting,
+    /// waiting for the storage, the uncertain hold, and clearing the stamp
+    /// (two store calls), plus a second of slack.
+    pub fn stamp_hold_ms(&self) -> u64 {
+        self.connect_timeout_ms
+            + self.upstream_timeout_ms
+            + self.uncertain_hold_ms
+            + 2 * self.postgres_request_timeout_ms
+            + 1_000
+    }
+
+    /// The longest a request can spend in the gateway before the storage
+    /// answers: waiting for its key, connecting, the storage's time. The
+    /// sidecar's proxy must wait longer than this (`proxy.upstream_timeout_ms`).
+    pub fn answer_budget_ms(&self) -> u64 {
+        self.serialize_timeout_ms + self.connect_timeout_ms + self.upstream_timeout_ms
     }
 }
 
@@ -605,7 +627,7 @@ impl Settings {
             ));
         }
         let r = &self.backend.redis;
-        if self.backend.kind == BackendKind::Redis {
+        if self.backend.kind == Some(BackendKind::Redis) {
             let url = url::Url::parse(&r.url).map_err(|e| {
                 invalid(
                     "backend.redis.url",
@@ -641,7 +663,7 @@ impl Settings {
             ));
         }
         let pg = &self.backend.postgres;
-        if self.backend.kind == BackendKind::Postgres {
+        if self.backend.kind == Some(BackendKind::Postgres) {
             pg.url.parse::<tokio_postgres::Config>().map_err(|e| {
                 invalid("backend.postgres.url", format!("not a PostgreSQL URL: {e}"))
             })?;
@@ -742,8 +764,17 @@ impl Settings {
         check_methods("gateway.write_methods", &g.write_methods)?;
         crate::routes::Routes::compile(&g.routes)
             .map_err(|e| invalid("gateway.routes", e.to_string()))?;
-        for k in &g.keys {
+        for (i, k) in g.keys.iter().enumerate() {
             check_key_id("gateway.keys.key_id", &k.key_id)?;
+            if g.keys[..i].iter().any(|o| o.key_id == k.key_id) {
+                return Err(invalid(
+                    "gateway.keys.key_id",
+                    format!(
+                        "key id `{}` is listed twice; each key id names one secret",
+                        k.key_id
+                    ),
+                ));
+            }
             if k.secret_file.is_some() == k.secret_env.is_some() {
                 return Err(invalid(
                     "gateway.keys",
@@ -754,7 +785,7 @@ impl Settings {
                 ));
             }
         }
-        if g.fence_store == FenceStoreKind::Postgres && g.postgres_url.is_empty() {
+        if g.fence_store == Some(FenceStoreKind::Postgres) && g.postgres_url.is_empty() {
             return Err(invalid(
                 "gateway.postgres_url",
                 "required when gateway.fence_store = \"postgres\"",
@@ -790,6 +821,33 @@ impl Settings {
             0,
             3_600_000,
         )?;
+        check_range(
+            "gateway.postgres_request_timeout_ms",
+            g.postgres_request_timeout_ms,
+            10,
+            60_000,
+        )?;
+        // A proxy that gives up first drops its connection while the
+        // gateway still works on the request; its next request of the
+        // lease then races the first (issue 9 item 1).
+        if p.upstream_timeout_ms <= g.answer_budget_ms() {
+            return Err(invalid(
+                "proxy.upstream_timeout_ms",
+                format!(
+                    "must be above the gateway's answer budget, gateway.serialize_timeout_ms + connect_timeout_ms + upstream_timeout_ms = {} ms (set the gateway's values in this file too if your gateway uses others)",
+                    g.answer_budget_ms()
+                ),
+            ));
+        }
+        if !s.preregister_url.is_empty() && s.preregister_timeout_ms <= g.serialize_timeout_ms {
+            return Err(invalid(
+                "sidecar.preregister_timeout_ms",
+                format!(
+                    "must be above gateway.serialize_timeout_ms ({} ms): the gateway may wait that long for a busy key before answering",
+                    g.serialize_timeout_ms
+                ),
+            ));
+        }
         if !g.fence_api_prefix.starts_with('/') || !g.fence_api_prefix.ends_with('/') {
             return Err(invalid(
                 "gateway.fence_api_prefix",
@@ -890,7 +948,9 @@ fn read_secret(
     if let Some(var) = env {
         let value = std::env::var(var)
             .map_err(|_| invalid(fields.1, format!("environment variable {var} is not set")))?;
-        return check_secret(fields.1, value.into_bytes()).map(Some);
+        // Trimmed like a file: a Kubernetes secret mounted as a variable
+        // often ends with a newline the other side does not have.
+        return check_secret(fields.1, value.trim_ascii().as_bytes().to_vec()).map(Some);
     }
     Ok(None)
 }

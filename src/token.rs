@@ -1,28 +1,62 @@
 //! Signed fencing tokens: the form of a token that the gateway trusts.
 //!
 //! Wire form (URL-safe, fits in a header):
-//! `v1.<key id>.<token>.<lease id>.<base64url(lock key)>.<base64url(hmac)>`
+//! `v2.<key id>.<token>.<lease tag>.<base64url(lock key)>.<base64url(hmac)>`
 //!
-//! The HMAC-SHA256 covers the version, key id, lock key, token and lease id,
-//! so a token cannot be moved to another key, inflated, or re-attributed to
-//! another lease. The key id lets the gateway accept several secrets during
-//! a rotation.
+//! The HMAC-SHA256 covers the version, key id, lock key, token and lease
+//! tag, so a token cannot be moved to another key, inflated, or
+//! re-attributed to another lease. The key id lets the gateway accept
+//! several secrets during a rotation.
+//!
+//! The **lease tag** stands in for the lease id. The lease id is the
+//! credential that renews and releases a lock; a token travels to the
+//! storage, into its logs and into the gateway's logs, so it must not carry
+//! that credential (issue 9 item 11). The tag is a one-way digest of the id:
+//! it tells leases apart (an equal token from another lease is refused) and
+//! cannot be turned back into the id.
+//!
+//! `v1` tokens (lease id in clear), from sidecars of earlier versions, are
+//! still verified during a rolling upgrade; the gateway reduces their lease
+//! id to its tag at once and never logs or stores the id.
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use base64::Engine;
 use hmac::{Hmac, Mac};
-use sha2::Sha256;
+use sha2::{Digest, Sha256};
 
 type HmacSha256 = Hmac<Sha256>;
 
-const VERSION: &str = "v1";
+const VERSION: &str = "v2";
+const VERSION_V1: &str = "v1";
+
+/// The one-way tag of a lease id: base64url of the first 12 bytes of
+/// SHA-256 over a fixed prefix and the id (16 characters). 96 bits keep two
+/// leases' tags apart; the id stays secret.
+pub fn lease_tag(lease_id: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(b"fencer-lease-tag:");
+    h.update(lease_id.as_bytes());
+    B64.encode(&h.finalize()[..12])
+}
 
 /// What a signed token asserts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claim {
     pub key: String,
     pub token: u64,
-    pub lease_id: String,
+    /// The lease's tag ([`lease_tag`]), never the lease id itself.
+    pub lease: String,
+}
+
+impl Claim {
+    /// The claim of lease `lease_id` on `key` with `token`.
+    pub fn new(key: &str, token: u64, lease_id: &str) -> Claim {
+        Claim {
+            key: key.to_owned(),
+            token,
+            lease: lease_tag(lease_id),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -42,15 +76,9 @@ pub struct Signer {
     mac: HmacSha256,
 }
 
-fn message(key_id: &str, claim: &Claim) -> Vec<u8> {
-    let mut m = Vec::with_capacity(64 + claim.key.len());
-    for part in [
-        VERSION,
-        key_id,
-        &claim.key,
-        &claim.token.to_string(),
-        &claim.lease_id,
-    ] {
+fn message(version: &str, key_id: &str, key: &str, token: u64, lease: &str) -> Vec<u8> {
+    let mut m = Vec::with_capacity(64 + key.len());
+    for part in [version, key_id, key, &token.to_string(), lease] {
         // Length-prefixed so no two claims share a message.
         m.extend_from_slice(&(part.len() as u32).to_be_bytes());
         m.extend_from_slice(part.as_bytes());
@@ -72,48 +100,65 @@ impl Signer {
 
     pub fn sign(&self, claim: &Claim) -> String {
         let mut mac = self.mac.clone();
-        mac.update(&message(&self.key_id, claim));
+        mac.update(&message(
+            VERSION,
+            &self.key_id,
+            &claim.key,
+            claim.token,
+            &claim.lease,
+        ));
         let sig = mac.finalize().into_bytes();
         format!(
             "{VERSION}.{}.{}.{}.{}.{}",
             self.key_id,
             claim.token,
-            claim.lease_id,
+            claim.lease,
             B64.encode(claim.key.as_bytes()),
             B64.encode(sig)
         )
     }
 
     /// Verifies a token signed with this signer's key id (constant-time MAC
-    /// comparison).
+    /// comparison). A `v1` token's lease id is reduced to its tag.
     pub fn verify(&self, wire: &str) -> Result<Claim, TokenError> {
         let parts: Vec<&str> = wire.split('.').collect();
         let [version, kid, token, lease, key, sig] = parts[..] else {
             return Err(TokenError::Malformed);
         };
-        if version != VERSION {
+        if version != VERSION && version != VERSION_V1 {
             return Err(TokenError::Malformed);
         }
         if kid != self.key_id {
             return Err(TokenError::UnknownKeyId);
         }
+        if token.is_empty() || !token.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(TokenError::Malformed);
+        }
         let token: u64 = token.parse().map_err(|_| TokenError::Malformed)?;
+        if lease.is_empty()
+            || lease.len() > 64
+            || !lease
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            return Err(TokenError::Malformed);
+        }
         let key = B64
             .decode(key)
             .ok()
             .and_then(|k| String::from_utf8(k).ok())
             .ok_or(TokenError::Malformed)?;
         let sig = B64.decode(sig).map_err(|_| TokenError::Malformed)?;
-        let claim = Claim {
-            key,
-            token,
-            lease_id: lease.to_owned(),
-        };
         let mut mac = self.mac.clone();
-        mac.update(&message(kid, &claim));
+        mac.update(&message(version, kid, &key, token, lease));
         mac.verify_slice(&sig)
             .map_err(|_| TokenError::BadSignature)?;
-        Ok(claim)
+        let lease = if version == VERSION_V1 {
+            lease_tag(lease)
+        } else {
+            lease.to_owned()
+        };
+        Ok(Claim { key, token, lease })
     }
 }
 
@@ -149,11 +194,7 @@ mod tests {
     use super::*;
 
     fn claim() -> Claim {
-        Claim {
-            key: "account:1".into(),
-            token: 34,
-            lease_id: "abc".into(),
-        }
+        Claim::new("account:1", 34, "abc")
     }
 
     #[test]
@@ -164,16 +205,42 @@ mod tests {
     }
 
     #[test]
+    fn the_lease_id_is_not_in_the_token() {
+        let s = Signer::new("k1", &[7u8; 32]);
+        let id = "Zq3vX9mN2pL8rT5wY1bC4d";
+        let wire = s.sign(&Claim::new("k", 1, id));
+        assert!(!wire.contains(id), "{wire}");
+        assert_eq!(s.verify(&wire).unwrap().lease, lease_tag(id));
+        assert_ne!(lease_tag(id), lease_tag("Zq3vX9mN2pL8rT5wY1bC4e"));
+    }
+
+    #[test]
+    fn v1_tokens_verify_and_reduce_to_the_tag() {
+        let secret = [7u8; 32];
+        let s = Signer::new("k1", &secret);
+        let mut mac = HmacSha256::new_from_slice(&secret).unwrap();
+        mac.update(&message("v1", "k1", "account:1", 34, "abc"));
+        let sig = B64.encode(mac.finalize().into_bytes());
+        let wire = format!("v1.k1.34.abc.{}.{sig}", B64.encode("account:1"));
+        assert_eq!(s.verify(&wire), Ok(claim()));
+    }
+
+    #[test]
     fn tampering_is_detected() {
         let s = Signer::new("k1", &[7u8; 32]);
         let wire = s.sign(&claim());
         let inflated = wire.replacen(".34.", ".35.", 1);
         assert_eq!(s.verify(&inflated), Err(TokenError::BadSignature));
+        let plus = wire.replacen(".34.", ".+34.", 1);
+        assert_eq!(s.verify(&plus), Err(TokenError::Malformed));
         let other = Signer::new("k1", &[8u8; 32]);
         assert_eq!(other.verify(&wire), Err(TokenError::BadSignature));
         assert_eq!(s.verify("garbage"), Err(TokenError::Malformed));
         let k2 = Signer::new("k2", &[7u8; 32]);
         assert_eq!(k2.verify(&wire), Err(TokenError::UnknownKeyId));
+        // A v2 token relabelled v1 no longer matches its signature.
+        let relabelled = wire.replacen("v2.", "v1.", 1);
+        assert_eq!(s.verify(&relabelled), Err(TokenError::BadSignature));
     }
 
     #[test]

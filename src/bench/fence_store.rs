@@ -61,11 +61,7 @@ pub async fn run(stack: &Stack, fenced: bool, clients: usize, secs: u64) -> Resu
                 let mut token = 0u64;
                 while Instant::now() < until {
                     token += 1;
-                    let wire = signer.sign(&Claim {
-                        key: key.clone(),
-                        token,
-                        lease_id: lease.as_str().to_owned(),
-                    });
+                    let wire = signer.sign(&Claim::new(&key, token, lease.as_str()));
                     let headers: Vec<(&str, &str)> = if fenced {
                         vec![
                             ("fencing-key", key.as_str()),

@@ -1,8 +1,19 @@
 //! The gateway role: a reverse proxy in front of the storage that enforces
 //! fencing tokens.
+//!
+//! - [`handler`] — what a request is (fenced or not), where it goes;
+//! - [`verify`] — token signature, key and path binding;
+//! - [`fenced`] — admission and forward of a fenced request, in its own task;
+//! - [`key_queue`] — per-key turns inside one process;
+//! - [`fence_store`] — marks and in-flight stamps (memory, PostgreSQL);
+//! - [`preregister`] — the sidecars' token pre-registration endpoint.
 
 pub mod fence_store;
+mod fenced;
 pub mod handler;
+pub mod key_queue;
+mod preregister;
+mod verify;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,9 +22,10 @@ use hyper::Method;
 use tokio_util::sync::CancellationToken;
 
 use self::fence_store::memory::MemoryFences;
-use self::fence_store::postgres::PgFences;
+use self::fence_store::postgres::{PgFenceOptions, PgFences};
 use self::fence_store::FenceStore;
 use self::handler::Gateway;
+use self::key_queue::KeyQueue;
 use crate::admin::{AdminState, Readiness, ReadyFuture};
 use crate::metrics::{GatewayMetrics, Groups};
 use crate::proxy::forward::Forwarder;
@@ -33,25 +45,36 @@ fn config_err(field: &'static str, message: impl std::fmt::Display) -> StartErro
     StartError::config(field, message)
 }
 
-/// Builds the gateway (connects the fence store, creating its schema).
+/// Builds the gateway (connects the fence store, creating what is missing
+/// of its schema).
 pub async fn build(
     settings: &Settings,
     registry: &prometheus::Registry,
 ) -> Result<Arc<Gateway>, StartError> {
     let g = &settings.gateway;
     let keyring = Keyring::new(&settings.gateway_keys()?);
+    let groups = Arc::new(Groups::new(&settings.metrics));
+    let metrics = Arc::new(GatewayMetrics::new(registry, groups));
+    metrics.init_known();
     let store: Arc<dyn FenceStore> = match g.fence_store {
-        FenceStoreKind::Memory => Arc::new(MemoryFences::default()),
-        FenceStoreKind::Postgres => Arc::new(
-            PgFences::connect(
-                &g.postgres_url,
-                g.postgres_ca_file.as_deref(),
-                g.postgres_pool_size,
-                Duration::from_millis(g.serialize_timeout_ms),
-                Duration::from_secs(30),
-            )
+        None => {
+            return Err(config_err(
+                "gateway.fence_store",
+                "required: `postgres` (durable, shared by replicas) or `memory` (development only: marks are lost on restart)",
+            ))
+        }
+        Some(FenceStoreKind::Memory) => Arc::new(MemoryFences::default()),
+        Some(FenceStoreKind::Postgres) => Arc::new(
+            PgFences::connect(&PgFenceOptions {
+                url: &g.postgres_url,
+                ca_file: g.postgres_ca_file.as_deref(),
+                pool_size: g.postgres_pool_size,
+                request_timeout: Duration::from_millis(g.postgres_request_timeout_ms),
+                startup: Duration::from_secs(30),
+            })
             .await
-            .map_err(|e| StartError::Store(e.to_string()))?,
+            .map_err(|e| StartError::Store(e.to_string()))?
+            .with_metrics(metrics.remote_waits.clone()),
         ),
     };
     let forwarder = Forwarder::new(
@@ -60,18 +83,20 @@ pub async fn build(
         Duration::from_millis(g.upstream_timeout_ms),
     )
     .map_err(|e| config_err("gateway.upstream", e))?;
-    let groups = Arc::new(Groups::new(&settings.metrics));
     Ok(Arc::new(Gateway {
         forwarder,
         store,
+        keys: Arc::new(KeyQueue::default()),
         keyring,
         routes: Routes::compile(&g.routes).map_err(|e| config_err("gateway.routes", e))?,
         write_methods: methods(&g.write_methods),
         enforce: g.enforce,
         fence_prefix: g.fence_api_prefix.clone(),
         serialize_timeout: Duration::from_millis(g.serialize_timeout_ms),
+        upstream_timeout: Duration::from_millis(g.upstream_timeout_ms),
         uncertain_hold: Duration::from_millis(g.uncertain_hold_ms),
-        metrics: Arc::new(GatewayMetrics::new(registry, groups)),
+        stamp_hold: Duration::from_millis(g.stamp_hold_ms()),
+        metrics,
     }))
 }
 
@@ -110,7 +135,8 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     if !settings.gateway.enforce {
         tracing::warn!("gateway.enforce = false: fencing tokens are NOT checked");
     }
-    let registry = crate::metrics::registry("gateway", settings.gateway.fence_store.as_str());
+    let store_name = settings.gateway.fence_store.map_or("unset", |k| k.as_str());
+    let registry = crate::metrics::registry("gateway", store_name);
     let gateway = build(&settings, &registry).await?;
     let listener = crate::sidecar::bind("gateway", settings.gateway.listen).await?;
     let admin = crate::sidecar::bind("admin", settings.admin.listen).await?;

@@ -10,7 +10,7 @@ use rand::RngCore;
 /// The lease id is the value stored in the backend's lock entry, so renew and
 /// release can be compare-and-set on it. It is a bearer credential: whoever
 /// knows it can release the lock, so it is random, not a counter.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct LeaseId(String);
 
 impl LeaseId {
@@ -33,6 +33,13 @@ impl LeaseId {
 
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// The id's one-way tag: what tokens, logs, webhooks and the gateway
+    /// carry instead of the id, which is a credential
+    /// ([`crate::token::lease_tag`]).
+    pub fn tag(&self) -> String {
+        crate::token::lease_tag(&self.0)
     }
 }
 

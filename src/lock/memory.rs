@@ -159,7 +159,7 @@ impl LockBackend for MemoryBackend {
         Ok(())
     }
 
-    async fn watch(&self, _key: &LockKey) -> WatchGuard {
+    async fn watch(&self, _key: &LockKey, _timeout: Duration) -> WatchGuard {
         // Releases notify the sink directly; nothing to subscribe to.
         WatchGuard::none()
     }

@@ -122,8 +122,10 @@ pub trait LockBackend: Send + Sync + 'static {
 
     /// Subscribes to release notifications for `key` until the guard drops.
     /// Must be in effect when it returns, so a release that happens after a
-    /// failed `try_acquire` is never missed.
-    async fn watch(&self, key: &LockKey) -> WatchGuard;
+    /// failed `try_acquire` is never missed — unless subscribing takes longer
+    /// than `timeout`, after which it returns anyway (the waiter then relies
+    /// on its fallback timer).
+    async fn watch(&self, key: &LockKey, timeout: Duration) -> WatchGuard;
 
     /// Raises `key`'s token counter to at least `floor`, so the next token
     /// is above a mark the gateway has already seen (repair after the

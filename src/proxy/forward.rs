@@ -49,6 +49,11 @@ const HOP_BY_HOP: &[&str] = &[
     "upgrade",
 ];
 
+/// Removes the hop-by-hop headers of a message: the fixed list and every
+/// header its `Connection` names. Proxy and gateway call it on a request
+/// as it arrives, *before* adding headers of their own — otherwise a client
+/// sending `Connection: fencing-seq` would have the proxy's own header
+/// stripped on the way out (issue 9).
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let listed: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
@@ -124,7 +129,11 @@ impl Forwarder {
             .build()
             .map_err(|e| ForwardError::Failed(e.to_string()))?;
         *req.version_mut() = hyper::Version::HTTP_11;
-        strip_hop_by_hop(req.headers_mut());
+        // The caller stripped the client's hop-by-hop headers on arrival
+        // (and `Connection` with them); headers it added since stay.
+        for name in HOP_BY_HOP {
+            req.headers_mut().remove(*name);
+        }
         req.headers_mut().insert(header::HOST, self.host.clone());
         match tokio::time::timeout(self.timeout, self.client.request(req)).await {
             Err(_) => Err(ForwardError::Timeout(self.timeout)),

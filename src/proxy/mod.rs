@@ -3,8 +3,8 @@
 //! connections, bounded timeouts.
 
 pub mod forward;
-pub mod guarded;
 pub mod server;
+pub mod watched_body;
 
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;

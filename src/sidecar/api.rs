@@ -143,11 +143,9 @@ async fn renew(
 ) -> Result<Response, ApiError> {
     let key = path_key(path)?;
     let req = request::lease(&body(raw)?, true)?;
-    let ttl = req
-        .ttl
-        .unwrap_or(Duration::from_millis(state.defaults.ttl_ms));
     state.locks.touch(&key, Some(&req.lease_id));
-    let view = state.locks.renew(key, req.lease_id, ttl).await?;
+    // Without `ttl_ms` the lease keeps its own TTL (issue 9 item 2).
+    let view = state.locks.renew(key, req.lease_id, req.ttl).await?;
     Ok(Json(view).into_response())
 }
 

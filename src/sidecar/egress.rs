@@ -2,29 +2,44 @@
 //! and, when they name a lock this sidecar holds, carry its signed token.
 //!
 //! The lock is named by `Fencing-Lock: <key>` or found from the path by the
-//! configured routes. Every `Fencing-*` header the application sends is
+//! configured routes (matched on the path's normal form, which is also the
+//! form forwarded). Every `Fencing-*` header the application sends is
 //! stripped: only the sidecar may vouch for a token. A request for a lock
 //! that is not held (428) or whose lease is lost or past its local deadline
 //! (409) is answered here and never forwarded — that is the fail-fast half
 //! of fencing; the gateway is the half that cannot be bypassed.
 //!
-//! Requests under one lease are numbered (`Fencing-Seq`: 1, 2, 3, …) and
-//! sent one at a time, each after the previous one's response head came
-//! back, so the gateway sees them in order and can refuse a delayed or
-//! duplicated earlier one that arrives after a later one (PITFALLS 5).
+//! Requests under one lease are numbered (`Fencing-Seq`) and sent one at a
+//! time, each after the previous one's response head came back, so the
+//! gateway sees them in order and can refuse a delayed or duplicated earlier
+//! one that arrives after a later one (PITFALLS 5). Two things keep that
+//! order honest:
+//! - the lease is checked again *after* the request's turn came, and the
+//!   wait for the turn is bounded by the lease's remaining time: a request
+//!   queued behind a slow one must not leave with a token whose deadline
+//!   passed while it waited (issue 9 item 3);
+//! - once numbered, a request is forwarded by a task of its own that holds
+//!   the lease's turn until the answer: a client that goes away cannot let
+//!   the next request of the lease overtake it (issue 9 item 1).
+//!
+//! Sequence numbers are `max(previous + 1, unix_ms × 2^20)`: increasing
+//! within a process, and above anything an earlier process gave the same
+//! lease, so a lease adopted after a sidecar restart can go on writing
+//! (issue 9 item 7).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use hyper::body::Incoming;
 use hyper::header::{HeaderName, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use tokio::time::Instant;
 
-use super::locks::LockManager;
+use super::locks::{LockError, LockManager};
 use crate::error::ApiError;
 use crate::lock::{LeaseId, LockKey};
 use crate::metrics::Metrics;
-use crate::proxy::forward::{ForwardError, Forwarder};
+use crate::proxy::forward::{strip_hop_by_hop, ForwardError, Forwarder};
 use crate::proxy::{stream, ProxyBody};
 use crate::routes::Routes;
 
@@ -34,13 +49,21 @@ pub const LEASE_HEADER: &str = "fencing-lease";
 pub struct Egress {
     pub locks: Arc<LockManager>,
     /// How long a request waits for the lease's previous one to get its
-    /// response head.
-    pub order_wait: std::time::Duration,
+    /// response head (at most: never past the lease's deadline).
+    pub order_wait: Duration,
     pub forwarder: Forwarder,
     pub routes: Routes,
     pub write_methods: Vec<Method>,
     pub require_lock_for_writes: bool,
     pub metrics: Arc<Metrics>,
+}
+
+/// The next sequence number after `last` (see the module comment).
+pub fn next_seq(last: u64) -> u64 {
+    let unix_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    (last + 1).max(unix_ms << 20)
 }
 
 impl Egress {
@@ -55,8 +78,16 @@ impl Egress {
             .observe(started.elapsed().as_secs_f64());
     }
 
+    fn refuse(&self, result: &str, started: Instant, err: ApiError) -> Response<ProxyBody> {
+        self.done(result, started);
+        err.into_hyper()
+    }
+
     pub async fn handle(self: Arc<Self>, mut req: Request<Incoming>) -> Response<ProxyBody> {
         let started = Instant::now();
+        // First, before adding anything: a `Connection` header naming one
+        // of our headers must not strip it on the way out.
+        strip_hop_by_hop(req.headers_mut());
         let headers = req.headers_mut();
         let lock = headers.get(LOCK_HEADER).cloned();
         let lease = headers.get(LEASE_HEADER).cloned();
@@ -69,12 +100,19 @@ impl Egress {
             headers.remove(name);
         }
 
+        let is_write = self.write_methods.contains(req.method());
+        let named = lock.is_some() || !self.routes.is_empty();
+        if named || is_write {
+            if let Err(e) = normalize_uri(&mut req) {
+                return self.refuse("bad_request", started, e);
+            }
+        }
+
         let key = match lock {
             Some(v) => match std::str::from_utf8(v.as_bytes()).ok().map(LockKey::parse) {
                 Some(Ok(k)) => Some(k),
                 _ => {
-                    self.done("bad_request", started);
-                    return ApiError::invalid("Fencing-Lock", "Fencing-Lock must be a valid lock key (1-512 bytes of UTF-8, no control characters)").into_hyper();
+                    return self.refuse("bad_request", started, ApiError::invalid("Fencing-Lock", "Fencing-Lock must be a valid lock key (1-512 bytes of UTF-8, no control characters)"));
                 }
             },
             None => match self
@@ -84,85 +122,128 @@ impl Egress {
             {
                 Some(Ok(k)) => Some(k),
                 Some(Err(e)) => {
-                    self.done("bad_request", started);
-                    return ApiError::invalid("path", format!("route gives an invalid key: {e}"))
-                        .into_hyper();
+                    return self.refuse(
+                        "bad_request",
+                        started,
+                        ApiError::invalid("path", format!("route gives an invalid key: {e}")),
+                    );
                 }
                 None => None,
             },
         };
 
         let Some(key) = key else {
-            if self.require_lock_for_writes && self.write_methods.contains(req.method()) {
-                self.done("lock_not_held", started);
-                return ApiError::new(
-                    StatusCode::PRECONDITION_REQUIRED,
+            if self.require_lock_for_writes && is_write {
+                return self.refuse(
                     "lock_not_held",
-                    "writes must name a lock (Fencing-Lock header or a configured route)",
-                )
-                .into_hyper();
+                    started,
+                    ApiError::new(
+                        StatusCode::PRECONDITION_REQUIRED,
+                        "lock_not_held",
+                        "writes must name a lock (Fencing-Lock header or a configured route)",
+                    ),
+                );
             }
-            return self.forward(req, "passthrough", started).await;
+            return self.forward_passthrough(req, started).await;
         };
 
         let bound_lease = match lease.map(|v| v.to_str().ok().and_then(LeaseId::parse)) {
             None => None,
             Some(Some(l)) => Some(l),
             Some(None) => {
-                self.done("bad_request", started);
-                return ApiError::invalid("Fencing-Lease", "Fencing-Lease must be a lease id")
-                    .into_hyper();
+                return self.refuse(
+                    "bad_request",
+                    started,
+                    ApiError::invalid("Fencing-Lease", "Fencing-Lease must be a lease id"),
+                );
             }
         };
 
         let record = match self.locks.lease_for_write(&key, bound_lease.as_ref()) {
             Ok(r) => r,
-            Err(e) => {
-                let result = match &e {
-                    super::locks::LockError::LeaseLost(_) => "lease_lost",
-                    _ => "lock_not_held",
-                };
-                self.done(result, started);
-                tracing::info!(key = %key, result, "proxied request refused");
-                return ApiError::from(e).into_hyper();
-            }
+            Err(e) => return self.refused_lease(&key, e, started),
         };
         // A proxied request is a sign of life for an auto-renewed lease.
         self.locks.touch(&key, Some(&record.lease_id));
-        let headers = req.headers_mut();
-        match HeaderValue::from_bytes(key.as_str().as_bytes()) {
-            Ok(v) => headers.insert(HeaderName::from_static("fencing-key"), v),
-            Err(_) => None,
-        };
-        headers.insert(
-            HeaderName::from_static("fencing-token"),
-            HeaderValue::from_str(&record.fencing_token).expect("tokens are ASCII"),
-        );
-        let mut sequence =
-            match tokio::time::timeout(self.order_wait, record.writes.clone().lock_owned()).await {
-                Ok(guard) => guard,
-                Err(_) => {
-                    self.done("lease_busy", started);
-                    tracing::warn!(key = %key, "previous request of this lease still in flight");
-                    return ApiError::new(
+
+        // The lease's turn: after its previous request's answer, and never
+        // past the lease's deadline.
+        let wait = self
+            .order_wait
+            .min(record.deadline.saturating_duration_since(Instant::now()));
+        let turn = match tokio::time::timeout(wait, record.writes.clone().lock_owned()).await {
+            Ok(turn) => turn,
+            Err(_) => {
+                if Instant::now() >= record.deadline {
+                    return self.refused_lease(&key, LockError::LeaseLost(key.clone()), started);
+                }
+                tracing::warn!(key = %key, "previous request of this lease still in flight");
+                return self.refuse(
+                    "lease_busy",
+                    started,
+                    ApiError::new(
                         StatusCode::SERVICE_UNAVAILABLE,
                         "lease_busy",
                         "the previous request under this lease has not been answered yet",
                     )
-                    .with("key", key.as_str())
-                    .into_hyper();
-                }
-            };
-        *sequence += 1;
-        req.headers_mut().insert(
-            HeaderName::from_static(crate::gateway::handler::SEQ_HEADER),
-            HeaderValue::from(*sequence),
+                    .with("key", key.as_str()),
+                );
+            }
+        };
+        // Checked again now that it is our turn: the lease may have been
+        // lost, or its deadline passed, while we waited.
+        let record = match self.locks.lease_for_write(&key, Some(&record.lease_id)) {
+            Ok(r) => r,
+            Err(e) => return self.refused_lease(&key, e, started),
+        };
+        let mut turn = turn;
+        *turn = next_seq(*turn);
+        let headers = req.headers_mut();
+        if let Ok(v) = HeaderValue::from_bytes(key.as_str().as_bytes()) {
+            headers.insert(HeaderName::from_static("fencing-key"), v);
+        }
+        headers.insert(
+            HeaderName::from_static("fencing-token"),
+            HeaderValue::from_str(&record.fencing_token).expect("tokens are ASCII"),
         );
-        // Released when the response head is back (or the forward failed):
-        // the next request of the lease is numbered and sent after this one.
-        let resp = self.forward(req, "forwarded", started).await;
-        drop(sequence);
-        resp
+        headers.insert(
+            HeaderName::from_static(crate::gateway::handler::SEQ_HEADER),
+            HeaderValue::from(*turn),
+        );
+        // From here the request is numbered: it goes out and the lease's
+        // turn is held until its answer, whatever its client does.
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let this = self.clone();
+        tokio::spawn(async move {
+            let resp = this.forward(req, "forwarded", started).await;
+            drop(turn);
+            let _ = tx.send(resp);
+        });
+        rx.await.unwrap_or_else(|_| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal_error",
+                "the forward ended without an answer",
+            )
+            .into_hyper()
+        })
+    }
+
+    fn refused_lease(&self, key: &LockKey, e: LockError, started: Instant) -> Response<ProxyBody> {
+        let result = match &e {
+            LockError::LeaseLost(_) => "lease_lost",
+            _ => "lock_not_held",
+        };
+        tracing::info!(key = %key, result, "proxied request refused");
+        self.refuse(result, started, ApiError::from(e))
+    }
+
+    async fn forward_passthrough(
+        &self,
+        req: Request<Incoming>,
+        started: Instant,
+    ) -> Response<ProxyBody> {
+        self.forward(req, "passthrough", started).await
     }
 
     async fn forward(
@@ -186,5 +267,34 @@ impl Egress {
                 ApiError::new(status, code, e.to_string()).into_hyper()
             }
         }
+    }
+}
+
+/// Rewrites the request's path to its normal form, or refuses it: a path
+/// with no one meaning must not go out with a token, and the key a route
+/// finds must be the key of the path the storage will see.
+fn normalize_uri(req: &mut Request<Incoming>) -> Result<(), ApiError> {
+    *req.uri_mut() = crate::routes::path::normalize_uri(req.uri()).map_err(|e| {
+        ApiError::invalid(
+            "path",
+            format!("{e}: requests under a lock need an unambiguous path"),
+        )
+    })?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::next_seq;
+
+    #[test]
+    fn sequences_increase_and_start_above_earlier_processes() {
+        let a = next_seq(0);
+        assert!(a > 1 << 60, "{a}");
+        assert!(a <= i64::MAX as u64);
+        let b = next_seq(a);
+        assert!(b > a);
+        // Far ahead (many requests in one millisecond): still +1.
+        assert_eq!(next_seq(u64::MAX >> 2), (u64::MAX >> 2) + 1);
     }
 }

@@ -7,6 +7,16 @@
 //! never extends it), shortened by the configured drift ratio and safety
 //! margin. Past that deadline the lease is lost here, whatever the backend
 //! says later.
+//!
+//! A renewal *sets* the backend's TTL, it does not add to it. So after a
+//! renewal the deadline is the renewal's send time + the TTL it sent —
+//! never the larger of old and new (issue 9 item 2; PITFALLS 10). Renewals
+//! of one lease go one at a time ([`LeaseRecord::renewing`]), so the reply
+//! being applied is the last renewal the backend saw. A renewal whose
+//! outcome stays unknown may still be applied later, with its TTL: its TTL
+//! then caps every later deadline of the lease ([`LeaseRecord::ttl_floor`]),
+//! and the current deadline drops to its send time + its TTL at once if
+//! that is earlier.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
@@ -82,6 +92,12 @@ pub struct LeaseRecord {
     /// locked while one request is on its way: the proxy numbers and sends
     /// a lease's requests one at a time, in order (PITFALLS 5).
     pub writes: std::sync::Arc<tokio::sync::Mutex<u64>>,
+    /// Held while a renewal of this lease is on its way to the backend:
+    /// one renewal at a time, so replies cannot be applied out of order.
+    pub renewing: std::sync::Arc<tokio::sync::Mutex<()>>,
+    /// The smallest TTL of a renewal whose outcome stayed unknown: the
+    /// backend may apply it late, so no later deadline may count on more.
+    pub ttl_floor: Option<Duration>,
 }
 
 /// What the API shows of a lease.
@@ -161,18 +177,43 @@ impl Lost {
 #[derive(Default)]
 struct Tables {
     current: HashMap<LockKey, LeaseRecord>,
-    /// Leases that ended here recently (released, replaced, forgotten), so
-    /// a late call with one is answered `lease_lost`, not `not_owner`.
+    /// Leases that ended here (released, lost, replaced), with when they
+    /// may be forgotten: a late call with one is answered `lease_lost`,
+    /// not `not_owner`, and a renewal can never bring one back as an
+    /// "adopted" lease — each is kept at least as long as the backend could
+    /// still hold it (its TTL).
     retired: HashMap<LeaseId, (LockKey, Instant)>,
+    /// `retired` by forget time, to evict the oldest when full.
+    retired_order: BTreeSet<(Instant, LeaseId)>,
     /// When sidecar-renewed leases are next due (renewal or deadline check).
     schedule: BTreeSet<(Instant, LockKey)>,
 }
 
 impl Tables {
-    fn retire(&mut self, rec: &LeaseRecord, now: Instant, cap: usize) {
-        if self.retired.len() < cap {
-            self.retired
-                .insert(rec.lease_id.clone(), (rec.key.clone(), now));
+    fn retire(&mut self, rec: &LeaseRecord, now: Instant, retention: Duration, cap: usize) {
+        let forget_at = now + retention.max(rec.ttl);
+        while self.retired.len() >= cap {
+            let Some((_, oldest)) = self.retired_order.pop_first() else {
+                break;
+            };
+            self.retired.remove(&oldest);
+        }
+        if let Some((_, old_at)) = self
+            .retired
+            .insert(rec.lease_id.clone(), (rec.key.clone(), forget_at))
+        {
+            self.retired_order.remove(&(old_at, rec.lease_id.clone()));
+        }
+        self.retired_order.insert((forget_at, rec.lease_id.clone()));
+    }
+
+    fn forget_retired(&mut self, now: Instant) {
+        while let Some((at, _)) = self.retired_order.first() {
+            if *at > now {
+                break;
+            }
+            let (_, lease) = self.retired_order.pop_first().expect("checked above");
+            self.retired.remove(&lease);
         }
     }
 }
@@ -182,15 +223,34 @@ pub struct LeaseTable {
     retired_cap: usize,
     drift_ratio: f64,
     margin: Duration,
+    /// How long a lost lease stays visible, and an ended one remembered
+    /// (at least: see [`Tables::retired`]).
+    retention: Duration,
+}
+
+/// Why a successful renewal reply could not be applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotRenewed {
+    /// The lease is not (or no longer) the current held lease of the key.
+    Gone,
+    /// The reply came after the local deadline: the lease is lost here
+    /// although the backend renewed it.
+    Late,
 }
 
 impl LeaseTable {
-    pub fn new(drift_ratio: f64, margin: Duration, max_leases: usize) -> LeaseTable {
+    pub fn new(
+        drift_ratio: f64,
+        margin: Duration,
+        max_leases: usize,
+        retention: Duration,
+    ) -> LeaseTable {
         LeaseTable {
             inner: Mutex::new(Tables::default()),
             retired_cap: max_leases,
             drift_ratio,
             margin,
+            retention,
         }
     }
 
@@ -274,8 +334,14 @@ impl LeaseTable {
     pub fn insert(&self, record: LeaseRecord) -> Option<LeaseRecord> {
         let mut t = self.lock();
         let old = t.current.insert(record.key.clone(), record)?;
-        t.retire(&old, Instant::now(), self.retired_cap);
+        t.retire(&old, Instant::now(), self.retention, self.retired_cap);
         old.is_held().then_some(old)
+    }
+
+    /// Whether `lease` ended here (released, lost or replaced) and must not
+    /// come back.
+    pub fn retired(&self, lease: &LeaseId) -> bool {
+        self.lock().retired.contains_key(lease)
     }
 
     /// The record for `key`, with its state brought up to date.
@@ -295,28 +361,47 @@ impl LeaseTable {
         expire(t.current.get_mut(key)?, now)
     }
 
-    /// Applies a successful renewal sent at `sent`, if `lease` is still the
-    /// current, held lease of `key`.
+    /// Applies a successful renewal sent at `sent` with `ttl`, if `lease`
+    /// is still the current, held lease of `key` and the reply is in time.
+    /// The new deadline is computed from this renewal alone (capped by the
+    /// TTL of any renewal whose outcome stayed unknown), never kept from
+    /// an earlier, longer one.
     pub fn renewed(
         &self,
         key: &LockKey,
         lease: &LeaseId,
         sent: Instant,
         ttl: Duration,
-    ) -> Option<LeaseRecord> {
-        let deadline = self.deadline(sent, ttl);
+    ) -> Result<LeaseRecord, NotRenewed> {
         let mut t = self.lock();
         let rec = t
             .current
             .get_mut(key)
-            .filter(|r| &r.lease_id == lease && r.is_held())?;
+            .filter(|r| &r.lease_id == lease && r.is_held())
+            .ok_or(NotRenewed::Gone)?;
         // A reply can arrive after the deadline it would extend: too late.
         if Instant::now() >= rec.deadline {
-            return None;
+            return Err(NotRenewed::Late);
         }
-        rec.deadline = rec.deadline.max(deadline);
+        let effective = rec.ttl_floor.map_or(ttl, |f| f.min(ttl));
+        rec.deadline = self.deadline(sent, effective);
         rec.ttl = ttl;
-        Some(rec.clone())
+        Ok(rec.clone())
+    }
+
+    /// A renewal sent at `sent` with `ttl` whose outcome is unknown: the
+    /// backend may have applied it (or may still), so the lease may end at
+    /// `sent + ttl` — earlier than its deadline if `ttl` is shorter.
+    pub fn renewal_unknown(&self, key: &LockKey, lease: &LeaseId, sent: Instant, ttl: Duration) {
+        let mut t = self.lock();
+        if let Some(rec) = t
+            .current
+            .get_mut(key)
+            .filter(|r| &r.lease_id == lease && r.is_held())
+        {
+            rec.ttl_floor = Some(rec.ttl_floor.map_or(ttl, |f| f.min(ttl)));
+            rec.deadline = rec.deadline.min(self.deadline(sent, ttl));
+        }
     }
 
     /// Marks `key`'s lease lost (if it is `lease` and still held).
@@ -336,7 +421,7 @@ impl LeaseTable {
         let mut t = self.lock();
         if t.current.get(key).is_some_and(|r| &r.lease_id == lease) {
             let rec = t.current.remove(key)?;
-            t.retire(&rec, Instant::now(), self.retired_cap);
+            t.retire(&rec, Instant::now(), self.retention, self.retired_cap);
             return Some(rec);
         }
         None
@@ -356,8 +441,10 @@ impl LeaseTable {
         (recs, total, lost)
     }
 
-    /// Expires overdue leases and forgets lost ones older than `retention`.
-    pub fn sweep(&self, now: Instant, retention: Duration) -> (Vec<Lost>, Vec<LockKey>) {
+    /// Expires overdue leases, moves lost ones older than the retention to
+    /// the retired set, and forgets retired ones whose time is up.
+    pub fn sweep(&self, now: Instant) -> (Vec<Lost>, Vec<LockKey>) {
+        let retention = self.retention;
         let mut t = self.lock();
         let mut lost = Vec::new();
         for rec in t.current.values_mut() {
@@ -374,11 +461,10 @@ impl LeaseTable {
             .collect();
         for key in forgotten {
             if let Some(rec) = t.current.remove(&key) {
-                t.retire(&rec, now, self.retired_cap);
+                t.retire(&rec, now, retention, self.retired_cap);
             }
         }
-        t.retired
-            .retain(|_, (_, at)| now.saturating_duration_since(*at) < retention);
+        t.forget_retired(now);
         let held = t
             .current
             .values()
@@ -399,6 +485,15 @@ impl LeaseTable {
             .collect();
         t.current.clear();
         held
+    }
+
+    /// The record of `lease` on `key`, whatever its state.
+    pub fn record_of(&self, key: &LockKey, lease: &LeaseId) -> Option<LeaseRecord> {
+        self.lock()
+            .current
+            .get(key)
+            .filter(|r| &r.lease_id == lease)
+            .cloned()
     }
 }
 

@@ -60,9 +60,19 @@ pub fn build_backend(
 ) -> Result<DynBackend, StartError> {
     let delay = Duration::from_millis(settings.sidecar.lock_delay_ms);
     Ok(match settings.backend.kind {
-        BackendKind::Memory => Arc::new(MemoryBackend::new(delay, wake)),
-        BackendKind::Redis => Arc::new(RedisBackend::new(&settings.backend.redis, delay, wake)?),
-        BackendKind::Postgres => Arc::new(PgBackend::new(&settings.backend.postgres, delay, wake)?),
+        None => {
+            return Err(StartError::config(
+                "backend.kind",
+                "required: redis, postgres, or memory (development only: locks vanish with the process)",
+            ))
+        }
+        Some(BackendKind::Memory) => Arc::new(MemoryBackend::new(delay, wake)),
+        Some(BackendKind::Redis) => {
+            Arc::new(RedisBackend::new(&settings.backend.redis, delay, wake)?)
+        }
+        Some(BackendKind::Postgres) => {
+            Arc::new(PgBackend::new(&settings.backend.postgres, delay, wake)?)
+        }
     })
 }
 
@@ -130,6 +140,7 @@ impl Sidecar {
             s.clock_drift_ratio,
             Duration::from_millis(s.safety_margin_ms),
             s.max_leases,
+            Duration::from_millis(s.lost_lease_retention_ms),
         );
         let locks = Arc::new(LockManager::new(
             backend,
@@ -154,7 +165,7 @@ impl Sidecar {
                 }),
                 max_leases: s.max_leases,
                 max_fallback: Duration::from_millis(s.max_fallback_ms),
-                lost_retention: Duration::from_millis(s.lost_lease_retention_ms),
+                default_ttl: Duration::from_millis(s.default_ttl_ms),
             },
             shutdown.clone(),
         ));

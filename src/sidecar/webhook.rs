@@ -38,7 +38,9 @@ impl Webhook {
                 let body = json!({
                     "event": "lease_lost",
                     "key": lost.key.as_str(),
-                    "lease_id": lost.lease_id.as_str(),
+                    // The tag, not the id: the id is the credential that
+                    // renews and releases, and webhook receivers log.
+                    "lease_tag": lost.lease_id.tag(),
                     "token": lost.token,
                     "owner": lost.owner,
                     "reason": lost.reason.as_str(),

@@ -107,7 +107,8 @@ impl PgKv {
             pool_size: 16,
             connect_timeout: Duration::from_secs(5),
             wait_timeout: Duration::from_secs(5),
-            server_options: None,
+            statement_timeout: None,
+            lock_timeout: None,
         })?;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {

@@ -20,6 +20,13 @@ use serde_json::{json, Value};
 
 pub const SECRET: &str = "test-secret-0123456789-abcdefghijklmnopqrstuvwxyz";
 
+/// The `fencer` binary under test: this build's, or the one named by
+/// `FENCER_TEST_BIN` (to run a regression test against an older release
+/// and watch it fail).
+pub fn fencer_bin() -> String {
+    std::env::var("FENCER_TEST_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_fencer").to_owned())
+}
+
 /// A free port below the ephemeral range (see `fencer::bench::local::free_port`).
 pub fn free_port() -> u16 {
     fencer::bench::local::free_port().unwrap()
@@ -359,6 +366,8 @@ impl Fencer {
     pub fn gateway(upstream: &str, extra: &[(&str, &str)]) -> Fencer {
         let mut env: Vec<(String, String)> = vec![
             ("gateway.upstream".into(), upstream.into()),
+            // Later entries (the test's) override this default.
+            ("gateway.fence_store".into(), "memory".into()),
             ("signing.secret_env".into(), "FENCER_TEST_SECRET".into()),
             ("log.level".into(), "fencer=debug,info".into()),
         ];
@@ -372,6 +381,7 @@ impl Fencer {
     pub fn gateway_with_config(upstream: &str, toml: &str, extra: &[(&str, &str)]) -> Fencer {
         let mut env: Vec<(String, String)> = vec![
             ("gateway.upstream".into(), upstream.into()),
+            ("gateway.fence_store".into(), "memory".into()),
             ("signing.secret_env".into(), "FENCER_TEST_SECRET".into()),
         ];
         for (k, v) in extra {
@@ -456,7 +466,7 @@ impl Fencer {
             .append(true)
             .open(&self.log)
             .unwrap();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_fencer"));
+        let mut cmd = Command::new(fencer_bin());
         let listen_var = match self.role {
             "sidecar" => "FENCER__SIDECAR__LISTEN",
             "gateway" => "FENCER__GATEWAY__LISTEN",

@@ -1,16 +1,17 @@
-//! In-process fence store (`fencer dev`, tests): a per-key async mutex
-//! around the key's mark. Not durable, not shared between replicas.
+//! In-process fence store (`fencer dev`, tests): the marks in a map. Not
+//! durable, not shared between replicas — so it needs no in-flight stamps:
+//! the key's turn in this process ([`crate::gateway::key_queue`]) is all
+//! the serialization there is.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Mutex;
 
 use async_trait::async_trait;
+use tokio::time::Instant;
 
-use super::{decide, Decision, FenceError, FenceStore, KeyGuard};
+use super::{decide, Decision, FenceError, FenceStore, Stamp};
 
-#[derive(Default)]
-struct Mark {
+struct StoredMark {
     token: u64,
     lease: String,
     seq: u64,
@@ -18,18 +19,7 @@ struct Mark {
 
 #[derive(Default)]
 pub struct MemoryFences {
-    keys: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Mark>>>>,
-}
-
-impl MemoryFences {
-    fn slot(&self, key: &str) -> Arc<tokio::sync::Mutex<Mark>> {
-        self.keys
-            .lock()
-            .expect("fence map poisoned")
-            .entry(key.to_owned())
-            .or_default()
-            .clone()
-    }
+    marks: Mutex<HashMap<String, StoredMark>>,
 }
 
 #[async_trait]
@@ -38,38 +28,44 @@ impl FenceStore for MemoryFences {
         "memory"
     }
 
-    async fn enter(
+    async fn admit(
         &self,
         key: &str,
         token: u64,
         lease: &str,
         seq: Option<u64>,
-        wait: Duration,
-    ) -> Result<(Decision, KeyGuard), FenceError> {
-        let slot = self.slot(key);
-        let mut guard = tokio::time::timeout(wait, slot.lock_owned())
-            .await
-            .map_err(|_| FenceError::Busy)?;
-        let stored = (guard.token > 0).then(|| super::Mark {
-            token: guard.token,
-            lease: guard.lease.as_str(),
-            seq: guard.seq,
+        _stamp: Option<&Stamp>,
+        _deadline: Instant,
+    ) -> Result<Decision, FenceError> {
+        let mut marks = self.marks.lock().expect("fence map poisoned");
+        let stored = marks.get(key).map(|m| super::Mark {
+            token: m.token,
+            lease: m.lease.as_str(),
+            seq: m.seq,
         });
         let decision = decide(stored, token, lease, seq);
         if decision.writes_mark(seq) {
+            let m = marks.entry(key.to_owned()).or_insert(StoredMark {
+                token,
+                lease: String::new(),
+                seq: 0,
+            });
             if decision == Decision::Advanced {
-                guard.token = token;
-                guard.lease = lease.to_owned();
+                m.token = token;
+                m.lease = lease.to_owned();
             }
-            guard.seq = seq.unwrap_or(0);
+            m.seq = seq.unwrap_or(0);
         }
-        Ok((decision, KeyGuard::new(guard)))
+        Ok(decision)
+    }
+
+    async fn finish(&self, _key: &str, _stamp_id: &str) -> Result<(), FenceError> {
+        Ok(())
     }
 
     async fn highest(&self, key: &str) -> Result<Option<(u64, String)>, FenceError> {
-        let slot = self.slot(key);
-        let mark = slot.lock().await;
-        Ok((mark.token > 0).then(|| (mark.token, mark.lease.clone())))
+        let marks = self.marks.lock().expect("fence map poisoned");
+        Ok(marks.get(key).map(|m| (m.token, m.lease.clone())))
     }
 
     async fn ping(&self) -> Result<(), FenceError> {

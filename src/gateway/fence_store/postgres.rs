@@ -1,103 +1,145 @@
 //! Durable fence store on PostgreSQL, shared by every gateway replica.
 //!
-//! Per key, `fencer_fences` holds the highest accepted token, its lease and
-//! that lease's last write sequence.
-//! Serialization across replicas uses a session-level advisory lock on a
-//! hash of the key, held on a pooled connection for the whole forward:
+//! Per key, `fencer_fences` holds the mark and the in-flight stamp (see
+//! [`super`] and [`super::sql`]). A request is admitted by one function
+//! call that locks the key's row for the call only: check the stamp, check
+//! and advance the mark, stamp the key in flight — committed before the
+//! request is forwarded, so a crash cannot forget that a higher token may
+//! have written, nor that a write may still be on its way. The stamp is
+//! cleared by another call when the storage has answered (or after the
+//! uncertain hold), which NOTIFYs a replica that waits for the key.
 //!
-//! 1. `pg_advisory_lock(h)` — waits (bounded by `lock_timeout`) for the
-//!    request in flight on this key, in any replica;
-//! 2. one autocommit statement checks and advances the mark, so the new
-//!    mark is **durable before the request is forwarded** (a crash mid-way
-//!    cannot forget that a higher token may have written);
-//! 3. forward; 4. `pg_advisory_unlock(h)` when the upstream is done.
-//!
-//! If the gateway dies while holding the lock, PostgreSQL ends the session
-//! and releases it. A hash collision between two keys only serializes them
-//! together; it never weakens a check. (Advisory locks need a session:
-//! do not put a transaction-pooling PgBouncer between gateway and database.)
+//! A replica that finds the key stamped by another waits without holding a
+//! database connection: it LISTENs on the key's channel and asks again when
+//! notified, or when the stamp runs out (the other gateway died), bounded by
+//! the serialization timeout.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use deadpool_postgres::{Object, Pool};
-use sha2::{Digest, Sha256};
-use tokio_postgres::error::SqlState;
+use deadpool_postgres::Object;
+use tokio::sync::Notify;
+use tokio::time::Instant;
 
-use super::{decide, Decision, FenceError, FenceStore, KeyGuard, Mark};
+use super::{sql, Decision, FenceError, FenceStore, Stamp};
+use crate::lock::WakeSink;
+use crate::pg::listener::Listener;
+use crate::pg::{RunError, Runner};
 
-/// Created on start-up (and the `seq` column added to tables of earlier
-/// versions). The same table serves `deploy/sql/fencer_fence.sql`.
-pub const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS fencer_fences (
-  key        text PRIMARY KEY,
-  token      bigint NOT NULL,
-  lease_id   text NOT NULL DEFAULT '',
-  seq        bigint NOT NULL DEFAULT 0,
-  updated_at timestamptz NOT NULL DEFAULT now()
-);
-ALTER TABLE fencer_fences ADD COLUMN IF NOT EXISTS seq bigint NOT NULL DEFAULT 0;";
+/// Bound on one readiness probe (below the kubelet's default 1 s).
+const PROBE_TIMEOUT: Duration = Duration::from_millis(800);
 
-/// Check-and-advance in one statement: the mark as it was (`old`, from the
-/// statement's snapshot) and whether the upsert moved it — to a higher
-/// token, or to a higher sequence of the same token and lease. `$4` is the
-/// sequence, -1 when the request has none (never moves a sequence).
-const ADVANCE: &str = "
-WITH old AS (SELECT token, lease_id, seq FROM fencer_fences WHERE key = $1),
-up AS (
-  INSERT INTO fencer_fences AS f (key, token, lease_id, seq, updated_at)
-  VALUES ($1, $2, $3, GREATEST($4::bigint, 0), now())
-  ON CONFLICT (key) DO UPDATE
-    SET token = EXCLUDED.token, lease_id = EXCLUDED.lease_id, seq = EXCLUDED.seq,
-        updated_at = now()
-    WHERE f.token < EXCLUDED.token
-       OR (f.token = EXCLUDED.token AND f.lease_id = EXCLUDED.lease_id AND f.seq < $4::bigint)
-  RETURNING 1
-)
-SELECT (SELECT token FROM old), (SELECT lease_id FROM old), (SELECT seq FROM old),
-       (SELECT count(*) FROM up)";
+/// Prefix of the NOTIFY channels of fence rows.
+const CHANNEL_PREFIX: &str = "fencer_gw";
 
 pub struct PgFences {
-    pool: Pool,
+    runner: Runner,
+    /// A fresh connection per readiness probe: `/readyz` must answer within
+    /// the kubelet's timeout even when every pooled connection is busy
+    /// (issue 10 item 8).
+    probe: (tokio_postgres::Config, crate::pg::Tls),
+    listener: Listener,
+    wakeups: Arc<KeyWakeups>,
+    /// Counts waits for another replica's request, by how they ended.
+    remote_waits: Option<prometheus::IntCounterVec>,
+}
+
+pub struct PgFenceOptions<'a> {
+    pub url: &'a str,
+    pub ca_file: Option<&'a str>,
+    pub pool_size: usize,
+    /// Bound on one call to the database (pool checkout included).
+    pub request_timeout: Duration,
+    /// How long start-up keeps retrying while PostgreSQL is not reachable.
+    pub startup: Duration,
 }
 
 fn unavailable(e: impl std::fmt::Display) -> FenceError {
     FenceError::Unavailable(e.to_string())
 }
 
-/// The advisory lock id of a key.
-fn lock_id(key: &str) -> i64 {
-    let digest = Sha256::digest(key.as_bytes());
-    i64::from_be_bytes(digest[..8].try_into().expect("8 bytes"))
+fn run_error(e: RunError) -> FenceError {
+    FenceError::Unavailable(e.to_string())
+}
+
+/// One wake-up slot per key a local request waits on: the LISTEN
+/// connection's notifications land here.
+#[derive(Default)]
+struct KeyWakeups {
+    slots: Mutex<HashMap<String, Arc<Notify>>>,
+}
+
+impl KeyWakeups {
+    fn slot(&self, key: &str) -> Arc<Notify> {
+        self.slots
+            .lock()
+            .expect("wake-up slots poisoned")
+            .entry(key.to_owned())
+            .or_default()
+            .clone()
+    }
+
+    fn forget(&self, key: &str, slot: &Arc<Notify>) {
+        let mut slots = self.slots.lock().expect("wake-up slots poisoned");
+        // Ours and the map's: nobody else waits on it.
+        if slots.get(key).is_some_and(|s| Arc::ptr_eq(s, slot)) && Arc::strong_count(slot) == 2 {
+            slots.remove(key);
+        }
+    }
+}
+
+impl WakeSink for KeyWakeups {
+    fn released(&self, key: &str) {
+        if let Some(slot) = self.slots.lock().expect("poisoned").get(key) {
+            slot.notify_one();
+        }
+    }
+
+    fn resync(&self) {
+        for slot in self.slots.lock().expect("poisoned").values() {
+            slot.notify_one();
+        }
+    }
 }
 
 impl PgFences {
-    /// Connects and creates the schema, retrying for up to `startup` while
-    /// PostgreSQL is not reachable yet.
-    pub async fn connect(
-        url: &str,
-        ca_file: Option<&str>,
-        pool_size: usize,
-        serialize_timeout: Duration,
-        startup: Duration,
-    ) -> Result<PgFences, FenceError> {
-        let (_, _, pool) = crate::pg::pool(&crate::pg::PgOptions {
-            url,
+    /// Connects and creates what is missing of the schema, retrying for up
+    /// to `o.startup` while PostgreSQL is not reachable yet.
+    pub async fn connect(o: &PgFenceOptions<'_>) -> Result<PgFences, FenceError> {
+        let (config, tls, pool) = crate::pg::pool(&crate::pg::PgOptions {
+            url: o.url,
             application_name: "fencer-gateway",
-            ca_file,
-            pool_size,
+            ca_file: o.ca_file,
+            pool_size: o.pool_size,
             connect_timeout: Duration::from_secs(5),
-            wait_timeout: serialize_timeout,
-            // Bounds the wait for the advisory lock (and any row lock).
-            server_options: Some(format!("-c lock_timeout={}", serialize_timeout.as_millis())),
+            wait_timeout: o.request_timeout,
+            // The backstop for a statement whose caller gave up and whose
+            // cancel request was lost.
+            statement_timeout: Some(o.request_timeout * 2),
+            lock_timeout: Some(o.request_timeout),
         })
         .map_err(FenceError::Unavailable)?;
-        let store = PgFences { pool };
-        let deadline = tokio::time::Instant::now() + startup;
+        let mut probe_config = config.clone();
+        probe_config
+            .application_name("fencer-gateway-probe")
+            .connect_timeout(PROBE_TIMEOUT);
+        let mut listen_config = config.clone();
+        listen_config.application_name("fencer-gateway-listener");
+        let wakeups = Arc::new(KeyWakeups::default());
+        let store = PgFences {
+            runner: Runner::new(pool, tls.clone(), o.request_timeout),
+            probe: (probe_config, tls.clone()),
+            listener: Listener::start(CHANNEL_PREFIX, listen_config, tls, wakeups.clone()),
+            wakeups,
+            remote_waits: None,
+        };
+        let deadline = Instant::now() + o.startup;
         loop {
             match store.migrate().await {
                 Ok(()) => return Ok(store),
-                Err(e) if tokio::time::Instant::now() < deadline => {
+                Err(e) if Instant::now() < deadline => {
                     tracing::warn!(error = %e, "fence store not ready; retrying");
                     tokio::time::sleep(Duration::from_millis(500)).await;
                 }
@@ -106,45 +148,142 @@ impl PgFences {
         }
     }
 
+    /// Counts waits for another replica (`fencer_gateway_remote_waits_total`).
+    pub fn with_metrics(mut self, remote_waits: prometheus::IntCounterVec) -> PgFences {
+        self.remote_waits = Some(remote_waits);
+        self
+    }
+
+    /// Creates the table, columns and functions that are missing — looked
+    /// up in the catalog first, so a start-up against an up-to-date
+    /// database takes no table lock at all; DDL runs under a short
+    /// `lock_timeout`, so a long reader (`pg_dump`) delays start-up instead
+    /// of freezing every other replica's traffic behind the DDL's lock.
     async fn migrate(&self) -> Result<(), FenceError> {
-        let conn = self.pool.get().await.map_err(unavailable)?;
-        conn.batch_execute(SCHEMA).await.map_err(unavailable)
-    }
-
-    async fn conn(&self) -> Result<Object, FenceError> {
-        self.pool.get().await.map_err(|e| match e {
-            deadpool_postgres::PoolError::Timeout(_) => FenceError::Busy,
-            other => unavailable(other),
-        })
-    }
-}
-
-/// Holds the key's advisory lock; dropping it unlocks (in the background).
-struct PgGuard {
-    conn: Option<Object>,
-    lock_id: i64,
-}
-
-impl Drop for PgGuard {
-    fn drop(&mut self) {
-        let Some(conn) = self.conn.take() else { return };
-        let lock_id = self.lock_id;
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        rt.spawn(async move {
-            let unlocked = conn
-                .query_one("SELECT pg_advisory_unlock($1)", &[&lock_id])
+        let pool = self.runner.pool().clone();
+        let mut conn = pool.get().await.map_err(unavailable)?;
+        let (have_cols, have_fns) = catalog(&conn).await.map_err(unavailable)?;
+        let missing_cols: Vec<&(&str, &str)> = sql::COLUMNS
+            .iter()
+            .filter(|(c, _)| !have_cols.iter().any(|h| h == c))
+            .collect();
+        let missing_fns: Vec<&(&str, &str)> = sql::FUNCTIONS
+            .iter()
+            .filter(|(f, _)| !have_fns.iter().any(|h| h == f))
+            .collect();
+        if missing_cols.is_empty() && missing_fns.is_empty() {
+            return Ok(());
+        }
+        let tx = conn.transaction().await.map_err(unavailable)?;
+        tx.batch_execute("SET LOCAL lock_timeout = '5s'")
+            .await
+            .map_err(unavailable)?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&sql::MIGRATE_LOCK])
+            .await
+            .map_err(unavailable)?;
+        // Again under the lock: another replica may have done it meanwhile.
+        let (have_cols, have_fns) = catalog(&tx).await.map_err(unavailable)?;
+        if have_cols.is_empty() {
+            let cols: Vec<String> = sql::COLUMNS
+                .iter()
+                .map(|(c, d)| format!("{c} {d}"))
+                .collect();
+            tx.batch_execute(&format!("CREATE TABLE fencer_fences ({})", cols.join(", ")))
                 .await
-                .map(|row| row.get::<_, bool>(0));
-            if !matches!(unlocked, Ok(true)) {
-                // Never return a connection that may still hold the lock to
-                // the pool (advisory locks are re-entrant per session):
-                // closing the session releases it.
-                tracing::warn!(?unlocked, "advisory unlock failed; discarding connection");
-                drop(Object::take(conn));
+                .map_err(unavailable)?;
+        } else {
+            for (c, d) in sql::COLUMNS {
+                if !have_cols.iter().any(|h| h == c) {
+                    tracing::info!(column = c, "adding column to fencer_fences");
+                    tx.batch_execute(&format!("ALTER TABLE fencer_fences ADD COLUMN {c} {d}"))
+                        .await
+                        .map_err(unavailable)?;
+                }
             }
-        });
+        }
+        for (f, body) in sql::FUNCTIONS {
+            if !have_fns.iter().any(|h| h == f) {
+                tx.batch_execute(body).await.map_err(unavailable)?;
+            }
+        }
+        tx.commit().await.map_err(unavailable)
+    }
+
+    async fn call_admit(
+        &self,
+        key: &str,
+        token: i64,
+        lease: &str,
+        seq: i64,
+        stamp: (&str, i64),
+    ) -> Result<(i32, Option<i64>, Option<String>, Option<i64>, i64), FenceError> {
+        let (key, lease, stamp_id) = (key.to_owned(), lease.to_owned(), stamp.0.to_owned());
+        let hold_ms = stamp.1;
+        self.runner
+            .run(
+                move |conn: Object| async move {
+                    let r = async {
+                        let stmt = conn.prepare_cached(sql::CALL_ADMIT).await?;
+                        conn.query_one(&stmt, &[&key, &token, &lease, &seq, &stamp_id, &hold_ms])
+                            .await
+                    }
+                    .await;
+                    (conn, r)
+                },
+                None,
+            )
+            .await
+            .map_err(run_error)
+            .map(|row| (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4)))
+    }
+
+    fn count_wait(&self, result: &str) {
+        if let Some(c) = &self.remote_waits {
+            c.with_label_values(&[result]).inc();
+        }
+    }
+}
+
+/// The columns of `fencer_fences` and the `fencer_gw_*` functions that
+/// exist in the current schema.
+async fn catalog(
+    conn: &impl deadpool_postgres::GenericClient,
+) -> Result<(Vec<String>, Vec<String>), tokio_postgres::Error> {
+    let cols = conn
+        .query(
+            "SELECT column_name::text FROM information_schema.columns
+              WHERE table_schema = current_schema() AND table_name = 'fencer_fences'",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get::<_, String>(0))
+        .collect();
+    let fns = conn
+        .query(
+            "SELECT p.proname::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+              WHERE n.nspname = current_schema() AND p.proname LIKE 'fencer\\_gw\\_%'",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get::<_, String>(0))
+        .collect();
+    Ok((cols, fns))
+}
+
+fn outcome(code: i32, token: Option<i64>, seq: Option<i64>, asked_seq: i64) -> Decision {
+    let token = token.unwrap_or(0) as u64;
+    match code {
+        0 => Decision::Advanced,
+        1 => Decision::Same,
+        3 => Decision::StaleSeq {
+            last: seq.unwrap_or(0) as u64,
+        },
+        5 => Decision::DuplicateSeq {
+            seq: asked_seq as u64,
+        },
+        _ => Decision::Stale { highest: token },
     }
 }
 
@@ -154,84 +293,122 @@ impl FenceStore for PgFences {
         "postgres"
     }
 
-    async fn enter(
+    async fn admit(
         &self,
         key: &str,
         token: u64,
         lease: &str,
         seq: Option<u64>,
-        wait: Duration,
-    ) -> Result<(Decision, KeyGuard), FenceError> {
+        stamp: Option<&Stamp>,
+        deadline: Instant,
+    ) -> Result<Decision, FenceError> {
         let token_i = i64::try_from(token).map_err(|_| unavailable("token above i64 range"))?;
         let seq_i = match seq {
             Some(s) => i64::try_from(s).map_err(|_| unavailable("sequence above i64 range"))?,
             None => -1,
         };
-        let conn = tokio::time::timeout(wait, self.conn())
-            .await
-            .map_err(|_| FenceError::Busy)??;
-        let id = lock_id(key);
-        let lock_stmt = conn
-            .prepare_cached("SELECT pg_advisory_lock($1)")
-            .await
-            .map_err(unavailable)?;
-        if let Err(e) = conn.execute(&lock_stmt, &[&id]).await {
-            let busy = e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE)
-                || e.code() == Some(&SqlState::QUERY_CANCELED);
-            if !busy {
-                drop(Object::take(conn));
-                return Err(unavailable(e));
-            }
-            return Err(FenceError::Busy);
-        }
-        let guard = PgGuard {
-            conn: Some(conn),
-            lock_id: id,
+        let (stamp_id, hold_ms) = match stamp {
+            Some(s) => (
+                s.id.as_str(),
+                s.hold.as_millis().clamp(1, i64::MAX as u128) as i64,
+            ),
+            None => ("", 0),
         };
-        let conn = guard.conn.as_ref().expect("just set");
-        let advance = conn.prepare_cached(ADVANCE).await.map_err(unavailable)?;
-        let row = conn
-            .query_one(&advance, &[&key, &token_i, &lease, &seq_i])
-            .await
-            .map_err(unavailable)?;
-        let (old_token, old_lease, old_seq, moved): (
-            Option<i64>,
-            Option<String>,
-            Option<i64>,
-            i64,
-        ) = (row.get(0), row.get(1), row.get(2), row.get(3));
-        let stored = old_token.map(|t| Mark {
-            token: t as u64,
-            lease: old_lease.as_deref().unwrap_or(""),
-            seq: old_seq.unwrap_or(0) as u64,
-        });
-        let mut decision = decide(stored, token, lease, seq);
-        if decision.writes_mark(seq) && moved == 0 {
-            // The row changed between the snapshot and the upsert (only
-            // possible when something else than a gateway — e.g.
-            // fencer_fence() — writes the same key): refuse, never guess.
-            decision = Decision::Stale {
-                highest: old_token.unwrap_or(0) as u64,
-            };
+        // Watching starts before the second call, so a NOTIFY sent between
+        // a "busy" answer and our wait is not missed.
+        let mut watching = None;
+        loop {
+            let (code, mark_token, _lease, mark_seq, busy_ms) = self
+                .call_admit(key, token_i, lease, seq_i, (stamp_id, hold_ms))
+                .await?;
+            if code != 4 {
+                if let Some((slot, _watch)) = watching.take() {
+                    self.wakeups.forget(key, &slot);
+                    self.count_wait("admitted");
+                }
+                return Ok(outcome(code, mark_token, mark_seq, seq_i));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                if let Some((slot, _)) = watching.take() {
+                    self.wakeups.forget(key, &slot);
+                }
+                self.count_wait("timeout");
+                return Err(FenceError::Busy);
+            }
+            match &watching {
+                None => {
+                    let slot = self.wakeups.slot(key);
+                    let watch = self.listener.watch(key, deadline - now).await;
+                    watching = Some((slot, watch));
+                    // Ask again at once: the stamp may have been cleared
+                    // before we listened.
+                }
+                Some((slot, _)) => {
+                    // Woken by the NOTIFY of the stamp's owner, or when the
+                    // stamp runs out (its gateway died).
+                    let until = (now + Duration::from_millis(busy_ms as u64)).min(deadline);
+                    tokio::select! {
+                        _ = slot.notified() => {}
+                        _ = tokio::time::sleep_until(until) => {}
+                    }
+                }
+            }
         }
-        Ok((decision, KeyGuard::new(guard)))
+    }
+
+    async fn finish(&self, key: &str, stamp_id: &str) -> Result<(), FenceError> {
+        let (key, stamp_id) = (key.to_owned(), stamp_id.to_owned());
+        let channel = self.listener.channel(&key);
+        self.runner
+            .run(
+                move |conn: Object| async move {
+                    let r = async {
+                        let stmt = conn.prepare_cached(sql::CALL_FINISH).await?;
+                        conn.query_one(&stmt, &[&key, &stamp_id, &channel]).await
+                    }
+                    .await;
+                    (conn, r)
+                },
+                None,
+            )
+            .await
+            .map_err(run_error)
+            .map(|_| ())
     }
 
     async fn highest(&self, key: &str) -> Result<Option<(u64, String)>, FenceError> {
-        let conn = self.conn().await?;
-        let row = conn
-            .query_opt(
-                "SELECT token, lease_id FROM fencer_fences WHERE key = $1",
-                &[&key],
+        let key = key.to_owned();
+        let row = self
+            .runner
+            .run(
+                move |conn: Object| async move {
+                    let r = conn.query_opt(sql::HIGHEST, &[&key]).await;
+                    (conn, r)
+                },
+                None,
             )
             .await
-            .map_err(unavailable)?;
+            .map_err(run_error)?;
         Ok(row.map(|r| (r.get::<_, i64>(0) as u64, r.get::<_, String>(1))))
     }
 
     async fn ping(&self) -> Result<(), FenceError> {
-        let conn = self.conn().await?;
-        conn.simple_query("SELECT 1").await.map_err(unavailable)?;
-        Ok(())
+        let (config, tls) = &self.probe;
+        let probe = async {
+            let (client, conn) = config.connect(tls.clone()).await.map_err(unavailable)?;
+            let driver = tokio::spawn(conn);
+            let r = client
+                .simple_query("SELECT 1 FROM fencer_fences LIMIT 0")
+                .await
+                .map(|_| ())
+                .map_err(unavailable);
+            drop(client);
+            let _ = driver.await;
+            r
+        };
+        tokio::time::timeout(PROBE_TIMEOUT, probe)
+            .await
+            .map_err(|_| unavailable("readiness probe timed out"))?
     }
 }

@@ -8,7 +8,6 @@
 //! operation is one autocommit statement on a pooled connection), leases
 //! expire by themselves, and waiters are woken by NOTIFY, not polling.
 
-pub mod listener;
 pub mod sql;
 
 use std::sync::Arc;
@@ -17,15 +16,27 @@ use std::time::Duration;
 use async_trait::async_trait;
 use deadpool_postgres::{Object, Pool};
 
-use self::listener::Listener;
 use super::{
     Attempt, BackendError, LeaseId, LockBackend, LockKey, Ownership, WakeSink, WatchGuard,
 };
+use crate::pg::listener::Listener;
+use crate::pg::runner::Compensation;
+use crate::pg::{RunError, Runner};
 use crate::settings::PostgresSettings;
 
+/// Prefix of the NOTIFY channels of lock releases.
+const CHANNEL_PREFIX: &str = "fencer";
+
+type Params = Vec<Box<dyn tokio_postgres::types::ToSql + Sync + Send>>;
+
+/// Every statement runs through a [`Runner`]: in a task that owns its
+/// connection, so a caller that times out or is cancelled never returns a
+/// connection to the pool with its statement still running, and a lock that
+/// such a statement grants after all is released on the same connection
+/// (issue 10 items 1 and 4). The server's own `statement_timeout` (below
+/// the request timeout) ends a stuck statement with a known failure first.
 pub struct PgBackend {
-    pool: Pool,
-    timeout: Duration,
+    runner: Runner,
     lock_delay_ms: i64,
     listener: Listener,
 }
@@ -51,15 +62,16 @@ impl PgBackend {
             pool_size: settings.pool_size,
             connect_timeout: Duration::from_millis(settings.connect_timeout_ms),
             wait_timeout: timeout,
-            server_options: None,
+            // The server gives up first, with a known failure.
+            statement_timeout: Some(timeout.mul_f64(0.8)),
+            lock_timeout: Some(timeout / 2),
         })
         .map_err(BackendError::Unavailable)?;
         config.application_name("fencer-listener");
         let backend = PgBackend {
-            pool: pool.clone(),
-            timeout,
+            runner: Runner::new(pool.clone(), tls.clone(), timeout),
             lock_delay_ms: ms(lock_delay),
-            listener: Listener::start(config, tls, wake),
+            listener: Listener::start(CHANNEL_PREFIX, config, tls, wake),
         };
         tokio::spawn(maintain(
             pool,
@@ -69,50 +81,58 @@ impl PgBackend {
         Ok(backend)
     }
 
-    /// Runs `f` on a pooled connection, bounded by the request timeout.
-    /// A connection that failed is discarded, not returned to the pool.
-    async fn with_conn<T, F, Fut>(&self, f: F) -> Result<T, BackendError>
-    where
-        F: FnOnce(Object) -> Fut,
-        Fut: std::future::Future<Output = (Object, Result<T, tokio_postgres::Error>)>,
-    {
-        let work = async {
-            let conn = self.pool.get().await.map_err(unavailable)?;
-            let (conn, result) = f(conn).await;
-            match result {
-                Ok(v) => Ok(v),
-                Err(e) => {
-                    if e.is_closed() || e.code().is_none() {
-                        drop(Object::take(conn));
-                    }
-                    Err(unavailable(e))
-                }
-            }
-        };
-        tokio::time::timeout(self.timeout, work)
-            .await
-            .map_err(|_| BackendError::Unavailable("postgres request timed out".into()))?
-    }
-
+    /// Runs one statement through the runner; `compensate` undoes it if it
+    /// succeeds after its caller gave up.
     async fn query(
         &self,
         statement: &'static str,
-        params: Vec<Box<dyn tokio_postgres::types::ToSql + Sync + Send>>,
+        params: Params,
+        compensate: Option<Compensation<Vec<tokio_postgres::Row>>>,
     ) -> Result<Vec<tokio_postgres::Row>, BackendError> {
-        self.with_conn(|conn| async move {
-            let result = async {
-                let stmt = conn.prepare_cached(statement).await?;
-                let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = params
-                    .iter()
-                    .map(|p| p.as_ref() as &(dyn tokio_postgres::types::ToSql + Sync))
-                    .collect();
-                conn.query(&stmt, &refs).await
-            }
-            .await;
-            (conn, result)
-        })
-        .await
+        self.runner
+            .run(
+                move |conn: Object| async move {
+                    let result = async {
+                        let stmt = conn.prepare_cached(statement).await?;
+                        let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = params
+                            .iter()
+                            .map(|p| p.as_ref() as &(dyn tokio_postgres::types::ToSql + Sync))
+                            .collect();
+                        conn.query(&stmt, &refs).await
+                    }
+                    .await;
+                    (conn, result)
+                },
+                compensate,
+            )
+            .await
+            .map_err(|e| match e {
+                // The server refused or cancelled it: not applied.
+                RunError::Db(e) if !crate::pg::connection_suspect(&e) => {
+                    BackendError::Protocol(e.to_string())
+                }
+                other => unavailable(other),
+            })
     }
+}
+
+/// Releases, on the acquire's own connection, a lock that an acquire whose
+/// caller gave up was granted after all.
+fn release_if_granted(
+    key: String,
+    lease: String,
+    channel: String,
+) -> Compensation<Vec<tokio_postgres::Row>> {
+    Box::new(move |conn: Object, rows: Vec<tokio_postgres::Row>| {
+        Box::pin(async move {
+            let granted = rows.first().is_some_and(|r| r.get::<_, i32>(0) == 1);
+            if granted {
+                let r = conn.query(sql::RELEASE, &[&key, &lease, &channel]).await;
+                tracing::info!(key = %key, released = r.is_ok(), "released a lock granted to an abandoned acquire");
+            }
+            conn
+        })
+    })
 }
 
 fn ms(d: Duration) -> i64 {
@@ -208,6 +228,11 @@ impl LockBackend for PgBackend {
                     Box::new(ms(ttl)),
                     Box::new(self.lock_delay_ms),
                 ],
+                Some(release_if_granted(
+                    key.as_str().to_owned(),
+                    lease.as_str().to_owned(),
+                    self.listener.channel(key.as_str()),
+                )),
             )
             .await?;
         let Some(row) = rows.first() else {
@@ -240,6 +265,7 @@ impl LockBackend for PgBackend {
                     Box::new(lease.as_str().to_owned()),
                     Box::new(ms(ttl)),
                 ],
+                None,
             )
             .await?;
         ownership(&rows)
@@ -252,8 +278,9 @@ impl LockBackend for PgBackend {
                 vec![
                     Box::new(key.as_str().to_owned()),
                     Box::new(lease.as_str().to_owned()),
-                    Box::new(listener::channel(key.as_str())),
+                    Box::new(self.listener.channel(key.as_str())),
                 ],
+                None,
             )
             .await?;
         ownership(&rows)
@@ -276,6 +303,7 @@ impl LockBackend for PgBackend {
             .query(
                 sql::RENEW_MANY,
                 vec![Box::new(keys), Box::new(leases), Box::new(ttls)],
+                None,
             )
             .await?;
         Ok(rows
@@ -298,23 +326,19 @@ impl LockBackend for PgBackend {
         self.query(
             sql::RAISE_FLOOR,
             vec![Box::new(key.as_str().to_owned()), Box::new(floor)],
+            None,
         )
         .await
         .map(|_| ())
     }
 
-    async fn watch(&self, key: &LockKey) -> WatchGuard {
-        WatchGuard::new(self.listener.watch(key.as_str()).await)
+    async fn watch(&self, key: &LockKey, timeout: Duration) -> WatchGuard {
+        WatchGuard::new(self.listener.watch(key.as_str(), timeout).await)
     }
 
     async fn ping(&self) -> Result<(), BackendError> {
-        self.with_conn(|conn| async move {
-            let r = conn
-                .simple_query("SELECT 1 FROM fencer_locks LIMIT 0")
-                .await
-                .map(|_| ());
-            (conn, r)
-        })
-        .await
+        self.query("SELECT 1 FROM fencer_locks LIMIT 0", Vec::new(), None)
+            .await
+            .map(|_| ())
     }
 }

@@ -55,7 +55,12 @@ WITH up AS (
           clock_timestamp() + $4::bigint * interval '1 millisecond', clock_timestamp(), $5::bigint)
   ON CONFLICT (key) DO UPDATE
      SET lease_id = EXCLUDED.lease_id, owner = EXCLUDED.owner, token = l.token + 1,
-         expires_at = EXCLUDED.expires_at, updated_at = EXCLUDED.updated_at,
+         -- The expiry counts from the moment the row is taken, not from
+         -- the VALUES above, which were computed before a wait for the
+         -- row's lock: a lease that started late must not end early here
+         -- while the sidecar's deadline counts from its send time.
+         expires_at = clock_timestamp() + $4::bigint * interval '1 millisecond',
+         updated_at = clock_timestamp(),
          delay_ms = EXCLUDED.delay_ms
    WHERE l.lease_id IS NULL
       OR l.expires_at + l.delay_ms * interval '1 millisecond' <= clock_timestamp()

@@ -124,12 +124,20 @@ impl RedisBackend {
         match tokio::time::timeout(self.timeout, inv.invoke_async::<(i64, String)>(&mut conn)).await
         {
             Err(_) => Err(BackendError::Unavailable("redis request timed out".into())),
-            Ok(Err(e)) if e.kind() == redis::ErrorKind::UnexpectedReturnType => {
-                Err(BackendError::Protocol(e.to_string()))
-            }
-            Ok(Err(e)) => Err(BackendError::Unavailable(e.to_string())),
+            Ok(Err(e)) => Err(classify(e)),
             Ok(Ok(v)) => Ok(v),
         }
+    }
+}
+
+/// An error after which the command may or may not have run (I/O, a
+/// dropped connection, a timeout) is `Unavailable`; an error reply from
+/// Redis (the script refused, `READONLY`, `OOM`) is a known failure.
+fn classify(e: redis::RedisError) -> BackendError {
+    if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal() {
+        BackendError::Unavailable(e.to_string())
+    } else {
+        BackendError::Protocol(e.to_string())
     }
 }
 
@@ -238,7 +246,7 @@ impl LockBackend for RedisBackend {
         )
         .await
         .map_err(|_| BackendError::Unavailable("redis request timed out".into()))?
-        .map_err(|e| BackendError::Unavailable(e.to_string()))?;
+        .map_err(classify)?;
         if reply.len() != items.len() * 2 {
             return Err(BackendError::Protocol(format!(
                 "renew_many returned {} values",
@@ -264,10 +272,10 @@ impl LockBackend for RedisBackend {
         self.invoke(inv).await.map(|_| ())
     }
 
-    async fn watch(&self, key: &LockKey) -> WatchGuard {
+    async fn watch(&self, key: &LockKey, timeout: Duration) -> WatchGuard {
         WatchGuard::new(
             self.subscriber
-                .watch(self.keys(key).channel(), key.as_str())
+                .watch(self.keys(key).channel(), key.as_str(), timeout)
                 .await,
         )
     }

@@ -21,7 +21,9 @@ use redis::Script;
 /// In `hybrid` mode the next token is `max(counter + 1, TIME_ms * 1024)`, so
 /// a counter lost with an unpersisted restart or a failover to a lagging
 /// replica still moves forward. Numbers stay below 2^53, where Lua's doubles
-/// are exact, until the year ~2250.
+/// are exact, until the year ~2250; a counter at 2^53 (raised there by a
+/// repair) is refused rather than rounded into a token already issued.
+/// In `counter` mode the token is the counter's string, exact to 2^63.
 pub const ACQUIRE: &str = r#"
 local cur = redis.call('GET', KEYS[1])
 if cur then
@@ -39,12 +41,20 @@ local tok
 if ARGV[3] == 'hybrid' then
   local t = redis.call('TIME')
   local floor = tonumber(t[1]) * 1024000 + math.floor(tonumber(t[2]) / 1000) * 1024
-  local c = tonumber(redis.call('GET', KEYS[2]) or '0') + 1
+  local c = tonumber(redis.call('GET', KEYS[2]) or '0')
+  if c >= 9007199254740991 then
+    return redis.error_reply('fencer: token counter at 2^53; Lua numbers are no longer exact')
+  end
+  c = c + 1
   if c < floor then c = floor end
   tok = string.format('%.0f', c)
   redis.call('SET', KEYS[2], tok)
 else
-  tok = tostring(redis.call('INCR', KEYS[2]))
+  -- INCR is exact 64-bit arithmetic in Redis; its reply becomes a Lua
+  -- double, which tostring() prints as 1e+14 from 10^14 up. Read the
+  -- counter back as the string Redis keeps instead.
+  redis.call('INCR', KEYS[2])
+  tok = redis.call('GET', KEYS[2])
 end
 redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. tok, 'PX', ARGV[2])
 if tonumber(ARGV[4]) > 0 then
@@ -112,10 +122,15 @@ end
 return out
 "#;
 
-/// KEYS: counter. ARGV: floor. Raises the counter to at least the floor.
+/// KEYS: counter. ARGV: floor (decimal digits). Raises the counter to at
+/// least the floor. Compared as decimal strings (length, then digits), not
+/// as Lua doubles, which round above 2^53.
 pub const RAISE_FLOOR: &str = r#"
-local c = tonumber(redis.call('GET', KEYS[1]) or '0')
-if c < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end
+local cur = redis.call('GET', KEYS[1]) or '0'
+local f = ARGV[1]
+if string.len(cur) < string.len(f) or (string.len(cur) == string.len(f) and cur < f) then
+  redis.call('SET', KEYS[1], f)
+end
 return {1, ''}
 "#;
 

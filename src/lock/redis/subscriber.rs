@@ -23,10 +23,16 @@ const JANITOR_INTERVAL: Duration = Duration::from_secs(10);
 
 pub struct Subscriber {
     channels: Channels<PubSubSink>,
+    /// Bound on one SUBSCRIBE, UNSUBSCRIBE or PING.
+    call_timeout: Duration,
 }
 
 async fn subscribe(mut sink: PubSubSink, channel: String) -> Result<(), String> {
     sink.subscribe(&channel).await.map_err(|e| e.to_string())
+}
+
+async fn unsubscribe(mut sink: PubSubSink, channel: String) -> Result<(), String> {
+    sink.unsubscribe(&channel).await.map_err(|e| e.to_string())
 }
 
 impl Subscriber {
@@ -38,12 +44,23 @@ impl Subscriber {
     ) -> Subscriber {
         let channels = Channels::new();
         tokio::spawn(run(client, prefix, connect_timeout, wake, channels.clone()));
-        Subscriber { channels }
+        Subscriber {
+            channels,
+            call_timeout: connect_timeout,
+        }
     }
 
-    /// Ensures `key`'s channel is subscribed (when connected) before returning.
-    pub async fn watch(&self, channel: String, key: &str) -> ChannelWatch<PubSubSink> {
-        self.channels.watch(channel, key, subscribe).await
+    /// Ensures `key`'s channel is subscribed (when connected) before
+    /// returning, waiting at most `timeout` (and the call timeout) for it.
+    pub async fn watch(
+        &self,
+        channel: String,
+        key: &str,
+        timeout: Duration,
+    ) -> ChannelWatch<PubSubSink> {
+        self.channels
+            .watch(channel, key, subscribe, timeout.min(self.call_timeout))
+            .await
     }
 }
 
@@ -71,7 +88,11 @@ async fn run(
         };
         backoff = Duration::from_millis(50);
         let (mut sink, mut stream) = pubsub.split();
-        if !channels.connected(sink.clone(), subscribe).await {
+        if !channels
+            .connected(sink.clone(), subscribe, connect_timeout)
+            .await
+        {
+            channels.disconnected();
             continue;
         }
         tracing::info!("pub/sub connected");
@@ -100,13 +121,13 @@ async fn run(
                     }
                 }
                 _ = janitor.tick() => {
-                    for name in channels.take_idle().await {
-                        let _ = sink.unsubscribe(&name).await;
+                    for key in channels.sweep_idle(unsubscribe, subscribe, connect_timeout).await {
+                        wake.released(&key);
                     }
                 }
             }
         }
-        channels.disconnected().await;
+        channels.disconnected();
         tracing::warn!("pub/sub connection lost");
     }
 }

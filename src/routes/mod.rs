@@ -3,7 +3,10 @@
 //! Used by the egress proxy (to find the lock a request needs when the
 //! application does not send `Fencing-Lock`) and by the gateway (to bind a
 //! path to the only key whose token may write it, so a token for one
-//! resource cannot authorise writes to another).
+//! resource cannot authorise writes to another). Both match the path in its
+//! normal form ([`path::normalize`]), never the raw request target.
+
+pub mod path;
 
 use serde::Deserialize;
 
@@ -75,6 +78,11 @@ impl Routes {
             if !spec.path.starts_with('/') {
                 return Err(err("path must start with `/`".into()));
             }
+            if path::normalize(&spec.path).as_deref() != Ok(spec.path.as_str()) {
+                return Err(err(
+                    "path must be in normal form: no empty, `.` or `..` segments, no trailing `/`, no percent-escapes of unreserved characters".into(),
+                ));
+            }
             let mut segments = Vec::new();
             for seg in spec.path[1..].split('/') {
                 let parsed = parse_template(seg).map_err(err)?;
@@ -114,7 +122,8 @@ impl Routes {
         self.0.is_empty()
     }
 
-    /// The key named by `path` (without query), if a route matches.
+    /// The key named by `path` (without query, in normal form), if a route
+    /// matches.
     pub fn key_for(&self, path: &str) -> Option<String> {
         let parts: Vec<&str> = path.strip_prefix('/')?.split('/').collect();
         'routes: for route in &self.0 {
@@ -199,5 +208,8 @@ mod tests {
         assert!(bad("/accounts/x{id}", "a:{id}"));
         assert!(bad("/accounts/{id", "a:{id}"));
         assert!(bad("/accounts/{id}", ""));
+        assert!(bad("/accounts/{id}/", "a:{id}"));
+        assert!(bad("/a//{id}", "a:{id}"));
+        assert!(bad("/a/../{id}", "a:{id}"));
     }
 }

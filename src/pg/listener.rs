@@ -1,10 +1,13 @@
-//! Release notifications over LISTEN/NOTIFY.
+//! Notifications over LISTEN/NOTIFY, for the lock backend's wake-ups and the
+//! gateway's cross-replica hand-overs.
 //!
 //! A dedicated connection (a pooled one would hide notifications from
 //! whoever holds it next). Each watched key has its own channel,
-//! `fencer_<16 hex of sha256(key)>`, LISTENed while a waiter of this sidecar
-//! watches it ([`Channels`]). On reconnect every channel is LISTENed again
-//! and every queue re-checks, since notifications sent meanwhile are lost.
+//! `<prefix>_<16 hex of sha256(key)>`, LISTENed while something in this
+//! process watches it ([`Channels`]). On reconnect every channel is LISTENed
+//! again and every waiter re-checks, since notifications sent meanwhile are
+//! lost. Every network call has a timeout and none is made while holding the
+//! channel registry's lock.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,21 +17,24 @@ use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 use tokio_postgres::{AsyncMessage, Client};
 
+use super::Tls;
 use crate::lock::channels::{ChannelWatch, Channels};
 use crate::lock::WakeSink;
-use crate::pg::Tls;
 
 const JANITOR_INTERVAL: Duration = Duration::from_secs(10);
 const PING_INTERVAL: Duration = Duration::from_secs(5);
+/// Bound on one LISTEN, UNLISTEN or ping.
+const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The notification channel of a key (a safe identifier: hex only).
-pub fn channel(key: &str) -> String {
+pub fn channel(prefix: &str, key: &str) -> String {
     let digest = Sha256::digest(key.as_bytes());
     let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
-    format!("fencer_{hex}")
+    format!("{prefix}_{hex}")
 }
 
 pub struct Listener {
+    prefix: &'static str,
     channels: Channels<Arc<Client>>,
 }
 
@@ -39,16 +45,42 @@ async fn listen(client: Arc<Client>, channel: String) -> Result<(), String> {
         .map_err(|e| e.to_string())
 }
 
+async fn unlisten(client: Arc<Client>, channel: String) -> Result<(), String> {
+    client
+        .batch_execute(&format!("UNLISTEN \"{channel}\""))
+        .await
+        .map_err(|e| e.to_string())
+}
+
 impl Listener {
-    pub fn start(config: tokio_postgres::Config, tls: Tls, wake: Arc<dyn WakeSink>) -> Listener {
+    /// Starts the connection task. `prefix` names the channels (`fencer`
+    /// for lock releases, `fencer_gw` for the gateway's fence rows).
+    pub fn start(
+        prefix: &'static str,
+        config: tokio_postgres::Config,
+        tls: Tls,
+        wake: Arc<dyn WakeSink>,
+    ) -> Listener {
         let channels = Channels::new();
         tokio::spawn(run(config, tls, wake, channels.clone()));
-        Listener { channels }
+        Listener { prefix, channels }
     }
 
-    /// LISTENs on `key`'s channel (when connected) before returning.
-    pub async fn watch(&self, key: &str) -> ChannelWatch<Arc<Client>> {
-        self.channels.watch(channel(key), key, listen).await
+    /// LISTENs on `key`'s channel (when connected) before returning,
+    /// waiting at most `timeout` for it.
+    pub async fn watch(&self, key: &str, timeout: Duration) -> ChannelWatch<Arc<Client>> {
+        self.channels
+            .watch(
+                channel(self.prefix, key),
+                key,
+                listen,
+                timeout.min(CALL_TIMEOUT),
+            )
+            .await
+    }
+
+    pub fn channel(&self, key: &str) -> String {
+        channel(self.prefix, key)
     }
 }
 
@@ -60,10 +92,11 @@ async fn run(
 ) {
     let mut backoff = Duration::from_millis(50);
     loop {
-        let (client, mut connection) = match config.connect(tls.clone()).await {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::debug!(error = %e, "listener connect failed");
+        let connect = tokio::time::timeout(CALL_TIMEOUT * 2, config.connect(tls.clone())).await;
+        let (client, mut connection) = match connect {
+            Ok(Ok(c)) => c,
+            failed => {
+                tracing::debug!(error = ?failed.map(|r| r.err()), "listener connect failed");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(2));
                 continue;
@@ -87,8 +120,12 @@ async fn run(
             }
         });
         let client = Arc::new(client);
-        if !channels.connected(client.clone(), listen).await {
+        if !channels
+            .connected(client.clone(), listen, CALL_TIMEOUT)
+            .await
+        {
             driver.abort();
+            channels.disconnected();
             continue;
         }
         tracing::info!("LISTEN connection established");
@@ -102,26 +139,26 @@ async fn run(
             tokio::select! {
                 msg = rx.recv() => {
                     let Some(name) = msg else { break };
-                    if let Some(key) = channels.key_of(&name).await {
+                    if let Some(key) = channels.key_of(&name) {
                         wake.released(&key);
                     }
                 }
                 _ = ping.tick() => {
                     // A silently dead connection would leave waiters deaf.
-                    let alive = tokio::time::timeout(Duration::from_secs(5), client.simple_query("SELECT 1")).await;
+                    let alive = tokio::time::timeout(CALL_TIMEOUT, client.simple_query("SELECT 1")).await;
                     if !matches!(alive, Ok(Ok(_))) {
                         break;
                     }
                 }
                 _ = janitor.tick() => {
-                    for name in channels.take_idle().await {
-                        let _ = client.batch_execute(&format!("UNLISTEN \"{name}\"")).await;
+                    for key in channels.sweep_idle(unlisten, listen, CALL_TIMEOUT).await {
+                        wake.released(&key);
                     }
                 }
             }
         }
         driver.abort();
-        channels.disconnected().await;
+        channels.disconnected();
         tracing::warn!("LISTEN connection lost; reconnecting");
     }
 }

@@ -1,0 +1,119 @@
+//! The SQL of the PostgreSQL fence store.
+//!
+//! `fencer_fences` keeps one row per key: the mark (`token`, `lease_id` —
+//! the lease's *tag*, never its id — and `seq`) and the in-flight stamp
+//! (`inflight_id`, `inflight_until`, and `wake`: whether a replica waits
+//! for the stamp to clear and wants a NOTIFY when it does).
+//!
+//! Check-and-advance is one function call per request, holding the row's
+//! lock only for the call: no connection or transaction stays open while
+//! the request is forwarded. The functions carry a version suffix: a future
+//! change of their body gets a new name, so replicas of two versions can
+//! run side by side during a roll-out.
+
+/// Serializes schema changes of concurrently starting gateways.
+pub const MIGRATE_LOCK: i64 = 0x6665_6e63_6572_0003;
+
+/// The columns the store needs, with their definitions, in table order.
+pub const COLUMNS: &[(&str, &str)] = &[
+    ("key", "text PRIMARY KEY"),
+    ("token", "bigint NOT NULL"),
+    ("lease_id", "text NOT NULL DEFAULT ''"),
+    ("seq", "bigint NOT NULL DEFAULT 0"),
+    ("updated_at", "timestamptz NOT NULL DEFAULT now()"),
+    ("inflight_id", "text"),
+    ("inflight_until", "timestamptz"),
+    ("wake", "boolean NOT NULL DEFAULT false"),
+];
+
+/// The functions, by name, with their definitions.
+pub const FUNCTIONS: &[(&str, &str)] = &[
+    ("fencer_gw_admit_v1", ADMIT),
+    ("fencer_gw_finish_v1", FINISH),
+];
+
+/// `fencer_gw_admit_v1(key, token, lease tag, seq (-1: none), stamp id,
+/// hold ms (0: no stamp))` → `(outcome, mark token, mark lease, mark seq,
+/// busy ms)`.
+///
+/// Outcomes: 0 advanced, 1 same, 2 stale, 3 stale sequence, 4 busy (another
+/// request is in flight for `busy ms` more; the caller waits and asks
+/// again), 5 duplicate sequence. The mark columns are the row as it was
+/// (NULL when the key is new). The rule is [`super::decide`]'s.
+const ADMIT: &str = r#"
+CREATE FUNCTION fencer_gw_admit_v1(p_key text, p_token bigint, p_lease text, p_seq bigint,
+                                   p_stamp text, p_hold_ms bigint)
+RETURNS TABLE (o_outcome int, o_token bigint, o_lease text, o_seq bigint, o_busy_ms bigint)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+  f record;
+  ts timestamptz := clock_timestamp();
+  res int;
+  stamp_id text := CASE WHEN p_hold_ms > 0 THEN p_stamp END;
+  stamp_until timestamptz := CASE WHEN p_hold_ms > 0 THEN ts + p_hold_ms * interval '1 millisecond' END;
+BEGIN
+  SELECT t.token, t.lease_id, t.seq, t.inflight_id, t.inflight_until INTO f
+    FROM fencer_fences t WHERE t.key = p_key FOR UPDATE;
+  IF NOT FOUND THEN
+    INSERT INTO fencer_fences AS t (key, token, lease_id, seq, inflight_id, inflight_until, updated_at)
+    VALUES (p_key, p_token, p_lease, GREATEST(p_seq, 0), stamp_id, stamp_until, ts)
+    ON CONFLICT (key) DO NOTHING;
+    IF FOUND THEN
+      RETURN QUERY SELECT 0, NULL::bigint, NULL::text, NULL::bigint, 0::bigint;
+      RETURN;
+    END IF;
+    -- Inserted concurrently by another replica: decide against its row.
+    SELECT t.token, t.lease_id, t.seq, t.inflight_id, t.inflight_until INTO f
+      FROM fencer_fences t WHERE t.key = p_key FOR UPDATE;
+  END IF;
+  IF f.inflight_until IS NOT NULL AND f.inflight_until > ts
+     AND f.inflight_id IS DISTINCT FROM p_stamp THEN
+    UPDATE fencer_fences t SET wake = true WHERE t.key = p_key;
+    RETURN QUERY SELECT 4, f.token, f.lease_id, f.seq,
+      GREATEST(1, ceil(extract(epoch FROM f.inflight_until - ts) * 1000))::bigint;
+    RETURN;
+  END IF;
+  IF p_token > f.token THEN res := 0;
+  ELSIF p_token < f.token OR f.lease_id <> p_lease THEN res := 2;
+  ELSIF p_seq < 0 OR p_seq > f.seq THEN res := 1;
+  ELSIF p_seq = f.seq THEN res := 5;
+  ELSE res := 3;
+  END IF;
+  IF res IN (0, 1) THEN
+    UPDATE fencer_fences t
+       SET token = p_token, lease_id = p_lease,
+           seq = CASE WHEN res = 0 THEN GREATEST(p_seq, 0)
+                      WHEN p_seq >= 0 THEN p_seq ELSE t.seq END,
+           inflight_id = stamp_id, inflight_until = stamp_until, updated_at = ts
+     WHERE t.key = p_key;
+  END IF;
+  RETURN QUERY SELECT res, f.token, f.lease_id, f.seq, 0::bigint;
+END
+$fn$"#;
+
+/// `fencer_gw_finish_v1(key, stamp id, channel)` → whether the stamp was
+/// still there. Notifies `channel` when a replica waits for the key.
+const FINISH: &str = r#"
+CREATE FUNCTION fencer_gw_finish_v1(p_key text, p_stamp text, p_channel text)
+RETURNS boolean
+LANGUAGE plpgsql AS $fn$
+DECLARE
+  waiting boolean;
+BEGIN
+  SELECT t.wake INTO waiting FROM fencer_fences t
+   WHERE t.key = p_key AND t.inflight_id = p_stamp FOR UPDATE;
+  IF NOT FOUND THEN
+    RETURN false;
+  END IF;
+  UPDATE fencer_fences t SET inflight_id = NULL, inflight_until = NULL, wake = false
+   WHERE t.key = p_key;
+  IF waiting THEN
+    PERFORM pg_notify(p_channel, '');
+  END IF;
+  RETURN true;
+END
+$fn$"#;
+
+pub const CALL_ADMIT: &str = "SELECT * FROM fencer_gw_admit_v1($1, $2, $3, $4, $5, $6)";
+pub const CALL_FINISH: &str = "SELECT fencer_gw_finish_v1($1, $2, $3)";
+pub const HIGHEST: &str = "SELECT token, lease_id FROM fencer_fences WHERE key = $1";

@@ -1,0 +1,346 @@
+//! The forward of one fenced request: admission, forward, and holding the
+//! key until the storage can no longer be changed by it.
+//!
+//! All of it runs in a task of its own ([`forward`] spawns it and only
+//! waits for the response head). In tokio, a client that disconnects or
+//! times out makes hyper drop its request's future at the current `.await`:
+//! had the key's turn lived in that future, the key would unlock while the
+//! storage might still apply the write, and a newer write could land before
+//! it (issue 9 item 1; the sidecar's own proxy caused it with default
+//! timeouts). The task does not care whether its client is still there.
+
+use std::sync::Arc;
+
+use base64::Engine;
+use hyper::body::Incoming;
+use hyper::{Request, Response, StatusCode};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::fence_store::{Decision, FenceError, Stamp};
+use super::handler::Gateway;
+use super::key_queue::KeyTurn;
+use crate::error::ApiError;
+use crate::proxy::forward::ForwardError;
+use crate::proxy::watched_body::WatchedBody;
+use crate::proxy::{stream, ProxyBody};
+use crate::token::Claim;
+
+/// Forwards a verified fenced request from its own task; returns the
+/// response (head) for the client.
+pub(super) async fn forward(
+    gw: Arc<Gateway>,
+    req: Request<Incoming>,
+    claim: Claim,
+    seq: Option<u64>,
+    kind: &'static str,
+) -> Response<ProxyBody> {
+    let group = gw.metrics.groups.of(&claim.key);
+    let (tx, rx) = oneshot::channel();
+    let task = Fenced {
+        gw,
+        claim,
+        seq,
+        kind,
+        group,
+    };
+    tokio::spawn(task.run(req, tx));
+    match rx.await {
+        Ok(resp) => resp,
+        Err(_) => ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal_error",
+            "the fenced forward ended without an answer",
+        )
+        .into_hyper(),
+    }
+}
+
+struct Fenced {
+    gw: Arc<Gateway>,
+    claim: Claim,
+    seq: Option<u64>,
+    kind: &'static str,
+    group: String,
+}
+
+/// A fenced request's hold on its key: the turn in this process and the
+/// in-flight stamp in the fence store. Owned by the forward's task, never
+/// by the client's request future. [`KeyHold::release`] gives it up once
+/// the storage can no longer be changed by the request (after the uncertain
+/// hold if the outcome is unknown). If the task dies instead, the turn is
+/// dropped with it but the stamp stays until it runs out, which still keeps
+/// other replicas off the key for as long as the write could land.
+struct KeyHold {
+    gw: Arc<Gateway>,
+    key: String,
+    stamp: Stamp,
+    turn: Option<KeyTurn>,
+}
+
+impl KeyHold {
+    async fn release(mut self, uncertain: Option<&'static str>) {
+        if let Some(cause) = uncertain {
+            self.gw.metrics.uncertain.with_label_values(&[cause]).inc();
+            tracing::warn!(
+                key = %self.key, cause, hold_ms = self.gw.uncertain_hold.as_millis() as u64,
+                "outcome at the storage unknown; key stays blocked"
+            );
+            tokio::time::sleep(self.gw.uncertain_hold).await;
+        }
+        let mut cleared = false;
+        for attempt in 0..3u32 {
+            match self.gw.store.finish(&self.key, &self.stamp.id).await {
+                Ok(()) => {
+                    cleared = true;
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(key = %self.key, attempt, error = %e, "could not clear the in-flight stamp");
+                    tokio::time::sleep(std::time::Duration::from_millis(100 << attempt)).await;
+                }
+            }
+        }
+        if !cleared {
+            self.gw.metrics.finish_errors.inc();
+        }
+        drop(self.turn.take());
+    }
+}
+
+impl Drop for KeyHold {
+    fn drop(&mut self) {
+        self.gw.metrics.in_flight_keys.dec();
+    }
+}
+
+fn stamp_id() -> String {
+    let mut b = [0u8; 12];
+    rand::RngCore::fill_bytes(&mut rand::rng(), &mut b);
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b)
+}
+
+impl Fenced {
+    fn count(&self, result: &str) {
+        self.gw
+            .metrics
+            .requests
+            .with_label_values(&[self.group.as_str(), self.kind, result])
+            .inc();
+    }
+
+    async fn run(self, req: Request<Incoming>, reply: oneshot::Sender<Response<ProxyBody>>) {
+        let gw = self.gw.clone();
+        let started = Instant::now();
+        let deadline = started + gw.serialize_timeout;
+        let key = self.claim.key.clone();
+        let Some(turn) = gw.keys.turn(&key, deadline).await else {
+            self.count("busy");
+            let _ = reply.send(busy(&key));
+            return;
+        };
+        let stamp = Stamp {
+            id: stamp_id(),
+            hold: gw.stamp_hold,
+        };
+        let store_started = Instant::now();
+        let admitted = gw
+            .store
+            .admit(
+                &key,
+                self.claim.token,
+                &self.claim.lease,
+                self.seq,
+                Some(&stamp),
+                deadline,
+            )
+            .await;
+        gw.metrics
+            .serialization_wait
+            .with_label_values(&[self.group.as_str()])
+            .observe(started.elapsed().as_secs_f64());
+        gw.metrics
+            .fence_store_duration
+            .with_label_values(&[gw.store.name(), "admit"])
+            .observe(store_started.elapsed().as_secs_f64());
+        let decision = match admitted {
+            Ok(d) => d,
+            Err(e) => {
+                let _ = reply.send(self.store_failure(e));
+                return;
+            }
+        };
+        if let Err(resp) = self.decided(&decision) {
+            let _ = reply.send(*resp);
+            return;
+        }
+        gw.metrics.in_flight_keys.inc();
+        let hold = KeyHold {
+            gw: gw.clone(),
+            key: key.clone(),
+            stamp,
+            turn: Some(turn),
+        };
+
+        let (parts, incoming) = req.into_parts();
+        let (body, body_end) = WatchedBody::wrap(stream(incoming));
+        let req = Request::from_parts(parts, body);
+        let forwarded_at = Instant::now();
+        let uncertain = match gw.forwarder.forward(req).await {
+            Ok(resp) => {
+                gw.metrics
+                    .upstream_duration
+                    .with_label_values(&["ok"])
+                    .observe(forwarded_at.elapsed().as_secs_f64());
+                self.count("accepted");
+                if reply.send(resp.map(stream)).is_err() {
+                    gw.metrics.client_gone.inc();
+                }
+                // The storage decided; the upload may still be flowing.
+                let body_deadline = forwarded_at + gw.upstream_timeout;
+                match tokio::time::timeout_at(body_deadline, body_end).await {
+                    Ok(_) => None,
+                    Err(_) => Some("request_body"),
+                }
+            }
+            Err(e) => {
+                let (outcome, status, code) = match e {
+                    ForwardError::Timeout(_) => {
+                        ("timeout", StatusCode::GATEWAY_TIMEOUT, "upstream_timeout")
+                    }
+                    ForwardError::Failed(_) => ("error", StatusCode::BAD_GATEWAY, "upstream_error"),
+                };
+                gw.metrics
+                    .upstream_duration
+                    .with_label_values(&[outcome])
+                    .observe(forwarded_at.elapsed().as_secs_f64());
+                tracing::warn!(key = %key, error = %e, "upstream request failed");
+                self.count("upstream_error");
+                if reply
+                    .send(ApiError::new(status, code, e.to_string()).into_hyper())
+                    .is_err()
+                {
+                    gw.metrics.client_gone.inc();
+                }
+                Some(outcome)
+            }
+        };
+        hold.release(uncertain).await;
+    }
+
+    /// What a store failure answers.
+    fn store_failure(&self, e: FenceError) -> Response<ProxyBody> {
+        match e {
+            FenceError::Busy => {
+                self.count("busy");
+                busy(&self.claim.key)
+            }
+            e @ FenceError::Unavailable(_) => {
+                self.count("store_error");
+                tracing::error!(error = %e, key = %self.claim.key, "fence store failed");
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "fence_store_unavailable",
+                    e.to_string(),
+                )
+                .into_hyper()
+            }
+        }
+    }
+
+    /// Counts and logs a decision; `Err` is the refusal to answer.
+    fn decided(&self, decision: &Decision) -> Result<(), Box<Response<ProxyBody>>> {
+        let claim = &self.claim;
+        match *decision {
+            Decision::Advanced => {
+                self.gw
+                    .metrics
+                    .token_advances
+                    .with_label_values(&[self.group.as_str()])
+                    .inc();
+                tracing::debug!(key = %claim.key, token = claim.token, "fence advanced");
+                Ok(())
+            }
+            Decision::Same => Ok(()),
+            Decision::Stale { highest } => {
+                self.count("stale");
+                tracing::warn!(
+                    key = %claim.key, token = claim.token, highest_seen = highest,
+                    lease_tag = %claim.lease, kind = self.kind, "stale fencing token rejected"
+                );
+                Err(Box::new(stale(claim, highest).into_hyper()))
+            }
+            Decision::StaleSeq { last } => {
+                let seq = self.seq.unwrap_or(0);
+                self.count("stale_sequence");
+                tracing::warn!(
+                    key = %claim.key, token = claim.token, seq, last_seq = last,
+                    lease_tag = %claim.lease, kind = self.kind,
+                    "delayed or duplicated write of a lease rejected (sequence below one accepted)"
+                );
+                Err(Box::new(
+                    ApiError::new(
+                        StatusCode::CONFLICT,
+                        "stale_sequence",
+                        format!(
+                            "write {seq} of this lease arrived after write {last} was accepted: a delayed or duplicated request"
+                        ),
+                    )
+                    .with("key", claim.key.as_str())
+                    .with("token", claim.token)
+                    .with("seq", seq)
+                    .with("last_seq", last)
+                    .into_hyper(),
+                ))
+            }
+            Decision::DuplicateSeq { seq } => {
+                self.count("duplicate_sequence");
+                tracing::warn!(
+                    key = %claim.key, token = claim.token, seq, lease_tag = %claim.lease,
+                    kind = self.kind, "second request with an accepted sequence number refused"
+                );
+                Err(Box::new(
+                    ApiError::new(
+                        StatusCode::CONFLICT,
+                        "duplicate_sequence",
+                        format!(
+                            "write {seq} of this lease was already accepted; a request is applied once"
+                        ),
+                    )
+                    .with("key", claim.key.as_str())
+                    .with("token", claim.token)
+                    .with("seq", seq)
+                    .into_hyper(),
+                ))
+            }
+        }
+    }
+}
+
+fn busy(key: &str) -> Response<ProxyBody> {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "fence_busy",
+        "timed out waiting for the previous request on this key",
+    )
+    .with("key", key)
+    .into_hyper()
+}
+
+pub(super) fn stale(claim: &Claim, highest: u64) -> ApiError {
+    let message = if claim.token == highest {
+        format!(
+            "token {} for `{}` belongs to another lease; the lock has moved on",
+            claim.token, claim.key
+        )
+    } else {
+        format!(
+            "token {} for `{}` is older than {highest}, already accepted: this holder lost its lock",
+            claim.token, claim.key
+        )
+    };
+    ApiError::new(StatusCode::CONFLICT, "stale_fencing_token", message)
+        .with("key", claim.key.as_str())
+        .with("token", claim.token)
+        .with("highest_seen", highest)
+}

@@ -1,0 +1,152 @@
+//! The gateway's series: fenced requests, fence store, upstream.
+
+use std::sync::Arc;
+
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry};
+
+use super::{register, Groups, BACKEND_BUCKETS, WAIT_BUCKETS};
+
+/// The gateway's series.
+pub struct GatewayMetrics {
+    pub groups: Arc<Groups>,
+    pub requests: IntCounterVec,
+    pub token_advances: IntCounterVec,
+    pub fence_store_duration: HistogramVec,
+    pub serialization_wait: HistogramVec,
+    pub upstream_duration: HistogramVec,
+    pub in_flight_keys: IntGauge,
+    /// Forwards whose outcome was unknown (the key stayed blocked).
+    pub uncertain: IntCounterVec,
+    /// Fenced requests whose client went away before the storage answered;
+    /// the forward went on without it.
+    pub client_gone: prometheus::IntCounter,
+    /// Waits for a request another replica had in flight on the key.
+    pub remote_waits: IntCounterVec,
+    /// In-flight stamps that could not be cleared (the key stays blocked
+    /// until the stamp runs out).
+    pub finish_errors: prometheus::IntCounter,
+}
+
+impl GatewayMetrics {
+    pub fn new(registry: &Registry, groups: Arc<Groups>) -> GatewayMetrics {
+        GatewayMetrics {
+            groups,
+            requests: register(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "fencer_gateway_requests_total",
+                        "Gateway requests by lock group, kind (write, read, preregister) and result (accepted, stale, stale_sequence, duplicate_sequence, invalid_token, invalid_sequence, invalid_path, path_not_routed, missing_token, key_mismatch, busy, store_error, upstream_error, unchecked, unenforced).",
+                    ),
+                    &["group", "kind", "result"],
+                )
+                .expect("valid metric"),
+            ),
+            token_advances: register(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "fencer_gateway_token_advances_total",
+                        "Times a key's highest accepted token moved up.",
+                    ),
+                    &["group"],
+                )
+                .expect("valid metric"),
+            ),
+            fence_store_duration: register(
+                registry,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "fencer_gateway_fence_store_duration_seconds",
+                        "Fence store operations (check_and_advance) by store.",
+                    )
+                    .buckets(BACKEND_BUCKETS.to_vec()),
+                    &["store", "op"],
+                )
+                .expect("valid metric"),
+            ),
+            serialization_wait: register(
+                registry,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "fencer_gateway_serialization_wait_seconds",
+                        "Time a fenced request waited for the previous request on its key to finish.",
+                    )
+                    .buckets(WAIT_BUCKETS.to_vec()),
+                    &["group"],
+                )
+                .expect("valid metric"),
+            ),
+            upstream_duration: register(
+                registry,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "fencer_gateway_upstream_duration_seconds",
+                        "Upstream (storage) time to response headers, by outcome (ok, error, timeout).",
+                    )
+                    .buckets(BACKEND_BUCKETS.to_vec()),
+                    &["outcome"],
+                )
+                .expect("valid metric"),
+            ),
+            in_flight_keys: register(
+                registry,
+                IntGauge::new(
+                    "fencer_gateway_fenced_in_flight",
+                    "Fenced requests currently holding their key's serialization.",
+                )
+                .expect("valid metric"),
+            ),
+            uncertain: register(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "fencer_gateway_uncertain_outcomes_total",
+                        "Forwards whose outcome at the storage was unknown (timeout, reset, body not delivered), after which the key stayed blocked for gateway.uncertain_hold_ms, by cause.",
+                    ),
+                    &["cause"],
+                )
+                .expect("valid metric"),
+            ),
+            client_gone: register(
+                registry,
+                prometheus::IntCounter::new(
+                    "fencer_gateway_client_gone_total",
+                    "Fenced requests whose client disconnected before the storage answered; the forward completed without it and the key stayed serialized until then.",
+                )
+                .expect("valid metric"),
+            ),
+            remote_waits: register(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "fencer_gateway_remote_waits_total",
+                        "Waits for a request another gateway replica had in flight on the same key, by how they ended (admitted, timeout).",
+                    ),
+                    &["result"],
+                )
+                .expect("valid metric"),
+            ),
+            finish_errors: register(
+                registry,
+                prometheus::IntCounter::new(
+                    "fencer_gateway_stamp_clear_errors_total",
+                    "In-flight stamps that could not be cleared in the fence store; the key stays blocked for other replicas until the stamp runs out.",
+                )
+                .expect("valid metric"),
+            ),
+        }
+    }
+}
+
+impl GatewayMetrics {
+    /// Creates the series whose label values are known up front at zero.
+    pub fn init_known(&self) {
+        for c in ["timeout", "error", "request_body"] {
+            self.uncertain.with_label_values(&[c]);
+        }
+        for r in ["admitted", "timeout"] {
+            self.remote_waits.with_label_values(&[r]);
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! Prometheus metrics: the process-wide registry and label bounds here,
+//! each role's series in its own module ([`sidecar`], [`gateway`]).
+//!
+//! Labels are bounded: a lock key is never a label. Keys map to a *group*
+//! (the part before the first separator, e.g. `account` for `account:42`),
+//! and at most `max_groups` distinct groups are reported; later ones are
+//! folded into `other`.
+
+use std::collections::HashSet;
+use std::sync::Mutex;
+
+pub mod gateway;
+pub mod sidecar;
+
+use prometheus::{Encoder, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
+
+pub use self::gateway::GatewayMetrics;
+pub use self::sidecar::Metrics;
+
+use crate::settings::MetricsSettings;
+
+/// Lock waits span sub-millisecond local handoffs to minutes-long queues.
+pub(crate) const WAIT_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0, 120.0, 300.0,
+];
+pub(crate) const BACKEND_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+];
+
+/// A registry with the process-wide series (build info, process metrics).
+/// Every role in a process registers into the same one, so `fencer dev`
+/// serves all of them from one `/metrics`.
+/// Connections of every HTTP server in the process, by listener (`api`,
+/// `api_unix`, `admin`, `proxy`, `gateway`, `storage`). Process-wide because
+/// one server function serves them all; registered into each role's
+/// registry by [`registry`].
+pub struct ServerMetrics {
+    pub open: IntGaugeVec,
+    pub limit_waits: IntCounterVec,
+}
+
+pub static SERVER: std::sync::LazyLock<ServerMetrics> = std::sync::LazyLock::new(|| {
+    ServerMetrics {
+        open: IntGaugeVec::new(
+            Opts::new(
+                "fencer_http_connections",
+                "Open HTTP connections by listener.",
+            ),
+            &["listener"],
+        )
+        .expect("valid metric"),
+        limit_waits: IntCounterVec::new(
+            Opts::new(
+                "fencer_http_connection_limit_reached_total",
+                "Times a listener reached its connection limit and stopped accepting until a connection closed.",
+            ),
+            &["listener"],
+        )
+        .expect("valid metric"),
+    }
+});
+
+pub fn registry(role: &str, backend: &str) -> Registry {
+    let registry = Registry::new();
+    registry
+        .register(Box::new(SERVER.open.clone()))
+        .expect("registered once per registry");
+    registry
+        .register(Box::new(SERVER.limit_waits.clone()))
+        .expect("registered once per registry");
+    let build = IntGaugeVec::new(
+        Opts::new("fencer_build_info", "Build information; always 1."),
+        &["version", "role", "backend"],
+    )
+    .expect("valid metric");
+    build
+        .with_label_values(&[env!("CARGO_PKG_VERSION"), role, backend])
+        .set(1);
+    registry.register(Box::new(build)).expect("registered once");
+    #[cfg(target_os = "linux")]
+    {
+        let pc = prometheus::process_collector::ProcessCollector::for_self();
+        let _ = registry.register(Box::new(pc));
+    }
+    registry
+}
+
+/// Renders a registry in the Prometheus text format.
+pub fn render(registry: &Registry) -> String {
+    let mut buf = Vec::new();
+    TextEncoder::new()
+        .encode(&registry.gather(), &mut buf)
+        .expect("text encoding cannot fail");
+    String::from_utf8(buf).expect("prometheus text is utf-8")
+}
+
+/// Registers a collector and hands it back.
+pub(crate) fn register<T: prometheus::core::Collector + Clone + 'static>(
+    registry: &Registry,
+    metric: T,
+) -> T {
+    registry
+        .register(Box::new(metric.clone()))
+        .expect("metric registered once");
+    metric
+}
+
+pub struct Groups {
+    separator: String,
+    max: usize,
+    rules: Vec<(regex::Regex, String)>,
+    seen: Mutex<HashSet<String>>,
+}
+
+impl Groups {
+    pub fn new(settings: &MetricsSettings) -> Groups {
+        Groups {
+            separator: settings.group_separator.clone(),
+            max: settings.max_groups,
+            // Validated with the configuration.
+            rules: settings
+                .group_rules
+                .iter()
+                .filter_map(|r| Some((regex::Regex::new(&r.pattern).ok()?, r.group.clone())))
+                .collect(),
+            seen: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// The bounded label value for `key`.
+    pub fn of(&self, key: &str) -> String {
+        if let Some((_, group)) = self.rules.iter().find(|(re, _)| re.is_match(key)) {
+            return group.clone();
+        }
+        let group = key.split(self.separator.as_str()).next().unwrap_or(key);
+        // Group names are user data too: bound their length and charset.
+        let group: String = group
+            .chars()
+            .take(48)
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let mut seen = self.seen.lock().expect("groups poisoned");
+        if seen.contains(&group) {
+            return group;
+        }
+        if seen.len() < self.max {
+            seen.insert(group.clone());
+            return group;
+        }
+        "other".to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_are_bounded() {
+        let g = Groups::new(&MetricsSettings {
+            group_separator: ":".into(),
+            max_groups: 2,
+            group_rules: vec![crate::settings::GroupRule {
+                pattern: "^tenant-[0-9]+/orders/".into(),
+                group: "orders".into(),
+            }],
+        });
+        assert_eq!(g.of("tenant-7/orders/99"), "orders");
+        assert_eq!(g.of("account:1"), "account");
+        assert_eq!(g.of("order:9"), "order");
+        assert_eq!(g.of("user:3"), "other");
+        assert_eq!(g.of("account:2"), "account");
+        assert_eq!(g.of("we ird\n"), "other");
+    }
+}

@@ -1,0 +1,236 @@
+//! The sidecar's series: lock API, leases, waiters, backend, proxy.
+
+use std::sync::Arc;
+
+use prometheus::{
+    HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
+
+use super::{register, render, Groups, BACKEND_BUCKETS, WAIT_BUCKETS};
+
+/// The sidecar's series.
+pub struct Metrics {
+    pub registry: Registry,
+    pub groups: Arc<Groups>,
+    pub acquisitions: IntCounterVec,
+    pub acquire_wait: HistogramVec,
+    pub hold_time: HistogramVec,
+    pub leases_held: IntGaugeVec,
+    pub waiters: IntGaugeVec,
+    pub waiter_wakeups: IntCounterVec,
+    pub renewals: IntCounterVec,
+    pub releases: IntCounterVec,
+    pub lost_leases: IntCounterVec,
+    pub backend_duration: HistogramVec,
+    pub backend_errors: IntCounterVec,
+    pub acquire_retries: IntCounterVec,
+    pub http_requests: IntCounterVec,
+    pub proxy_requests: IntCounterVec,
+    pub proxy_duration: HistogramVec,
+    pub preregistrations: IntCounterVec,
+    pub webhook_deliveries: IntCounterVec,
+    pub hold_streams: IntGauge,
+    pub backend_up: IntGaugeVec,
+    /// Leases released because nobody held them any more (a cancelled
+    /// acquire's, a renewal reply after the deadline).
+    pub orphan_releases: IntCounterVec,
+}
+
+impl Metrics {
+    pub fn new(registry: &Registry, groups: Arc<Groups>) -> Metrics {
+        let registry = registry.clone();
+        macro_rules! reg {
+            ($m:expr) => {
+                register(&registry, $m)
+            };
+        }
+        Metrics {
+            groups,
+            acquisitions: reg!(IntCounterVec::new(
+                Opts::new(
+                    "fencer_acquisitions_total",
+                    "Acquire requests by lock group and result (acquired, timeout, error)."
+                ),
+                &["group", "result"]
+            )
+            .unwrap()),
+            acquire_wait: reg!(HistogramVec::new(
+                HistogramOpts::new(
+                    "fencer_acquire_wait_seconds",
+                    "Time from an acquire request to its outcome."
+                )
+                .buckets(WAIT_BUCKETS.to_vec()),
+                &["group", "result"]
+            )
+            .unwrap()),
+            hold_time: reg!(HistogramVec::new(
+                HistogramOpts::new(
+                    "fencer_hold_seconds",
+                    "How long leases were held, from acquisition to release or loss."
+                )
+                .buckets(WAIT_BUCKETS.to_vec()),
+                &["group"]
+            )
+            .unwrap()),
+            leases_held: reg!(IntGaugeVec::new(
+                Opts::new("fencer_leases_held", "Leases this sidecar currently holds, by lock group."),
+                &["group"]
+            )
+            .unwrap()),
+            waiters: reg!(IntGaugeVec::new(
+                Opts::new("fencer_waiters", "Acquire requests queued waiting for a lock."),
+                &["group"]
+            )
+            .unwrap()),
+            waiter_wakeups: reg!(IntCounterVec::new(
+                Opts::new(
+                    "fencer_waiter_wakeups_total",
+                    "Times a queued waiter re-tried, by cause: release (pushed notification), resync (after a reconnect) or fallback (timer at the holder's remaining TTL)."
+                ),
+                &["cause"]
+            )
+            .unwrap()),
+            renewals: reg!(IntCounterVec::new(
+                Opts::new("fencer_renewals_total", "Renew requests by result."),
+                &["result"]
+            )
+            .unwrap()),
+            releases: reg!(IntCounterVec::new(
+                Opts::new("fencer_releases_total", "Release requests by result."),
+                &["result"]
+            )
+            .unwrap()),
+            lost_leases: reg!(IntCounterVec::new(
+                Opts::new(
+                    "fencer_lost_leases_total",
+                    "Leases lost before release, by group and reason."
+                ),
+                &["group", "reason"]
+            )
+            .unwrap()),
+            backend_duration: reg!(HistogramVec::new(
+                HistogramOpts::new(
+                    "fencer_backend_request_duration_seconds",
+                    "Lock backend round trips by backend and operation."
+                )
+                .buckets(BACKEND_BUCKETS.to_vec()),
+                &["backend", "op"]
+            )
+            .unwrap()),
+            backend_errors: reg!(IntCounterVec::new(
+                Opts::new(
+                    "fencer_backend_errors_total",
+                    "Failed lock backend requests by backend and operation."
+                ),
+                &["backend", "op"]
+            )
+            .unwrap()),
+            acquire_retries: reg!(IntCounterVec::new(
+                Opts::new(
+                    "fencer_acquire_retries_total",
+                    "Acquire attempts repeated with the same lease id after an unknown outcome."
+                ),
+                &["backend"]
+            )
+            .unwrap()),
+            http_requests: reg!(IntCounterVec::new(
+                Opts::new(
+                    "fencer_http_requests_total",
+                    "Lock API requests by route and status code."
+                ),
+                &["route", "status"]
+            )
+            .unwrap()),
+            proxy_requests: reg!(IntCounterVec::new(
+                Opts::new(
+                    "fencer_proxy_requests_total",
+                    "Egress proxy requests by result (forwarded, passthrough, lock_not_held, lease_lost, lease_busy, bad_request, upstream_error)."
+                ),
+                &["result"]
+            )
+            .unwrap()),
+            proxy_duration: reg!(HistogramVec::new(
+                HistogramOpts::new(
+                    "fencer_proxy_request_duration_seconds",
+                    "Egress proxy requests from arrival to upstream response headers, by result."
+                )
+                .buckets(BACKEND_BUCKETS.to_vec()),
+                &["result"]
+            )
+            .unwrap()),
+            webhook_deliveries: reg!(IntCounterVec::new(
+                Opts::new(
+                    "fencer_webhook_deliveries_total",
+                    "Lost-lease webhook deliveries by result (delivered, failed, dropped)."
+                ),
+                &["result"]
+            )
+            .unwrap()),
+            backend_up: reg!(IntGaugeVec::new(
+                Opts::new(
+                    "fencer_backend_up",
+                    "1 when the lock backend answered the last periodic ping, else 0."
+                ),
+                &["backend"]
+            )
+            .unwrap()),
+            hold_streams: reg!(IntGauge::new(
+                "fencer_hold_streams",
+                "Open hold connections (locks bound to a connection)."
+            )
+            .unwrap()),
+            orphan_releases: reg!(IntCounterVec::new(
+                Opts::new(
+                    "fencer_orphan_releases_total",
+                    "Leases released in the backend because nobody holds them any more (an acquire whose client went away, a renewal answered after the local deadline), by result (released, not_held, error)."
+                ),
+                &["result"]
+            )
+            .unwrap()),
+            preregistrations: reg!(IntCounterVec::new(
+                Opts::new(
+                    "fencer_preregistrations_total",
+                    "Tokens pre-registered at the gateway on acquisition, by result (ok, stale, error)."
+                ),
+                &["result"]
+            )
+            .unwrap()),
+            registry,
+        }
+    }
+
+    pub fn render(&self) -> String {
+        render(&self.registry)
+    }
+
+    /// Creates the series whose label values are known up front at zero,
+    /// so dashboards and alerts see "none yet" instead of "no data".
+    pub fn init_known(&self, backend: &str) {
+        for op in ["acquire", "renew", "renew_many", "release", "raise_floor"] {
+            self.backend_errors.with_label_values(&[backend, op]);
+        }
+        for r in ["renewed", "lease_lost", "not_owner", "error"] {
+            self.renewals.with_label_values(&[r]);
+        }
+        for r in ["released", "lease_lost", "not_owner", "error"] {
+            self.releases.with_label_values(&[r]);
+        }
+        for r in [
+            "forwarded",
+            "passthrough",
+            "lock_not_held",
+            "lease_lost",
+            "bad_request",
+            "upstream_error",
+        ] {
+            self.proxy_requests.with_label_values(&[r]);
+        }
+        for c in ["release", "resync", "promoted", "fallback"] {
+            self.waiter_wakeups.with_label_values(&[c]);
+        }
+        self.backend_up.with_label_values(&[backend]);
+        for r in ["released", "not_held", "error"] {
+            self.orphan_releases.with_label_values(&[r]);
+        }
+    }
+}

@@ -1,0 +1,472 @@
+//! Acquiring a lock: the fast path, the per-key FIFO queue, pre-registration
+//! at the gateway, and what a cancelled acquire leaves behind.
+//!
+//! An acquire's future belongs to its HTTP request, and hyper drops it the
+//! moment the client goes away — between two backend calls, during one, or
+//! while the new token is being pre-registered. Whatever the acquire may
+//! have taken by then (a lock granted to a lease id nobody will ever see, a
+//! lease recorded and renewed for a hold stream that never started) must be
+//! given back (issue 9 item 6, issue 10 item 4). [`Attempts`] keeps that
+//! account: every lease id that may hold the key and the backend call still
+//! running. Backend calls run in tasks of their own, so dropping the acquire
+//! never cuts one in half; when the acquire ends without handing a lease to
+//! its caller, a clean-up task waits for the running call and releases
+//! every lease id that may hold the key.
+//!
+//! Each attempt under the queue uses a fresh lease id. Only a retry after an
+//! *unknown* outcome reuses the id (so the backend answers with the token it
+//! may already have granted), and then the lease's deadline counts from the
+//! first send of that id — the earliest moment the backend can have started
+//! the lease (issue 10 item 1).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::Rng;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::super::leases::{
+    LeaseRecord, LeaseState, LeaseTable, LeaseView, Lost, LostReason, Renewal,
+};
+use super::super::preregister::{PreregisterError, Preregistrar};
+use super::super::waiters::Wake;
+use super::{LockError, LockManager};
+use crate::lock::{Attempt, BackendError, DynBackend, LeaseId, LockKey};
+use crate::metrics::Metrics;
+use crate::token::Claim;
+
+/// Retries of an acquire whose outcome is unknown (same lease id, so the
+/// backend returns the same token if the first attempt went through).
+const ACQUIRE_RETRIES: u32 = 2;
+
+/// One acquisition request.
+pub struct Acquire {
+    pub key: LockKey,
+    pub ttl: Duration,
+    pub wait: Duration,
+    pub owner: Option<String>,
+    pub renewal: Renewal,
+}
+
+enum Repair {
+    Retry,
+    Failed(LockError),
+}
+
+enum Try {
+    Got(Box<LeaseRecord>),
+    Held(Option<Duration>),
+}
+
+/// The lease ids one acquire tried that may hold its key, and its backend
+/// call in flight. Owned by the acquire's future; when dropped, every such
+/// lease except the one handed to the caller is released by a task of its
+/// own, after the call in flight has ended (see the module comment).
+struct Attempts {
+    backend: DynBackend,
+    leases: Arc<LeaseTable>,
+    metrics: Arc<Metrics>,
+    key: LockKey,
+    maybe_held: Vec<LeaseId>,
+    pending: Option<JoinHandle<Result<Attempt, BackendError>>>,
+    granted: Option<LeaseId>,
+}
+
+impl Attempts {
+    /// Runs one backend acquire in its own task and waits for it. If this
+    /// future is dropped meanwhile, the task runs on and the clean-up waits
+    /// for it.
+    async fn try_acquire(
+        &mut self,
+        lease: &LeaseId,
+        ttl: Duration,
+    ) -> Result<Attempt, BackendError> {
+        let (backend, key, l) = (self.backend.clone(), self.key.clone(), lease.clone());
+        let metrics = self.metrics.clone();
+        self.pending = Some(tokio::spawn(async move {
+            super::timed_call(
+                &backend,
+                &metrics,
+                "acquire",
+                backend.try_acquire(&key, &l, ttl),
+            )
+            .await
+        }));
+        let handle = self.pending.as_mut().expect("just set");
+        let result = handle.await;
+        self.pending = None;
+        result.unwrap_or_else(|e| Err(BackendError::Unavailable(format!("acquire task: {e}"))))
+    }
+
+    /// `lease` was answered "held by another": it never held the key.
+    fn not_taken(&mut self, lease: &LeaseId) {
+        self.maybe_held.retain(|l| l != lease);
+    }
+}
+
+impl Drop for Attempts {
+    fn drop(&mut self) {
+        let granted = self.granted.take();
+        let orphans: Vec<LeaseId> = self
+            .maybe_held
+            .drain(..)
+            .filter(|l| Some(l) != granted.as_ref())
+            .collect();
+        if orphans.is_empty() && self.pending.is_none() {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        rt.spawn(super::release::release_orphans(
+            self.backend.clone(),
+            self.leases.clone(),
+            self.metrics.clone(),
+            self.key.clone(),
+            orphans,
+            self.pending.take(),
+            true,
+        ));
+    }
+}
+
+impl LockManager {
+    /// Acquires `req.key`, waiting up to `req.wait` in this sidecar's FIFO queue.
+    pub async fn acquire(&self, mut req: Acquire) -> Result<LeaseView, LockError> {
+        let started = Instant::now();
+        if let Some(cap) = self.config.max_hold {
+            // max_hold_ms caps the first TTL as well as every renewal.
+            req.ttl = req.ttl.min(cap);
+        }
+        let key = req.key.clone();
+        let group = self.metrics.groups.of(key.as_str());
+        let mut attempts = Attempts {
+            backend: self.backend.clone(),
+            leases: self.leases.clone(),
+            metrics: self.metrics.clone(),
+            key: key.clone(),
+            maybe_held: Vec::new(),
+            pending: None,
+            granted: None,
+        };
+        let result = self
+            .acquire_registered(&req, &mut attempts, started, &group)
+            .await;
+        if let Ok(view) = &result {
+            attempts.granted = LeaseId::parse(&view.lease_id);
+        }
+        drop(attempts);
+        let outcome = match &result {
+            Ok(_) => "acquired",
+            Err(LockError::Held(_)) => "timeout",
+            Err(_) => "error",
+        };
+        self.metrics
+            .acquisitions
+            .with_label_values(&[group.as_str(), outcome])
+            .inc();
+        self.metrics
+            .acquire_wait
+            .with_label_values(&[group.as_str(), outcome])
+            .observe(started.elapsed().as_secs_f64());
+        match &result {
+            // Per-operation lines are debug: at tens of thousands of
+            // acquisitions per second an info line each would cost more CPU
+            // than the lock itself. Failures and lost leases stay at info+.
+            Ok(view) => tracing::debug!(
+                key = %key, token = view.token,
+                wait_ms = started.elapsed().as_millis() as u64, "lock acquired"
+            ),
+            Err(e) => tracing::debug!(key = %key, error = %e, "lock not acquired"),
+        }
+        result
+    }
+
+    /// Acquires, then (if configured) registers the token at the gateway
+    /// before anyone sees it, repairing forward once if the backend's
+    /// counter turned out to be behind the gateway.
+    async fn acquire_registered(
+        &self,
+        req: &Acquire,
+        attempts: &mut Attempts,
+        started: Instant,
+        group: &str,
+    ) -> Result<LeaseView, LockError> {
+        let key = &req.key;
+        let view = self.acquire_inner(req, attempts, started, group).await?;
+        let Some(pre) = &self.preregister else {
+            return Ok(view);
+        };
+        match self.preregister_or_repair(pre, key, &view, attempts).await {
+            Ok(()) => Ok(view),
+            Err(Repair::Failed(e)) => Err(e),
+            Err(Repair::Retry) => {
+                let view = self.acquire_inner(req, attempts, started, group).await?;
+                match self.preregister_or_repair(pre, key, &view, attempts).await {
+                    Ok(()) => Ok(view),
+                    Err(Repair::Failed(e)) => Err(e),
+                    Err(Repair::Retry) => Err(LockError::TokenBehind {
+                        key: key.clone(),
+                        highest: view.token,
+                    }),
+                }
+            }
+        }
+    }
+
+    /// Registers a fresh token at the gateway. A stale answer means the
+    /// backend's counter is behind the gateway's mark (Redis lost it): the
+    /// lease is released and the counter raised past the mark — repair
+    /// forward, never reuse.
+    async fn preregister_or_repair(
+        &self,
+        pre: &Preregistrar,
+        key: &LockKey,
+        view: &LeaseView,
+        attempts: &mut Attempts,
+    ) -> Result<(), Repair> {
+        let lease = LeaseId::parse(&view.lease_id).expect("our own lease id");
+        let outcome = pre.register(key, &view.fencing_token).await;
+        let label = match &outcome {
+            Ok(()) => "ok",
+            Err(PreregisterError::Stale { .. }) => "stale",
+            Err(PreregisterError::Failed(_)) => "error",
+        };
+        self.metrics
+            .preregistrations
+            .with_label_values(&[label])
+            .inc();
+        let err = match outcome {
+            Ok(()) => return Ok(()),
+            Err(e) => e,
+        };
+        if self.release(key.clone(), lease.clone()).await.is_ok() {
+            attempts.not_taken(&lease);
+        }
+        match err {
+            PreregisterError::Stale { highest } => {
+                tracing::warn!(key = %key, token = view.token, highest_seen = highest,
+                    "backend token behind the gateway; raising the counter");
+                match self
+                    .call("raise_floor", self.backend.raise_token_floor(key, highest))
+                    .await
+                {
+                    Ok(()) => Err(Repair::Retry),
+                    Err(e) => Err(Repair::Failed(e.into())),
+                }
+            }
+            PreregisterError::Failed(msg) => {
+                tracing::warn!(key = %key, error = %msg, "token pre-registration failed; lease released");
+                Err(Repair::Failed(LockError::GatewayUnavailable(msg)))
+            }
+        }
+    }
+
+    async fn acquire_inner(
+        &self,
+        req: &Acquire,
+        attempts: &mut Attempts,
+        started: Instant,
+        group: &str,
+    ) -> Result<LeaseView, LockError> {
+        let (key, ttl, wait) = (&req.key, req.ttl, req.wait);
+        if self.shutdown.is_cancelled() {
+            return Err(LockError::ShuttingDown);
+        }
+        if self.leases.len() >= self.config.max_leases {
+            return Err(LockError::TooManyLeases(self.config.max_leases));
+        }
+        let deadline = started + wait;
+
+        // Fast path: nobody here is waiting, so trying first is fair.
+        if !self.waiters.has_waiters(key.as_str()) {
+            match self.try_once(req, attempts, group).await? {
+                Try::Got(rec) => return Ok(rec.view(Instant::now())),
+                Try::Held(_) if wait.is_zero() => return Err(LockError::Held(key.clone())),
+                Try::Held(_) => {}
+            }
+        } else if wait.is_zero() {
+            // Others are queued ahead of us: a try-lock does not jump them.
+            return Err(LockError::Held(key.clone()));
+        }
+
+        let ticket = self
+            .waiters
+            .enqueue(key.as_str())
+            .map_err(|e| LockError::TooManyWaiters(e.0))?;
+        let gauge = self.metrics.waiters.with_label_values(&[group]);
+        gauge.inc();
+        let _gauge_guard = crate::proxy::server::OnDrop::new(move || gauge.dec());
+        // Subscribe before the first try under the queue, so a release
+        // between that try and our sleep cannot be missed. Bounded by the
+        // wait: a half-open notification connection must not hold a waiter
+        // past its wait_ms (issue 9 item 5).
+        let _watch = tokio::time::timeout_at(
+            deadline,
+            self.backend
+                .watch(key, deadline.saturating_duration_since(Instant::now())),
+        )
+        .await
+        .ok();
+
+        let mut must_try = ticket.is_head();
+        let mut recheck_at: Option<Instant> = None;
+        loop {
+            if must_try {
+                if Instant::now() >= deadline {
+                    return Err(LockError::Held(key.clone()));
+                }
+                match self.try_once(req, attempts, group).await? {
+                    Try::Got(rec) => {
+                        ticket.acquired(ttl);
+                        return Ok(rec.view(Instant::now()));
+                    }
+                    Try::Held(remaining) => {
+                        recheck_at = Some(Instant::now() + self.fallback_delay(remaining));
+                    }
+                }
+            }
+            must_try = false;
+            let sleep_until = recheck_at.map_or(deadline, |r| r.min(deadline));
+            tokio::select! {
+                wake = ticket.woken() => {
+                    self.metrics.waiter_wakeups.with_label_values(&[wake.cause()]).inc();
+                    match wake {
+                        Wake::PromotedBehindHolder(holder_ttl) => {
+                            recheck_at = Some(Instant::now() + self.fallback_delay(Some(holder_ttl)));
+                        }
+                        _ => must_try = true,
+                    }
+                }
+                _ = tokio::time::sleep_until(sleep_until) => {
+                    if Instant::now() >= deadline {
+                        return Err(LockError::Held(key.clone()));
+                    }
+                    // The holder's TTL ran out without a release message
+                    // (expiry publishes nothing): the one polling path.
+                    self.metrics.waiter_wakeups.with_label_values(&["fallback"]).inc();
+                    recheck_at = None;
+                    must_try = ticket.is_head();
+                }
+                _ = self.shutdown.cancelled() => return Err(LockError::ShuttingDown),
+            }
+        }
+    }
+
+    /// When to re-check a lock held for `remaining`: just after it would
+    /// expire, with jitter so sidecars do not re-check in lockstep.
+    fn fallback_delay(&self, remaining: Option<Duration>) -> Duration {
+        let base = remaining.unwrap_or(self.config.max_fallback);
+        let jitter_cap = (base / 10).clamp(Duration::from_millis(1), Duration::from_millis(50));
+        let jitter = rand::rng().random_range(Duration::ZERO..=jitter_cap);
+        (base + Duration::from_millis(1) + jitter)
+            .clamp(Duration::from_millis(5), self.config.max_fallback)
+    }
+
+    /// One acquisition attempt with a fresh lease id, retried with that id
+    /// when the outcome is unknown.
+    async fn try_once(
+        &self,
+        req: &Acquire,
+        attempts: &mut Attempts,
+        group: &str,
+    ) -> Result<Try, LockError> {
+        let (key, ttl) = (&req.key, req.ttl);
+        let lease = LeaseId::generate();
+        attempts.maybe_held.push(lease.clone());
+        // The deadline counts from the FIRST send of this lease id: a retry
+        // may return the lock set by the first attempt, whose TTL started
+        // then.
+        let first_sent = Instant::now();
+        let mut attempt = 0;
+        loop {
+            match attempts.try_acquire(&lease, ttl).await {
+                Ok(Attempt::Acquired { token }) => {
+                    let record = self.hold(
+                        key,
+                        group,
+                        &lease,
+                        token,
+                        req.owner.clone(),
+                        ttl,
+                        first_sent,
+                        req.renewal,
+                    );
+                    return Ok(Try::Got(Box::new(record)));
+                }
+                Ok(Attempt::Held { remaining }) => {
+                    if attempt == 0 {
+                        attempts.not_taken(&lease);
+                    }
+                    return Ok(Try::Held(remaining));
+                }
+                Err(BackendError::Unavailable(_)) if attempt < ACQUIRE_RETRIES => {
+                    attempt += 1;
+                    self.metrics
+                        .acquire_retries
+                        .with_label_values(&[self.backend.name()])
+                        .inc();
+                    tokio::time::sleep(Duration::from_millis(5 * u64::from(attempt))).await;
+                }
+                // The lease stays in `attempts`: it is released when the
+                // acquire gives up, after any call still running.
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Records a lease the backend just confirmed (request sent at `sent`),
+    /// with its signed token, and counts it as held.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn hold(
+        &self,
+        key: &LockKey,
+        group: &str,
+        lease: &LeaseId,
+        token: u64,
+        owner: Option<String>,
+        ttl: Duration,
+        sent: Instant,
+        renewal: Renewal,
+    ) -> LeaseRecord {
+        let now = Instant::now();
+        let record = LeaseRecord {
+            key: key.clone(),
+            lease_id: lease.clone(),
+            token,
+            fencing_token: self
+                .signer
+                .sign(&Claim::new(key.as_str(), token, lease.as_str())),
+            owner,
+            ttl,
+            acquired_at: now,
+            deadline: self.leases.deadline(sent, ttl),
+            state: LeaseState::Held,
+            renewal,
+            last_activity: now,
+            max_until: self.config.max_hold.map(|m| sent + m),
+            writes: Default::default(),
+            renewing: Default::default(),
+            ttl_floor: None,
+        };
+        if renewal != Renewal::Manual {
+            self.leases.schedule(key, renew_at(sent, ttl));
+        }
+        if let Some(old) = self.leases.insert(record.clone()) {
+            // The backend gave the key to us again: the old lease is gone.
+            self.record_lost([Lost::of(&old, LostReason::Backend, Instant::now())]);
+        }
+        self.metrics.leases_held.with_label_values(&[group]).inc();
+        record
+    }
+}
+
+/// When a sidecar-renewed lease whose request was sent at `sent` is next
+/// renewed: after a third of its TTL (jittered), leaving two more tries
+/// before the lease could run out.
+pub(super) fn renew_at(sent: Instant, ttl: Duration) -> Instant {
+    let third = ttl / 3;
+    let jitter = rand::rng().random_range(Duration::ZERO..=third / 10);
+    sent + third - jitter
+}

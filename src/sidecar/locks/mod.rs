@@ -1,0 +1,263 @@
+//! The sidecar's lock logic: where backend results become lease state.
+//!
+//! It knows nothing of HTTP; handlers call it and map [`LockError`] to
+//! responses in one place (`crate::error`). One concern per file:
+//! - [`acquire`] — acquiring, waiting in the queue, pre-registration, and
+//!   the guard that releases what a cancelled acquire may have taken;
+//! - [`renew`] — renewals (the application's and the sidecar's own) and
+//!   adoption of leases after a sidecar restart;
+//! - [`release`] — release, shutdown, and releasing leases nobody owns.
+
+mod acquire;
+mod release;
+mod renew;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::broadcast;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+pub use self::acquire::Acquire;
+use super::leases::{LeaseRecord, LeaseTable, LeaseView, Lost};
+use super::preregister::Preregistrar;
+use super::waiters::WaitQueues;
+use super::webhook::Webhook;
+use crate::lock::{BackendError, DynBackend, LeaseId, LockKey, Ownership};
+use crate::metrics::Metrics;
+use crate::token::Signer;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    #[error("lock `{0}` is held by another lease")]
+    Held(LockKey),
+    #[error("the lease no longer holds lock `{0}`")]
+    LeaseLost(LockKey),
+    #[error("lock `{0}` is held by a different lease")]
+    NotOwner(LockKey),
+    #[error("this sidecar holds no lease on `{0}`")]
+    NotFound(LockKey),
+    #[error("this sidecar holds no lease on `{0}`; acquire it first")]
+    NotHeld(LockKey),
+    #[error("the lease on `{0}` reached sidecar.max_hold_ms and cannot be renewed")]
+    MaxHold(LockKey),
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    #[error("too many queued waiters (limit {0})")]
+    TooManyWaiters(usize),
+    #[error("too many leases held by this sidecar (limit {0})")]
+    TooManyLeases(usize),
+    #[error("the sidecar is shutting down")]
+    ShuttingDown,
+    #[error("could not register the new token at the gateway: {0}")]
+    GatewayUnavailable(String),
+    #[error("the gateway has already accepted token {highest} for `{key}`, above what the backend minted; retry")]
+    TokenBehind { key: LockKey, highest: u64 },
+}
+
+pub struct LockManagerConfig {
+    /// Cap on any lease's life, however it is renewed.
+    pub max_hold: Option<Duration>,
+    /// Told about every lease lost without a release.
+    pub webhook: Option<Webhook>,
+    /// Registers each new token at the gateway before the acquire returns.
+    pub preregister: Option<Preregistrar>,
+    pub max_leases: usize,
+    pub max_fallback: Duration,
+    /// TTL for renewals of leases this sidecar has no record of (adoption).
+    pub default_ttl: Duration,
+}
+
+pub struct LockManager {
+    backend: DynBackend,
+    pub(crate) leases: Arc<LeaseTable>,
+    waiters: Arc<WaitQueues>,
+    signer: Signer,
+    metrics: Arc<Metrics>,
+    config: LockManagerConfig,
+    shutdown: CancellationToken,
+    preregister: Option<Preregistrar>,
+    webhook: Option<Webhook>,
+    /// Every lost lease, for hold streams.
+    lost_tx: broadcast::Sender<Lost>,
+}
+
+impl LockManager {
+    pub fn new(
+        backend: DynBackend,
+        leases: LeaseTable,
+        waiters: Arc<WaitQueues>,
+        signer: Signer,
+        metrics: Arc<Metrics>,
+        mut config: LockManagerConfig,
+        shutdown: CancellationToken,
+    ) -> LockManager {
+        let preregister = config.preregister.take();
+        let webhook = config.webhook.take();
+        LockManager {
+            backend,
+            leases: Arc::new(leases),
+            waiters,
+            signer,
+            metrics,
+            config,
+            shutdown,
+            preregister,
+            webhook,
+            lost_tx: broadcast::channel(1024).0,
+        }
+    }
+
+    pub fn backend(&self) -> &DynBackend {
+        &self.backend
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Times one backend call and counts its failure.
+    async fn call<T>(
+        &self,
+        op: &'static str,
+        fut: impl std::future::Future<Output = Result<T, BackendError>>,
+    ) -> Result<T, BackendError> {
+        timed_call(&self.backend, &self.metrics, op, fut).await
+    }
+
+    fn record_lost(&self, lost: impl IntoIterator<Item = Lost>) {
+        for l in lost {
+            let group = self.metrics.groups.of(l.key.as_str());
+            self.metrics
+                .lost_leases
+                .with_label_values(&[group.as_str(), l.reason.as_str()])
+                .inc();
+            self.metrics
+                .hold_time
+                .with_label_values(&[group.as_str()])
+                .observe(l.held_for.as_secs_f64());
+            tracing::warn!(
+                key = %l.key, token = l.token, lease_tag = %l.lease_id.tag(),
+                reason = l.reason.as_str(), held_ms = l.held_for.as_millis() as u64, "lease lost"
+            );
+            if let Some(w) = &self.webhook {
+                w.send(&l);
+            }
+            let _ = self.lost_tx.send(l);
+        }
+    }
+
+    /// Subscribes to lost-lease events.
+    pub fn lost_events(&self) -> broadcast::Receiver<Lost> {
+        self.lost_tx.subscribe()
+    }
+
+    /// Notes application activity on `key` (keepalive of auto-renewed leases).
+    pub fn touch(&self, key: &LockKey, lease: Option<&LeaseId>) -> bool {
+        self.leases.touch(key, lease, Instant::now())
+    }
+
+    /// Classifies a failed compare-and-set for `lease` on `key`.
+    fn not_held(&self, key: &LockKey, known: bool, found: Ownership) -> LockError {
+        match found {
+            Ownership::OtherHolder if !known => LockError::NotOwner(key.clone()),
+            _ => LockError::LeaseLost(key.clone()),
+        }
+    }
+
+    pub fn get(&self, key: &LockKey) -> Result<LeaseView, LockError> {
+        let now = Instant::now();
+        let (record, lost) = self.leases.get(key, now);
+        self.record_lost(lost);
+        record
+            .map(|r| r.view(now))
+            .ok_or_else(|| LockError::NotFound(key.clone()))
+    }
+
+    /// The lease a proxied request for `key` may use: held here, inside its
+    /// local deadline, and (when the application bound the request to a
+    /// lease) the very lease it named.
+    pub fn lease_for_write(
+        &self,
+        key: &LockKey,
+        bound: Option<&LeaseId>,
+    ) -> Result<LeaseRecord, LockError> {
+        let (record, lost) = self.leases.get(key, Instant::now());
+        self.record_lost(lost);
+        let Some(record) = record else {
+            return Err(match bound {
+                Some(l) if self.leases.knows(key, l) => LockError::LeaseLost(key.clone()),
+                _ => LockError::NotHeld(key.clone()),
+            });
+        };
+        if let Some(l) = bound {
+            if &record.lease_id != l {
+                // Computed under another lease: refuse even though the app
+                // holds the key again now.
+                return Err(LockError::LeaseLost(key.clone()));
+            }
+        }
+        if !record.is_held() {
+            return Err(LockError::LeaseLost(key.clone()));
+        }
+        Ok(record)
+    }
+
+    pub fn list(&self, limit: usize) -> (Vec<LeaseView>, usize) {
+        let now = Instant::now();
+        let (records, total, lost) = self.leases.list(now, limit);
+        self.record_lost(lost);
+        (records.iter().map(|r| r.view(now)).collect(), total)
+    }
+
+    /// Periodic bookkeeping: expire overdue leases, forget old lost ones,
+    /// keep the held gauge exact.
+    pub fn sweep(&self) {
+        let (lost, held) = self.leases.sweep(Instant::now());
+        self.record_lost(lost);
+        let mut per_group: std::collections::HashMap<String, i64> =
+            std::collections::HashMap::new();
+        for key in &held {
+            *per_group
+                .entry(self.metrics.groups.of(key.as_str()))
+                .or_default() += 1;
+        }
+        // Groups that dropped to zero must read 0, not their last value.
+        for family in prometheus::core::Collector::collect(&self.metrics.leases_held) {
+            for m in family.get_metric() {
+                if let Some(g) = m.get_label().iter().find(|l| l.name() == "group") {
+                    per_group.entry(g.value().to_owned()).or_default();
+                }
+            }
+        }
+        for (group, n) in per_group {
+            self.metrics
+                .leases_held
+                .with_label_values(&[group.as_str()])
+                .set(n);
+        }
+    }
+}
+
+/// Times one backend call and counts its failure (also for tasks that
+/// outlive the request that started them).
+async fn timed_call<T>(
+    backend: &DynBackend,
+    metrics: &Metrics,
+    op: &'static str,
+    fut: impl std::future::Future<Output = Result<T, BackendError>>,
+) -> Result<T, BackendError> {
+    let started = Instant::now();
+    let result = fut.await;
+    let name = backend.name();
+    metrics
+        .backend_duration
+        .with_label_values(&[name, op])
+        .observe(started.elapsed().as_secs_f64());
+    if let Err(e) = &result {
+        metrics.backend_errors.with_label_values(&[name, op]).inc();
+        tracing::warn!(backend = name, op, error = %e, "backend request failed");
+    }
+    result
+}

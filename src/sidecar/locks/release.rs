@@ -1,0 +1,155 @@
+//! Releasing locks: the application's release, shutdown, and the leases
+//! nobody owns (a cancelled acquire's, a lease whose renewal reply came too
+//! late).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::super::leases::LeaseTable;
+use super::{LockError, LockManager};
+use crate::lock::{Attempt, BackendError, DynBackend, LeaseId, LockKey, Ownership};
+use crate::metrics::Metrics;
+
+/// Attempts per orphan release (each bounded by the backend's timeout).
+const ORPHAN_RELEASE_ATTEMPTS: u32 = 3;
+
+impl LockManager {
+    pub async fn release(&self, key: LockKey, lease: LeaseId) -> Result<(), LockError> {
+        let lost = self.leases.refresh(&key, Instant::now());
+        self.record_lost(lost);
+        let known = self.leases.knows(&key, &lease);
+        let result = self
+            .call("release", self.backend.release(&key, &lease))
+            .await;
+        let result = match result {
+            Ok(Ownership::Owned { .. }) => Ok(()),
+            Ok(other) => Err(self.not_held(&key, known, other)),
+            Err(e) => Err(e.into()),
+        };
+        // On a backend error the lease may still hold: keep it so the
+        // application can retry the release.
+        if !matches!(result, Err(LockError::Backend(_))) {
+            forget(&self.leases, &self.metrics, &key, &lease);
+        }
+        let label = match &result {
+            Ok(_) => "released",
+            Err(LockError::LeaseLost(_)) => "lease_lost",
+            Err(LockError::NotOwner(_)) => "not_owner",
+            Err(_) => "error",
+        };
+        self.metrics.releases.with_label_values(&[label]).inc();
+        if result.is_ok() {
+            tracing::debug!(key = %key, lease_tag = %lease.tag(), "lock released");
+        }
+        result
+    }
+
+    /// Releases `lease` in the backend from a task of its own, for a lease
+    /// that is lost here but may still hold the key there (a renewal reply
+    /// that came after the local deadline): otherwise the key would stay
+    /// taken by nobody for a full TTL.
+    pub(super) fn release_in_background(&self, key: &LockKey, lease: &LeaseId) {
+        tokio::spawn(release_orphans(
+            self.backend.clone(),
+            self.leases.clone(),
+            self.metrics.clone(),
+            key.clone(),
+            vec![lease.clone()],
+            None,
+            false,
+        ));
+    }
+
+    /// Releases every held lease (shutdown), each bounded by the backend
+    /// timeout, all together bounded by `limit`.
+    pub async fn release_all(&self, limit: Duration) -> (usize, usize) {
+        let held = self.leases.drain_held();
+        let total = held.len();
+        let released = std::sync::atomic::AtomicUsize::new(0);
+        let releases = futures_util::stream::iter(held)
+            .map(|rec| {
+                let backend = self.backend.clone();
+                async move { backend.release(&rec.key, &rec.lease_id).await.is_ok() }
+            })
+            .buffer_unordered(256)
+            .for_each(|ok| {
+                if ok {
+                    released.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                std::future::ready(())
+            });
+        let _ = tokio::time::timeout(limit, releases).await;
+        let released = released.into_inner();
+        self.metrics.leases_held.reset();
+        (released, total)
+    }
+}
+
+/// Removes `lease`'s record of `key` from the table, keeping the gauges
+/// right.
+fn forget(leases: &LeaseTable, metrics: &Metrics, key: &LockKey, lease: &LeaseId) {
+    if let Some(rec) = leases.remove(key, lease) {
+        if rec.is_held() {
+            let group = metrics.groups.of(key.as_str());
+            metrics
+                .leases_held
+                .with_label_values(&[group.as_str()])
+                .dec();
+            metrics
+                .hold_time
+                .with_label_values(&[group.as_str()])
+                .observe(rec.acquired_at.elapsed().as_secs_f64());
+        }
+    }
+}
+
+/// Releases leases of `key` that nobody will use, after the backend call
+/// `pending` (which may grant one of them) has ended, and (with
+/// `forget_records`) forgets them here; a lost lease's record stays visible
+/// as lost instead. Runs as a task of its own: it must not depend on the
+/// request that left them behind.
+pub(super) async fn release_orphans(
+    backend: DynBackend,
+    leases: Arc<LeaseTable>,
+    metrics: Arc<Metrics>,
+    key: LockKey,
+    mut orphans: Vec<LeaseId>,
+    pending: Option<JoinHandle<Result<Attempt, BackendError>>>,
+    forget_records: bool,
+) {
+    if let Some(call) = pending {
+        // The call has its own timeout in the backend; whatever it
+        // answered, the lease it tried may hold the key.
+        let _ = call.await;
+    }
+    orphans.dedup();
+    for lease in orphans {
+        let mut result = "error";
+        for attempt in 0..ORPHAN_RELEASE_ATTEMPTS {
+            match super::timed_call(&backend, &metrics, "release", backend.release(&key, &lease))
+                .await
+            {
+                Ok(Ownership::Owned { .. }) => {
+                    result = "released";
+                    break;
+                }
+                Ok(_) => {
+                    result = "not_held";
+                    break;
+                }
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
+                }
+            }
+        }
+        if forget_records {
+            forget(&leases, &metrics, &key, &lease);
+        }
+        metrics.orphan_releases.with_label_values(&[result]).inc();
+        tracing::info!(key = %key, lease_tag = %lease.tag(), result, "released a lease nobody holds");
+    }
+}

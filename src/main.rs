@@ -29,6 +29,13 @@ fn main() -> ExitCode {
         }
     };
     if let Command::CheckConfig = cli.command {
+        // A file that names a lock backend is a sidecar's.
+        if settings.backend.kind.is_some() {
+            if let Err(e) = settings.validate_sidecar() {
+                eprintln!("fencer: configuration error: {e}");
+                return ExitCode::from(EXIT_CONFIG);
+            }
+        }
         println!("configuration ok");
         println!("{settings:#?}");
         return ExitCode::SUCCESS;

@@ -827,27 +827,6 @@ impl Settings {
             10,
             60_000,
         )?;
-        // A proxy that gives up first drops its connection while the
-        // gateway still works on the request; its next request of the
-        // lease then races the first (issue 9 item 1).
-        if p.upstream_timeout_ms <= g.answer_budget_ms() {
-            return Err(invalid(
-                "proxy.upstream_timeout_ms",
-                format!(
-                    "must be above the gateway's answer budget, gateway.serialize_timeout_ms + connect_timeout_ms + upstream_timeout_ms = {} ms (set the gateway's values in this file too if your gateway uses others)",
-                    g.answer_budget_ms()
-                ),
-            ));
-        }
-        if !s.preregister_url.is_empty() && s.preregister_timeout_ms <= g.serialize_timeout_ms {
-            return Err(invalid(
-                "sidecar.preregister_timeout_ms",
-                format!(
-                    "must be above gateway.serialize_timeout_ms ({} ms): the gateway may wait that long for a busy key before answering",
-                    g.serialize_timeout_ms
-                ),
-            ));
-        }
         if !g.fence_api_prefix.starts_with('/') || !g.fence_api_prefix.ends_with('/') {
             return Err(invalid(
                 "gateway.fence_api_prefix",
@@ -889,6 +868,37 @@ impl Settings {
         }
         if !(1..=10_000).contains(&self.metrics.max_groups) {
             return Err(invalid("metrics.max_groups", "must be between 1 and 10000"));
+        }
+        Ok(())
+    }
+
+    /// Checks that only concern a sidecar: how its proxy and its
+    /// pre-registration wait compare with the gateway it talks to (the
+    /// `[gateway]` values in a sidecar's file describe that gateway).
+    /// Run by `fencer sidecar` and `fencer dev`, and by `check-config` for a
+    /// file that names a lock backend.
+    pub fn validate_sidecar(&self) -> Result<(), ConfigError> {
+        let (s, p, g) = (&self.sidecar, &self.proxy, &self.gateway);
+        // A proxy that gives up first drops its connection while the
+        // gateway still works on the request; its next request of the
+        // lease then races the first (issue 9 item 1).
+        if p.enabled && p.upstream_timeout_ms <= g.answer_budget_ms() {
+            return Err(invalid(
+                "proxy.upstream_timeout_ms",
+                format!(
+                    "must be above the gateway's answer budget, gateway.serialize_timeout_ms + connect_timeout_ms + upstream_timeout_ms = {} ms (set the gateway's values in this file too if your gateway uses others)",
+                    g.answer_budget_ms()
+                ),
+            ));
+        }
+        if !s.preregister_url.is_empty() && s.preregister_timeout_ms <= g.serialize_timeout_ms {
+            return Err(invalid(
+                "sidecar.preregister_timeout_ms",
+                format!(
+                    "must be above gateway.serialize_timeout_ms ({} ms): the gateway may wait that long for a busy key before answering",
+                    g.serialize_timeout_ms
+                ),
+            ));
         }
         Ok(())
     }

@@ -123,6 +123,7 @@ fn short_signing_secret_is_rejected_at_start() {
         &[
             ("FENCER__SIGNING__SECRET_ENV", "FENCER_SHORT_SECRET"),
             ("FENCER_SHORT_SECRET", "short"),
+            ("FENCER__BACKEND__KIND", "memory"),
             ("FENCER__SIDECAR__LISTEN", "127.0.0.1:0"),
             ("FENCER__ADMIN__LISTEN", "127.0.0.1:0"),
         ],
@@ -132,5 +133,77 @@ fn short_signing_secret_is_rejected_at_start() {
         stderr(&out).contains("signing.secret_env"),
         "{}",
         stderr(&out)
+    );
+}
+
+/// Issue 9: outside `fencer dev`, a role must be told where its locks or
+/// marks live; falling silently into the in-memory stores lost every
+/// lock or mark on restart.
+#[test]
+fn sidecar_and_gateway_refuse_to_start_without_an_explicit_store() {
+    let out = fencer(&["sidecar"], &[("FENCER__ADMIN__LISTEN", "127.0.0.1:0")]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("backend.kind"), "{}", stderr(&out));
+    let out = fencer(
+        &["gateway"],
+        &[
+            ("FENCER__SIGNING__SECRET_ENV", "S"),
+            ("S", "0123456789abcdef0123456789abcdef"),
+            ("FENCER__GATEWAY__LISTEN", "127.0.0.1:0"),
+            ("FENCER__ADMIN__LISTEN", "127.0.0.1:0"),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("gateway.fence_store"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn a_key_id_listed_twice_is_refused() {
+    let out = check_file(
+        "[[gateway.keys]]\nkey_id = \"k1\"\nsecret_env = \"A\"\n[[gateway.keys]]\nkey_id = \"k1\"\nsecret_env = \"B\"\n",
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("listed twice"), "{}", stderr(&out));
+}
+
+/// The proxy must wait longer than the gateway may take; a sidecar that
+/// gives up first lets its next request race the first (issue 9 item 1).
+#[test]
+fn a_proxy_timeout_below_the_gateways_budget_is_refused() {
+    let out = check_file(
+        "[backend]\nkind = \"redis\"\n[proxy]\nupstream_timeout_ms = 10000\n",
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(
+        err.contains("proxy.upstream_timeout_ms") && err.contains("16000"),
+        "{err}"
+    );
+    // A gateway's file (no lock backend) is not held to the sidecar's rule.
+    let gw = check_file(
+        "[gateway]\nserialize_timeout_ms = 30000\nfence_store = \"memory\"\n",
+        &[],
+    );
+    assert!(gw.status.success(), "{}", stderr(&gw));
+    let ok = check_file(
+        "[backend]\nkind = \"redis\"\n[proxy]\nupstream_timeout_ms = 10000\n[gateway]\nupstream_timeout_ms = 3000\n",
+        &[],
+    );
+    assert!(ok.status.success(), "{}", stderr(&ok));
+    let pre = check_file(
+        "[backend]\nkind = \"redis\"\n[sidecar]\npreregister_url = \"http://g:8080/_fencer/v1/fences/\"\npreregister_timeout_ms = 2000\n",
+        &[],
+    );
+    assert_eq!(pre.status.code(), Some(2));
+    assert!(
+        stderr(&pre).contains("sidecar.preregister_timeout_ms"),
+        "{}",
+        stderr(&pre)
     );
 }

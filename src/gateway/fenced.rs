@@ -139,6 +139,13 @@ impl Fenced {
             let _ = reply.send(busy(&key));
             return;
         };
+        if reply.is_closed() {
+            // The client left while the request waited for its turn:
+            // nothing was sent yet, so nothing needs to be.
+            gw.metrics.client_gone.inc();
+            self.count("client_gone");
+            return;
+        }
         let stamp = Stamp {
             id: stamp_id(),
             hold: gw.stamp_hold,

@@ -231,10 +231,11 @@ pub struct LeaseTable {
 /// Why a successful renewal reply could not be applied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NotRenewed {
-    /// The lease is not (or no longer) the current held lease of the key.
+    /// The lease has no record here any more (released).
     Gone,
-    /// The reply came after the local deadline: the lease is lost here
-    /// although the backend renewed it.
+    /// The reply came after the local deadline, or the lease was marked
+    /// lost while the renewal was on its way: it is lost here although the
+    /// backend renewed it.
     Late,
 }
 
@@ -377,10 +378,10 @@ impl LeaseTable {
         let rec = t
             .current
             .get_mut(key)
-            .filter(|r| &r.lease_id == lease && r.is_held())
+            .filter(|r| &r.lease_id == lease)
             .ok_or(NotRenewed::Gone)?;
         // A reply can arrive after the deadline it would extend: too late.
-        if Instant::now() >= rec.deadline {
+        if !rec.is_held() || Instant::now() >= rec.deadline {
             return Err(NotRenewed::Late);
         }
         let effective = rec.ttl_floor.map_or(ttl, |f| f.min(ttl));

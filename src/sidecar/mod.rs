@@ -128,6 +128,7 @@ impl Sidecar {
         shutdown: CancellationToken,
         registry: Option<prometheus::Registry>,
     ) -> Result<Sidecar, StartError> {
+        settings.validate_sidecar()?;
         let s = &settings.sidecar;
         let waiters = Arc::new(WaitQueues::new(s.max_waiters));
         let backend = build_backend(&settings, waiters.clone())?;

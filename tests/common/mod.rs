@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod postgres;
+pub mod tcp_fault;
 pub mod upstream;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -674,6 +675,36 @@ pub async fn send(
     let text = r.text().await.unwrap();
     let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
     Resp { status, body }
+}
+
+/// A token in the `v1` wire form (lease id in clear), which fencer 7195c76
+/// and this build's gateway both verify: for regression tests that must
+/// run against the old release too.
+pub fn sign_v1(key: &str, token: u64, lease: &str) -> String {
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
+    use base64::Engine;
+    use hmac::Mac;
+    let mut m = Vec::new();
+    for part in ["v1", "k1", key, &token.to_string(), lease] {
+        m.extend_from_slice(&(part.len() as u32).to_be_bytes());
+        m.extend_from_slice(part.as_bytes());
+    }
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(SECRET.as_bytes()).unwrap();
+    mac.update(&m);
+    let sig = B64.encode(mac.finalize().into_bytes());
+    format!("v1.k1.{token}.{lease}.{}.{sig}", B64.encode(key))
+}
+
+/// Polls `f` every 20 ms until it is true or `timeout` passes.
+pub async fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if f() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    f()
 }
 
 /// Peak resident memory of a process (VmHWM), in KiB.

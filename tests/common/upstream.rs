@@ -1,8 +1,12 @@
-//! A recording HTTP upstream for gateway and proxy tests.
+//! A recording HTTP upstream for gateway and proxy tests: the storage whose
+//! log tells the order in which writes were *applied*.
 //!
 //! It answers every request with `{"bytes": <body length>}` after an
-//! optional delay (`x-delay-ms` header), and records when each request
-//! arrived and finished, with the token number its `Fencing-Token` carried.
+//! optional delay (`x-delay-ms` header, or a default for every request),
+//! and records when each request arrived and when it was applied, with the
+//! token number its `Fencing-Token` carried. Like a real storage that has
+//! received a write, it applies it even if the client hangs up meanwhile:
+//! the delay and the record run in a task detached from the connection.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -24,6 +28,11 @@ pub struct Seen {
     pub arrived: Instant,
     pub finished: Instant,
     pub bytes: u64,
+    /// The raw `Fencing-Token` header, if any.
+    pub raw_token: Option<String>,
+    /// The first 64 KiB of the body.
+    pub body: Vec<u8>,
+    pub method: String,
 }
 
 pub struct Recorder {
@@ -33,6 +42,11 @@ pub struct Recorder {
 
 impl Recorder {
     pub async fn start() -> Recorder {
+        Recorder::start_with_delay(0).await
+    }
+
+    /// Every request is held `delay_ms` (unless it says otherwise).
+    pub async fn start_with_delay(default_delay_ms: u64) -> Recorder {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let seen = Arc::new(Mutex::new(Vec::new()));
@@ -49,6 +63,12 @@ impl Recorder {
                         async move {
                             let arrived = Instant::now();
                             let path = req.uri().path().to_owned();
+                            let method = req.method().to_string();
+                            let raw_token = req
+                                .headers()
+                                .get("fencing-token")
+                                .and_then(|v| v.to_str().ok())
+                                .map(str::to_owned);
                             let token = req
                                 .headers()
                                 .get("fencing-token")
@@ -65,23 +85,37 @@ impl Recorder {
                                 .get("x-delay-ms")
                                 .and_then(|v| v.to_str().ok())
                                 .and_then(|v| v.parse().ok())
-                                .unwrap_or(0);
+                                .unwrap_or(default_delay_ms);
                             let mut body = req.into_body();
                             let mut bytes = 0u64;
+                            let mut kept = Vec::new();
                             while let Some(frame) = body.frame().await {
-                                if let Ok(data) = frame.unwrap().into_data() {
-                                    bytes += data.len() as u64;
+                                match frame {
+                                    Ok(f) => {
+                                        if let Ok(data) = f.into_data() {
+                                            bytes += data.len() as u64;
+                                            let room = (64 * 1024usize).saturating_sub(kept.len());
+                                            kept.extend_from_slice(&data[..data.len().min(room)]);
+                                        }
+                                    }
+                                    Err(_) => break,
                                 }
                             }
-                            tokio::time::sleep(Duration::from_millis(delay)).await;
-                            seen.lock().unwrap().push(Seen {
-                                path,
-                                token,
-                                seq,
-                                arrived,
-                                finished: Instant::now(),
-                                bytes,
+                            let apply = tokio::spawn(async move {
+                                tokio::time::sleep(Duration::from_millis(delay)).await;
+                                seen.lock().unwrap().push(Seen {
+                                    path,
+                                    token,
+                                    seq,
+                                    arrived,
+                                    finished: Instant::now(),
+                                    bytes,
+                                    raw_token,
+                                    body: kept,
+                                    method,
+                                });
                             });
+                            let _ = apply.await;
                             Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(format!(
                                 "{{\"bytes\":{bytes}}}"
                             )))))

@@ -1,0 +1,159 @@
+//! A loopback TCP proxy whose faults a test switches at run time.
+//!
+//! Put between a fencer process and a service (Redis, PostgreSQL, the
+//! gateway, the storage), it forwards bytes both ways until told to:
+//! - [`Mode::DelayReplies`]: hold every server→client chunk for a while
+//!   (a reply that comes late);
+//! - [`Mode::FreezeUnscripted`]: stop forwarding, both ways, on connections
+//!   that never sent a Redis script command — in practice the pub/sub
+//!   connection — while the command connection goes on (a half-open
+//!   subscriber);
+//! - [`Mode::FreezeAll`]: stop forwarding on every connection (a network
+//!   partition that keeps the sockets open);
+//! - [`TcpFault::reset_all`]: close every connection at once.
+//!
+//! Thread-based, so it works from sync and async tests alike.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Pass,
+    DelayReplies(Duration),
+    FreezeUnscripted,
+    FreezeAll,
+}
+
+struct Conn {
+    /// The client sent EVALSHA / EVAL / SCRIPT on this connection.
+    scripted: AtomicBool,
+    client: TcpStream,
+    server: TcpStream,
+}
+
+struct Shared {
+    mode: Mutex<Mode>,
+    stop: AtomicBool,
+    conns: Mutex<Vec<Arc<Conn>>>,
+}
+
+impl Shared {
+    fn mode(&self) -> Mode {
+        *self.mode.lock().unwrap()
+    }
+
+    fn frozen(&self, conn: &Conn) -> bool {
+        match self.mode() {
+            Mode::FreezeAll => true,
+            Mode::FreezeUnscripted => !conn.scripted.load(Ordering::SeqCst),
+            _ => false,
+        }
+    }
+}
+
+pub struct TcpFault {
+    pub port: u16,
+    shared: Arc<Shared>,
+}
+
+impl TcpFault {
+    /// Listens on a free loopback port and forwards to `upstream_port`.
+    pub fn start(upstream_port: u16) -> TcpFault {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let shared = Arc::new(Shared {
+            mode: Mutex::new(Mode::Pass),
+            stop: AtomicBool::new(false),
+            conns: Mutex::new(Vec::new()),
+        });
+        let sh = shared.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                if sh.stop.load(Ordering::SeqCst) {
+                    return;
+                }
+                let Ok(client) = client else { continue };
+                let Ok(server) = TcpStream::connect(("127.0.0.1", upstream_port)) else {
+                    let _ = client.shutdown(Shutdown::Both);
+                    continue;
+                };
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
+                let conn = Arc::new(Conn {
+                    scripted: AtomicBool::new(false),
+                    client: client.try_clone().unwrap(),
+                    server: server.try_clone().unwrap(),
+                });
+                sh.conns.lock().unwrap().push(conn.clone());
+                for upstream_bound in [true, false] {
+                    let (from, to) = if upstream_bound {
+                        (client.try_clone().unwrap(), server.try_clone().unwrap())
+                    } else {
+                        (server.try_clone().unwrap(), client.try_clone().unwrap())
+                    };
+                    let (sh, conn) = (sh.clone(), conn.clone());
+                    std::thread::spawn(move || pump(sh, conn, from, to, upstream_bound));
+                }
+            }
+        });
+        TcpFault { port, shared }
+    }
+
+    pub fn set(&self, mode: Mode) {
+        *self.shared.mode.lock().unwrap() = mode;
+    }
+
+    /// Closes every open connection (both sides).
+    pub fn reset_all(&self) {
+        for c in self.shared.conns.lock().unwrap().drain(..) {
+            let _ = c.client.shutdown(Shutdown::Both);
+            let _ = c.server.shutdown(Shutdown::Both);
+        }
+    }
+
+    pub fn redis_url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+}
+
+impl Drop for TcpFault {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        self.set(Mode::Pass);
+        self.reset_all();
+        let _ = TcpStream::connect(("127.0.0.1", self.port));
+    }
+}
+
+fn pump(sh: Arc<Shared>, conn: Arc<Conn>, mut from: TcpStream, mut to: TcpStream, up: bool) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let chunk = &buf[..n];
+        if up {
+            let upper = chunk.to_ascii_uppercase();
+            if upper.windows(4).any(|w| w == b"EVAL") || upper.windows(6).any(|w| w == b"SCRIPT") {
+                conn.scripted.store(true, Ordering::SeqCst);
+            }
+        }
+        while sh.frozen(&conn) && !sh.stop.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if !up {
+            if let Mode::DelayReplies(d) = sh.mode() {
+                std::thread::sleep(d);
+            }
+        }
+        if to.write_all(chunk).is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown(Shutdown::Write);
+}

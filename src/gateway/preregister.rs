@@ -77,6 +77,12 @@ pub(super) async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response
                 r
             }
         };
+        if resp.as_ref().is_ok_and(|d| *d == Decision::Advanced) {
+            gw.metrics
+                .token_advances
+                .with_label_values(&[group.as_str()])
+                .inc();
+        }
         let resp = match resp {
             Ok(Decision::Advanced) | Ok(Decision::Same) => {
                 gw.count(&group, "preregister", "accepted");

@@ -22,6 +22,12 @@ pub type ReadyFuture = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
 /// Something whose readiness `/readyz` reports.
 pub trait Readiness: Send + Sync + 'static {
     fn check(&self) -> ReadyFuture;
+
+    /// `/readyz?backend=1`: the state of what the role depends on right now,
+    /// where `check` may deliberately not follow it (the sidecar).
+    fn check_with(&self, _dependencies_now: bool) -> ReadyFuture {
+        self.check()
+    }
 }
 
 pub struct AdminState {
@@ -39,8 +45,12 @@ pub fn router(state: Arc<AdminState>) -> Router {
         .with_state(state)
 }
 
-async fn readyz(State(state): State<Arc<AdminState>>) -> Response {
-    match state.readiness.check().await {
+async fn readyz(
+    State(state): State<Arc<AdminState>>,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
+) -> Response {
+    let now = query.as_deref() == Some("backend=1");
+    match state.readiness.check_with(now).await {
         Ok(()) => Json(json!({"status": "ready"})).into_response(),
         Err(reason) => {
             ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "not_ready", reason).into_response()

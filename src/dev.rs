@@ -147,14 +147,14 @@ pub async fn run(mut settings: Settings, shutdown: CancellationToken) -> Result<
   metrics        http://{admin}/metrics
 
 Try the fencing story:
-  # take the lock; note lease_id and token
-  curl -s -XPOST http://{api}/v1/locks/account:1/acquire -d '{{\"ttl_ms\":30000}}'
-  # write through the proxy: it adds the signed token, the gateway checks it
-  curl -s -XPUT http://{proxy}/kv/accounts/1 -H 'Fencing-Lock: account:1' -d '{{\"balance\":100}}'
+  # take the lock; the answer has lease_id and token
+  LEASE=$(curl -s -XPOST http://{api}/v1/locks/account:1/acquire -d '{{\"ttl_ms\":30000}}' | grep -o '\"lease_id\":\"[^\"]*' | cut -d'\"' -f4)
+  # write through the proxy under that lease: it adds the signed token, the gateway checks it
+  curl -s -XPUT http://{proxy}/kv/accounts/1 -H \"Fencing-Lease: $LEASE\" -d '{{\"balance\":100}}'
   curl -s http://{st}/kv/accounts/1
   # a write without a token is refused by the gateway (428)
   curl -s -XPUT http://{gw}/kv/accounts/1 -d '{{\"balance\":0}}'
-  # without the lock the proxy refuses (428 lock_not_held)
+  # a write that names no lease is refused by the proxy (428 lease_required)
   curl -s -XPUT http://{proxy}/kv/accounts/2 -H 'Fencing-Lock: account:2' -d '{{}}'
   # the whole hot-account story, with and without fencing:
   fencer demo

@@ -241,6 +241,12 @@ pub struct ProxySettings {
     pub upstream: String,
     /// Writes that name no lock are refused with 428 instead of passed on.
     pub require_lock_for_writes: bool,
+    /// A request under a lock must name the lease it was computed under
+    /// (`Fencing-Lease: <lease_id>`). Off, a request naming only the key
+    /// goes out with whatever lease holds the key *now* — with several
+    /// workers sharing a sidecar, a paused worker's write would go out with
+    /// another worker's token (issue 10 item 2).
+    pub require_lease: bool,
     pub write_methods: Vec<String>,
     /// Map request paths to lock keys when `Fencing-Lock` is absent.
     pub routes: Vec<crate::routes::RouteSpec>,
@@ -255,6 +261,7 @@ impl Default for ProxySettings {
             listen: "127.0.0.1:7412".parse().expect("static addr"),
             upstream: "http://127.0.0.1:8080".into(),
             require_lock_for_writes: false,
+            require_lease: true,
             write_methods: default_write_methods(),
             routes: Vec::new(),
             connect_timeout_ms: 1_000,

@@ -47,7 +47,7 @@ async fn dev_runs_every_role_behind_one_metrics_endpoint() {
         &http,
         "PUT",
         &format!("http://127.0.0.1:{proxy}/kv/accounts/1"),
-        &[("Fencing-Lock", "account:1")],
+        &[("Fencing-Lease", lease.body["lease_id"].as_str().unwrap())],
         Some(r#"{"balance":100}"#),
     )
     .await;

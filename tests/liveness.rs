@@ -82,7 +82,7 @@ async fn a_frozen_redis_makes_leases_lost_before_their_ttl() {
         &s.http,
         "PUT",
         &format!("{}/data", s.proxy),
-        &[("Fencing-Lock", "frozen:0")],
+        &[("Fencing-Lock", "frozen:0"), ("Fencing-Lease", &leases[0])],
         Some("{}"),
     )
     .await;

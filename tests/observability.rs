@@ -140,7 +140,7 @@ async fn workload_round(s: &Fencer, g: &Fencer) {
             &s.http,
             "PUT",
             &format!("{}/kv/acct/1", s.proxy),
-            &[("Fencing-Lock", "acct:1")],
+            &[("Fencing-Lease", &r.lease())],
             Some("{}"),
         )
         .await;

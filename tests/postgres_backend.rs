@@ -64,7 +64,10 @@ async fn a_postgres_restart_gives_503_then_recovers_with_tokens_intact() {
         "took {:?}",
         started.elapsed()
     );
-    assert!(!http_ok(&format!("{}/readyz", s.admin)));
+    // The backend's state now; the pod's readiness does not follow it
+    // once the sidecar has started (issue 10 item 9).
+    assert!(!http_ok(&format!("{}/readyz?backend=1", s.admin)));
+    assert!(http_ok(&format!("{}/readyz", s.admin)));
     pg.restart();
     let r = acquire_eventually(&s, "pg:1").await;
     assert!(r.token() > last, "token {} after {last}", r.token());

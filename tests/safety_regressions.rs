@@ -122,14 +122,14 @@ async fn the_proxy_giving_up_first_does_not_let_the_next_holder_overtake() {
     let w = put(
         &sidecar.http,
         &url,
-        &[("Fencing-Lock", "acct:2"), ("x-delay-ms", "1500")],
+        &[("Fencing-Lease", &a.lease()), ("x-delay-ms", "1500")],
     )
     .await;
     assert_eq!(w.status, 504, "{}", w.body);
     sidecar.release("acct:2", &a.lease()).await;
     let b = sidecar.acquire("acct:2", 30_000, 5_000).await;
     assert_eq!(b.status, 200, "{}", b.body);
-    let w = put(&sidecar.http, &url, &[("Fencing-Lock", "acct:2")]).await;
+    let w = put(&sidecar.http, &url, &[("Fencing-Lease", &b.lease())]).await;
     assert_eq!(w.status, 200, "{}", w.body);
     assert!(eventually(Duration::from_secs(5), || storage.seen().len() >= 2).await);
     applied_in_token_order(&storage.seen(), a.token(), b.token());
@@ -262,18 +262,18 @@ async fn a_request_queued_behind_a_slow_one_does_not_leave_after_the_deadline() 
     let lease = sidecar.acquire("acct:4", 1_000, 0).await;
     let url = format!("{}/kv/acct-4", sidecar.proxy);
     let slow = tokio::spawn({
-        let (http, url) = (sidecar.http.clone(), url.clone());
+        let (http, url, id) = (sidecar.http.clone(), url.clone(), lease.lease());
         async move {
             put(
                 &http,
                 &url,
-                &[("Fencing-Lock", "acct:4"), ("x-delay-ms", "1500")],
+                &[("Fencing-Lease", &id), ("x-delay-ms", "1500")],
             )
             .await
         }
     });
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let queued = put(&sidecar.http, &url, &[("Fencing-Lock", "acct:4")]).await;
+    let queued = put(&sidecar.http, &url, &[("Fencing-Lease", &lease.lease())]).await;
     assert_eq!(
         (queued.status, queued.code()),
         (409, "lease_lost"),
@@ -445,13 +445,13 @@ async fn an_adopted_lease_writes_on_and_a_reused_sequence_is_refused() {
     let lease = sidecar.acquire("acct:7", 60_000, 0).await;
     let url = format!("{}/kv/acct-7", sidecar.proxy);
     for _ in 0..2 {
-        let w = put(&sidecar.http, &url, &[("Fencing-Lock", "acct:7")]).await;
+        let w = put(&sidecar.http, &url, &[("Fencing-Lease", &lease.lease())]).await;
         assert_eq!(w.status, 200, "{}", w.body);
     }
     sidecar.crash_and_restart();
     let adopted = sidecar.renew("acct:7", &lease.lease(), 60_000).await;
     assert_eq!(adopted.status, 200, "{}", adopted.body);
-    let w = put(&sidecar.http, &url, &[("Fencing-Lock", "acct:7")]).await;
+    let w = put(&sidecar.http, &url, &[("Fencing-Lease", &lease.lease())]).await;
     assert_eq!(w.status, 200, "the adopted lease cannot write: {}", w.body);
 
     let last = storage.seen().last().cloned().unwrap();
@@ -647,7 +647,7 @@ async fn the_lease_id_never_leaves_the_sidecar() {
     let w = put(
         &sidecar.http,
         &format!("{}/kv/acct-11", sidecar.proxy),
-        &[("Fencing-Lock", "acct:11")],
+        &[("Fencing-Lease", &id)],
     )
     .await;
     assert_eq!(w.status, 200, "{}", w.body);
@@ -700,12 +700,12 @@ async fn a_secret_variable_with_a_trailing_newline_still_verifies() {
 async fn a_connection_header_cannot_strip_the_proxys_own_headers() {
     let storage = Recorder::start().await;
     let sidecar = Fencer::sidecar(Backend::Memory, None, &[("proxy.upstream", &storage.url())]);
-    sidecar.acquire("c:1", 10_000, 0).await;
+    let lease = sidecar.acquire("c:1", 10_000, 0).await.lease();
     let w = put(
         &sidecar.http,
         &format!("{}/kv/c-1", sidecar.proxy),
         &[
-            ("Fencing-Lock", "c:1"),
+            ("Fencing-Lease", &lease),
             ("Connection", "fencing-seq, fencing-token"),
         ],
     )

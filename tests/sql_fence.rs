@@ -1,6 +1,7 @@
 //! `deploy/sql/fencer_fence.sql` against a real, test-owned PostgreSQL:
-//! token semantics, atomicity with the caller's own writes, and the row
-//! lock that serializes concurrent holders of one key.
+//! signed-token verification, token semantics, atomicity with the caller's
+//! own writes, the row lock that serializes concurrent holders of one key,
+//! and the gateway's in-flight stamps.
 
 mod common;
 
@@ -9,6 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::postgres::PgServer;
+use common::SECRET;
+use fencer::token::{lease_tag, Claim, Signer};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, GenericClient, NoTls};
 
@@ -19,6 +22,8 @@ const SQL: &str = include_str!(concat!(
 
 /// SQLSTATE raised for a stale token.
 const STALE: &str = "23F01";
+/// SQLSTATE raised for a token that is not validly signed.
+const INVALID: &str = "23F02";
 
 async fn connect(pg: &PgServer) -> Client {
     let (client, conn) = tokio_postgres::connect(&pg.url(), NoTls)
@@ -42,6 +47,12 @@ async fn setup_with(pg: PgServer) -> (PgServer, Client) {
     c.batch_execute(SQL)
         .await
         .expect("load fencer_fence.sql again");
+    c.execute(
+        "INSERT INTO fencer_signing_keys (key_id, secret) VALUES ('k1', convert_to($1, 'UTF8'))",
+        &[&SECRET],
+    )
+    .await
+    .unwrap();
     c.batch_execute(
         "CREATE TABLE accounts (id int PRIMARY KEY, balance int NOT NULL);
          INSERT INTO accounts VALUES (1, 0);",
@@ -51,15 +62,32 @@ async fn setup_with(pg: PgServer) -> (PgServer, Client) {
     (pg, c)
 }
 
+/// The token a sidecar would hand out for `lease` on `key`.
+fn signed(key: &str, token: i64, lease: &str) -> String {
+    Signer::new("k1", SECRET.as_bytes()).sign(&Claim::new(key, token as u64, lease))
+}
+
+async fn fence_wire(
+    c: &impl GenericClient,
+    wire: &str,
+    key: Option<&str>,
+) -> Result<i64, tokio_postgres::Error> {
+    c.query_one("SELECT fencer_fence($1, $2)", &[&wire, &key])
+        .await
+        .map(|row| row.get(0))
+}
+
 async fn fence(
     c: &impl GenericClient,
     key: &str,
     token: i64,
     lease: &str,
 ) -> Result<i64, tokio_postgres::Error> {
-    c.query_one("SELECT fencer_fence($1, $2, $3)", &[&key, &token, &lease])
-        .await
-        .map(|row| row.get(0))
+    fence_wire(c, &signed(key, token, lease), Some(key)).await
+}
+
+fn tag(lease: &str) -> String {
+    lease_tag(lease)
 }
 
 fn sqlstate(e: &tokio_postgres::Error) -> &str {
@@ -110,7 +138,7 @@ async fn advancing_tokens_accepted_lower_rejected_and_rolled_back() {
         tx.commit().await.unwrap();
     }
     assert_eq!(balance(&c).await, 3);
-    assert_eq!(stored(&c, "acct").await, Some((40, String::new())));
+    assert_eq!(stored(&c, "acct").await, Some((40, tag(""))));
 
     // Fence first: a lower token is refused before the write happens.
     let tx = c.transaction().await.unwrap();
@@ -130,7 +158,7 @@ async fn advancing_tokens_accepted_lower_rejected_and_rolled_back() {
     assert_stale(fence(&tx, "acct", 7, "").await);
     let _ = tx.commit().await; // COMMIT of an aborted transaction = ROLLBACK
     assert_eq!(balance(&c).await, 3);
-    assert_eq!(stored(&c, "acct").await, Some((40, String::new())));
+    assert_eq!(stored(&c, "acct").await, Some((40, tag(""))));
 
     // Fences are per key.
     assert_eq!(fence(&c, "other", 1, "").await.unwrap(), 1);
@@ -138,36 +166,122 @@ async fn advancing_tokens_accepted_lower_rejected_and_rolled_back() {
     assert_eq!(fence(&c, "acct", 41, "").await.unwrap(), 41);
 
     // Bad arguments.
-    for (token, code) in [(0_i64, "22023"), (-3, "22023")] {
-        let e = fence(&c, "acct", token, "").await.unwrap_err();
-        assert_eq!(sqlstate(&e), code, "{e:?}");
-    }
-    let null_key: Option<&str> = None;
-    let null_token: Option<i64> = None;
-    let null_lease: Option<&str> = None;
-    for (k, t, l) in [
-        (null_key, Some(50), Some("")),
-        (Some("acct"), null_token, Some("")),
-        (Some("acct"), Some(50), null_lease),
-    ] {
-        let e = c
-            .query_one("SELECT fencer_fence($1, $2, $3)", &[&k, &t, &l])
-            .await
-            .unwrap_err();
-        assert_eq!(
-            sqlstate(&e),
-            SqlState::NULL_VALUE_NOT_ALLOWED.code(),
-            "{e:?}"
-        );
-    }
-    // The two-argument form uses lease ''.
+    let e = fence(&c, "acct", 0, "").await.unwrap_err();
+    assert_eq!(sqlstate(&e), "22023", "{e:?}");
+    let null: Option<&str> = None;
+    let e = c
+        .query_one("SELECT fencer_fence($1)", &[&null])
+        .await
+        .unwrap_err();
+    assert_eq!(
+        sqlstate(&e),
+        SqlState::NULL_VALUE_NOT_ALLOWED.code(),
+        "{e:?}"
+    );
+    // Without a key to check, the token's own key is fenced.
     let t: i64 = c
-        .query_one("SELECT fencer_fence('acct', 42)", &[])
+        .query_one("SELECT fencer_fence($1)", &[&signed("acct", 42, "")])
         .await
         .unwrap()
         .get(0);
     assert_eq!(t, 42);
-    assert_eq!(stored(&c, "acct").await, Some((42, String::new())));
+    assert_eq!(stored(&c, "acct").await, Some((42, tag(""))));
+}
+
+/// Issue 10 item 11: only a token a sidecar signed can move the mark the
+/// gateway shares. A bare or forged huge number used to lock the key out
+/// for good (the repair raised the lock row to 2^63-1, then overflowed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_signed_tokens_move_the_mark() {
+    let (_pg, c) = setup().await;
+    assert_eq!(fence(&c, "acct", 5, "a").await.unwrap(), 5);
+    let good = signed("acct", 6, "a");
+    let forged = Signer::new("k1", b"not-the-secret-not-the-secret-not-the-secret")
+        .sign(&Claim::new("acct", i64::MAX as u64, "evil"));
+    let inflated = good.replacen(".6.", &format!(".{}.", i64::MAX), 1);
+    let other_kid = good.replacen("v2.k1.", "v2.k9.", 1);
+    for bad in [
+        forged.as_str(),
+        inflated.as_str(),
+        other_kid.as_str(),
+        "garbage",
+        "v2.k1.7.x.YWNjdA.",
+        "v2.k1.99999999999999999999.x.YWNjdA.AAAA",
+    ] {
+        let e = fence_wire(&c, bad, None).await.unwrap_err();
+        assert_eq!(sqlstate(&e), INVALID, "{bad}: {e:?}");
+    }
+    // A valid token for another key than the one written.
+    let e = fence_wire(&c, &signed("other", 9, "a"), Some("acct"))
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&e), INVALID, "{e:?}");
+    assert_eq!(stored(&c, "acct").await, Some((5, tag("a"))));
+    // A v1 token (lease id in clear) of an older sidecar verifies, by tag.
+    let v1 = common::sign_v1("acct", 7, "a");
+    assert_eq!(fence_wire(&c, &v1, Some("acct")).await.unwrap(), 7);
+    assert_eq!(stored(&c, "acct").await, Some((7, tag("a"))));
+    assert_eq!(fence_wire(&c, &good, Some("acct")).await.ok(), None);
+}
+
+/// The gateway's in-flight stamp: a fenced write through the gateway may
+/// still land, so a direct SQL write must not overtake it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_request_in_flight_keeps_sql_writers_out() {
+    let (_pg, c) = setup().await;
+    assert_eq!(fence(&c, "acct", 33, "a").await.unwrap(), 33);
+    c.execute(
+        "UPDATE fencer_fences SET inflight_id = 'req-1', inflight_until = clock_timestamp() + interval '1 hour' WHERE key = 'acct'",
+        &[],
+    )
+    .await
+    .unwrap();
+    let e = fence(&c, "acct", 34, "b").await.unwrap_err();
+    assert_eq!(sqlstate(&e), "55P03", "{e:?}");
+    c.execute(
+        "UPDATE fencer_fences SET inflight_until = clock_timestamp() - interval '1 second' WHERE key = 'acct'",
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(fence(&c, "acct", 34, "b").await.unwrap(), 34);
+}
+
+/// Issue 10 item 10: under REPEATABLE READ, a holder writing again with its
+/// own token used to change nothing in the fence row, so a newer holder
+/// whose snapshot predates that write passed without 40001 and built on a
+/// stale read. The equal-token path now rewrites the row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeatable_read_sees_a_holder_reusing_its_token_as_a_conflict() {
+    let (pg, mut c1) = setup().await;
+    let c2 = connect(&pg).await;
+    fence(&c1, "acct", 10, "a").await.unwrap();
+    // The newer holder starts first: its snapshot is taken by its fence
+    // call, which then waits for the older holder's transaction.
+    let t1 = c1.transaction().await.unwrap();
+    assert_eq!(fence(&t1, "acct", 10, "a").await.unwrap(), 10);
+    t1.execute(
+        "UPDATE accounts SET balance = balance + 1 WHERE id = 1",
+        &[],
+    )
+    .await
+    .unwrap();
+    let newer = tokio::spawn(async move {
+        c2.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            .await
+            .unwrap();
+        let r = fence(&c2, "acct", 11, "b").await;
+        let _ = c2.batch_execute("ROLLBACK").await;
+        r
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    t1.commit().await.unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(10), newer)
+        .await
+        .unwrap()
+        .unwrap();
+    let e = r.expect_err("the newer holder's snapshot misses the older holder's write");
+    assert_eq!(sqlstate(&e), "40001", "{e:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -177,14 +291,14 @@ async fn equal_token_same_lease_accepted_other_lease_rejected() {
     assert_eq!(fence(&c, "k", 10, "lease-a").await.unwrap(), 10);
     // Same holder again (a retried write): accepted, nothing changes.
     assert_eq!(fence(&c, "k", 10, "lease-a").await.unwrap(), 10);
-    assert_eq!(stored(&c, "k").await, Some((10, "lease-a".to_owned())));
+    assert_eq!(stored(&c, "k").await, Some((10, tag("lease-a"))));
     // Same token from another lease, or from no lease: rejected.
     assert_stale(fence(&c, "k", 10, "lease-b").await);
     assert_stale(fence(&c, "k", 10, "").await);
     assert_stale(fence(&c, "k", 9, "lease-a").await);
     // A newer lease takes over; the old lease's token is now stale.
     assert_eq!(fence(&c, "k", 11, "lease-b").await.unwrap(), 11);
-    assert_eq!(stored(&c, "k").await, Some((11, "lease-b".to_owned())));
+    assert_eq!(stored(&c, "k").await, Some((11, tag("lease-b"))));
     assert_stale(fence(&c, "k", 10, "lease-a").await);
 
     // Empty lease on both sides counts as the same lease.
@@ -239,10 +353,10 @@ async fn concurrent_case(pg: &PgServer, key: &str, previous: Option<i64>, t1_com
     let check = connect(pg).await;
     if t1_commits {
         assert_stale(r);
-        assert_eq!(stored(&check, key).await, Some((34, "lease-34".to_owned())));
+        assert_eq!(stored(&check, key).await, Some((34, tag("lease-34"))));
     } else {
         assert_eq!(r.unwrap(), 33, "T1 rolled back, 33 is above the mark");
-        assert_eq!(stored(&check, key).await, Some((33, "lease-33".to_owned())));
+        assert_eq!(stored(&check, key).await, Some((33, tag("lease-33"))));
     }
 }
 
@@ -280,7 +394,7 @@ async fn accepted_equal_token_still_holds_the_row_lock() {
         .expect("T2 still blocked after T1 ended")
         .unwrap();
     assert_eq!(r.unwrap(), 11);
-    assert_eq!(stored(&c1, "k").await, Some((11, "lease-b".to_owned())));
+    assert_eq!(stored(&c1, "k").await, Some((11, tag("lease-b"))));
 }
 
 /// Read-modify-write on one hot row, no `FOR UPDATE` on the data: the
@@ -360,7 +474,7 @@ async fn harness_restart_pause_kill() {
     pg.restart();
     assert_eq!(pg.port, port);
     let c = connect(&pg).await;
-    assert_eq!(stored(&c, "k").await, Some((7, String::new())));
+    assert_eq!(stored(&c, "k").await, Some((7, tag(""))));
 
     pg.pause();
     let c = Arc::new(c);
@@ -379,5 +493,5 @@ async fn harness_restart_pause_kill() {
     pg.restart(); // crash recovery
     assert_ne!(pg.pid(), old_pid);
     let c = connect(&pg).await;
-    assert_eq!(stored(&c, "k").await, Some((8, String::new())));
+    assert_eq!(stored(&c, "k").await, Some((8, tag(""))));
 }

@@ -101,20 +101,21 @@ struct Writer {
     path: Path,
     conn: ApiConn,
     uri: String,
-    lock: Option<String>,
+    /// The lease the fenced path writes under (the proxy finds the key).
+    lease: Option<String>,
     n: u64,
 }
 
 impl Writer {
     /// For `path`, writing `/kv/bench/<tag>/<c>`; on the fenced path it first
-    /// acquires (for the whole run) the lock the proxy will find by name.
+    /// acquires (for the whole run) a lock and writes under its lease.
     async fn new(stack: &Stack, path: Path, tag: u32, c: usize) -> Result<Writer, String> {
         let base = match path {
             Path::Direct => stack.storage.clone(),
             Path::Nginx => stack.nginx.clone().ok_or("nginx is not running")?,
             Path::Fenced => stack.proxy.clone(),
         };
-        let lock = if path == Path::Fenced {
+        let lease = if path == Path::Fenced {
             let lock = format!("wp:{tag}:{c}");
             let (status, body) = ApiConn::new(&stack.api)
                 .post_json(
@@ -128,7 +129,14 @@ impl Writer {
                     String::from_utf8_lossy(&body)
                 ));
             }
-            Some(lock)
+            let v: serde_json::Value =
+                serde_json::from_slice(&body).map_err(|e| format!("acquire answer: {e}"))?;
+            Some(
+                v["lease_id"]
+                    .as_str()
+                    .ok_or("acquire answer without lease_id")?
+                    .to_owned(),
+            )
         } else {
             None
         };
@@ -136,7 +144,7 @@ impl Writer {
             path,
             conn: ApiConn::new(&base),
             uri: format!("/kv/bench/{tag}/{c}"),
-            lock,
+            lease,
             n: 0,
         })
     }
@@ -144,8 +152,8 @@ impl Writer {
     /// One PUT; records its latency (or an error) in `r`.
     async fn write(&mut self, r: &mut Report) -> Result<(), String> {
         self.n += 1;
-        let headers: &[(&str, &str)] = match &self.lock {
-            Some(lock) => &[("fencing-lock", lock.as_str())],
+        let headers: &[(&str, &str)] = match &self.lease {
+            Some(lease) => &[("fencing-lease", lease.as_str())],
             None => &[],
         };
         self.conn

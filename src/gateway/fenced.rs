@@ -44,7 +44,8 @@ pub(super) async fn forward(
         kind,
         group,
     };
-    tokio::spawn(task.run(req, tx));
+    let tracker = task.gw.tasks.clone();
+    tracker.spawn(task.run(req, tx));
     match rx.await {
         Ok(resp) => resp,
         Err(_) => ApiError::new(

@@ -49,6 +49,9 @@ pub struct Gateway {
     /// the storage fits in it.
     pub stamp_hold: Duration,
     pub metrics: Arc<GatewayMetrics>,
+    /// The fenced forwards and pre-registrations in flight: a shutdown waits
+    /// for them, so a rolling restart does not leave stamps to run out.
+    pub tasks: tokio_util::task::TaskTracker,
 }
 
 impl Gateway {

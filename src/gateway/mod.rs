@@ -97,6 +97,7 @@ pub async fn build(
         uncertain_hold: Duration::from_millis(g.uncertain_hold_ms),
         stamp_hold: Duration::from_millis(g.stamp_hold_ms()),
         metrics,
+        tasks: tokio_util::task::TaskTracker::new(),
     }))
 }
 
@@ -119,6 +120,8 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: CancellationToken,
 ) {
+    let tasks = gateway.tasks.clone();
+    let wait = gateway.stamp_hold;
     let handler = Arc::new(move |req| gateway.clone().handle(req));
     crate::proxy::server::serve(
         "gateway",
@@ -128,6 +131,15 @@ pub async fn serve(
         Duration::from_secs(10),
     )
     .await;
+    // Forwards still running finish and clear their stamps; otherwise a
+    // restart would leave their keys blocked until the stamps run out.
+    tasks.close();
+    if tokio::time::timeout(wait, tasks.wait()).await.is_err() {
+        tracing::warn!(
+            left = tasks.len(),
+            "shutdown: fenced forwards still running"
+        );
+    }
 }
 
 /// `fencer gateway`.

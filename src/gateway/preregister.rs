@@ -63,7 +63,8 @@ pub(super) async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response
         }
     };
     let (tx, rx) = tokio::sync::oneshot::channel();
-    tokio::spawn(async move {
+    let tracker = gw.tasks.clone();
+    tracker.spawn(async move {
         let group = gw.metrics.groups.of(&claim.key);
         let deadline = Instant::now() + gw.serialize_timeout;
         let resp = match gw.keys.turn(&claim.key, deadline).await {

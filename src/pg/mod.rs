@@ -20,6 +20,7 @@
 
 pub mod listener;
 pub mod runner;
+pub mod schema;
 
 use std::sync::Arc;
 use std::time::Duration;

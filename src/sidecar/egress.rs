@@ -1,9 +1,14 @@
 //! The egress proxy: the application's storage requests leave through here
 //! and, when they name a lock this sidecar holds, carry its signed token.
 //!
-//! The lock is named by `Fencing-Lock: <key>` or found from the path by the
-//! configured routes (matched on the path's normal form, which is also the
-//! form forwarded). Every `Fencing-*` header the application sends is
+//! The request names the lease it was computed under, `Fencing-Lease:
+//! <lease_id>` (required by default: with several workers sharing one
+//! sidecar, "whatever lease holds the key now" may be another worker's, and
+//! a paused worker's write would go out with that worker's token — issue 10
+//! item 2). The key is the lease's, or named by `Fencing-Lock: <key>`, or
+//! found from the path by the configured routes (matched on the path's
+//! normal form, which is also the form forwarded); when both are given they
+//! must agree. Every `Fencing-*` header the application sends is
 //! stripped: only the sidecar may vouch for a token. A request for a lock
 //! that is not held (428) or whose lease is lost or past its local deadline
 //! (409) is answered here and never forwarded — that is the fail-fast half
@@ -55,6 +60,8 @@ pub struct Egress {
     pub routes: Routes,
     pub write_methods: Vec<Method>,
     pub require_lock_for_writes: bool,
+    /// Requests under a lock must name their lease.
+    pub require_lease: bool,
     pub metrics: Arc<Metrics>,
 }
 
@@ -101,14 +108,25 @@ impl Egress {
         }
 
         let is_write = self.write_methods.contains(req.method());
-        let named = lock.is_some() || !self.routes.is_empty();
+        let named = lock.is_some() || lease.is_some() || !self.routes.is_empty();
         if named || is_write {
             if let Err(e) = normalize_uri(&mut req) {
                 return self.refuse("bad_request", started, e);
             }
         }
 
-        let key = match lock {
+        let bound_lease = match lease.map(|v| v.to_str().ok().and_then(LeaseId::parse)) {
+            None => None,
+            Some(Some(l)) => Some(l),
+            Some(None) => {
+                return self.refuse(
+                    "bad_request",
+                    started,
+                    ApiError::invalid("Fencing-Lease", "Fencing-Lease must be a lease id"),
+                );
+            }
+        };
+        let named_key = match lock {
             Some(v) => match std::str::from_utf8(v.as_bytes()).ok().map(LockKey::parse) {
                 Some(Ok(k)) => Some(k),
                 _ => {
@@ -132,32 +150,43 @@ impl Egress {
             },
         };
 
-        let Some(key) = key else {
-            if self.require_lock_for_writes && is_write {
-                return self.refuse(
-                    "lock_not_held",
-                    started,
-                    ApiError::new(
-                        StatusCode::PRECONDITION_REQUIRED,
+        let key = match (named_key, &bound_lease) {
+            (Some(k), _) => k,
+            // The lease names its key.
+            (None, Some(lease)) => match self.locks.key_of_lease(lease) {
+                Some(k) => k,
+                None => {
+                    let ended = self.locks.lease_ended_here(lease);
+                    return self.refused_unknown_lease(ended, started);
+                }
+            },
+            (None, None) => {
+                if self.require_lock_for_writes && is_write {
+                    return self.refuse(
                         "lock_not_held",
-                        "writes must name a lock (Fencing-Lock header or a configured route)",
-                    ),
-                );
-            }
-            return self.forward_passthrough(req, started).await;
-        };
-
-        let bound_lease = match lease.map(|v| v.to_str().ok().and_then(LeaseId::parse)) {
-            None => None,
-            Some(Some(l)) => Some(l),
-            Some(None) => {
-                return self.refuse(
-                    "bad_request",
-                    started,
-                    ApiError::invalid("Fencing-Lease", "Fencing-Lease must be a lease id"),
-                );
+                        started,
+                        ApiError::new(
+                            StatusCode::PRECONDITION_REQUIRED,
+                            "lock_not_held",
+                            "writes must name a lock (Fencing-Lease, Fencing-Lock or a configured route)",
+                        ),
+                    );
+                }
+                return self.forward_passthrough(req, started).await;
             }
         };
+        if bound_lease.is_none() && self.require_lease {
+            return self.refuse(
+                "lease_required",
+                started,
+                ApiError::new(
+                    StatusCode::PRECONDITION_REQUIRED,
+                    "lease_required",
+                    "name the lease this request was computed under: Fencing-Lease: <lease_id from the acquire response> (proxy.require_lease)",
+                )
+                .with("key", key.as_str()),
+            );
+        }
 
         let record = match self.locks.lease_for_write(&key, bound_lease.as_ref()) {
             Ok(r) => r,
@@ -227,6 +256,31 @@ impl Egress {
             )
             .into_hyper()
         })
+    }
+
+    /// A `Fencing-Lease` that holds no key here: lost or ended (409) or
+    /// never seen (428).
+    fn refused_unknown_lease(&self, ended: bool, started: Instant) -> Response<ProxyBody> {
+        let (result, err) = match ended {
+            true => (
+                "lease_lost",
+                ApiError::new(
+                    StatusCode::CONFLICT,
+                    "lease_lost",
+                    "the lease named by Fencing-Lease no longer holds its lock",
+                ),
+            ),
+            false => (
+                "lock_not_held",
+                ApiError::new(
+                    StatusCode::PRECONDITION_REQUIRED,
+                    "lock_not_held",
+                    "the lease named by Fencing-Lease holds no lock in this sidecar",
+                ),
+            ),
+        };
+        tracing::info!(result, "proxied request refused");
+        self.refuse(result, started, err)
     }
 
     fn refused_lease(&self, key: &LockKey, e: LockError, started: Instant) -> Response<ProxyBody> {

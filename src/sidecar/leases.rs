@@ -177,6 +177,9 @@ impl Lost {
 #[derive(Default)]
 struct Tables {
     current: HashMap<LockKey, LeaseRecord>,
+    /// The key of every lease in `current`, so a proxied request can name
+    /// its lease alone.
+    by_lease: HashMap<LeaseId, LockKey>,
     /// Leases that ended here (released, lost, replaced), with when they
     /// may be forgotten: a late call with one is answered `lease_lost`,
     /// not `not_owner`, and a renewal can never bring one back as an
@@ -334,9 +337,23 @@ impl LeaseTable {
     /// lease is gone).
     pub fn insert(&self, record: LeaseRecord) -> Option<LeaseRecord> {
         let mut t = self.lock();
+        t.by_lease
+            .insert(record.lease_id.clone(), record.key.clone());
         let old = t.current.insert(record.key.clone(), record)?;
+        if !t
+            .current
+            .get(&old.key)
+            .is_some_and(|r| r.lease_id == old.lease_id)
+        {
+            t.by_lease.remove(&old.lease_id);
+        }
         t.retire(&old, Instant::now(), self.retention, self.retired_cap);
         old.is_held().then_some(old)
+    }
+
+    /// The key `lease` holds here (held or recently lost), if any.
+    pub fn key_of(&self, lease: &LeaseId) -> Option<LockKey> {
+        self.lock().by_lease.get(lease).cloned()
     }
 
     /// Whether `lease` ended here (released, lost or replaced) and must not
@@ -422,6 +439,7 @@ impl LeaseTable {
         let mut t = self.lock();
         if t.current.get(key).is_some_and(|r| &r.lease_id == lease) {
             let rec = t.current.remove(key)?;
+            t.by_lease.remove(&rec.lease_id);
             t.retire(&rec, Instant::now(), self.retention, self.retired_cap);
             return Some(rec);
         }
@@ -462,6 +480,7 @@ impl LeaseTable {
             .collect();
         for key in forgotten {
             if let Some(rec) = t.current.remove(&key) {
+                t.by_lease.remove(&rec.lease_id);
                 t.retire(&rec, now, retention, self.retired_cap);
             }
         }
@@ -485,6 +504,7 @@ impl LeaseTable {
             .cloned()
             .collect();
         t.current.clear();
+        t.by_lease.clear();
         held
     }
 

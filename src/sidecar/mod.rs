@@ -100,22 +100,46 @@ pub struct Sidecar {
     pub metrics: Arc<Metrics>,
     settings: Settings,
     shutdown: CancellationToken,
+    /// The backend has answered at least once since start.
+    reached: Arc<std::sync::atomic::AtomicBool>,
 }
 
+/// The sidecar's `/readyz`: not ready until the backend has answered once
+/// (start-up), then ready until shutdown.
+///
+/// A native sidecar's readiness counts for its pod's, so a readiness that
+/// followed the backend took every application pod out of its Services
+/// whenever Redis restarted (issue 10 item 9) — including pods that use
+/// locks for a fraction of their work. After start-up a backend outage shows
+/// where it belongs: acquires answer 503 `backend_unavailable`,
+/// `fencer_backend_up` drops to 0 and the `FencerBackendErrors` alert fires.
+/// `/readyz?backend=1` still reports the backend's state now.
 struct BackendReady {
     locks: Arc<LockManager>,
     shutdown: CancellationToken,
+    reached: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Readiness for BackendReady {
     fn check(&self) -> ReadyFuture {
+        self.check_with(false)
+    }
+
+    fn check_with(&self, backend_now: bool) -> ReadyFuture {
+        use std::sync::atomic::Ordering;
         let locks = self.locks.clone();
         let shutting_down = self.shutdown.is_cancelled();
+        let reached = self.reached.clone();
         Box::pin(async move {
             if shutting_down {
                 return Err("shutting down".into());
             }
-            locks.backend().ping().await.map_err(|e| e.to_string())
+            if reached.load(Ordering::Relaxed) && !backend_now {
+                return Ok(());
+            }
+            locks.backend().ping().await.map_err(|e| e.to_string())?;
+            reached.store(true, Ordering::Relaxed);
+            Ok(())
         })
     }
 }
@@ -175,6 +199,7 @@ impl Sidecar {
             metrics,
             settings,
             shutdown,
+            reached: Default::default(),
         })
     }
 
@@ -182,6 +207,7 @@ impl Sidecar {
         Arc::new(BackendReady {
             locks: self.locks.clone(),
             shutdown: self.shutdown.clone(),
+            reached: self.reached.clone(),
         })
     }
 
@@ -228,6 +254,7 @@ impl Sidecar {
             routes: Routes::compile(&p.routes).map_err(|e| config_err("proxy.routes", e))?,
             write_methods: crate::gateway::methods(&p.write_methods),
             require_lock_for_writes: p.require_lock_for_writes,
+            require_lease: p.require_lease,
             metrics: self.metrics.clone(),
         })))
     }
@@ -255,6 +282,7 @@ impl Sidecar {
     pub fn spawn_sweeper(&self) {
         let locks = self.locks.clone();
         let shutdown = self.shutdown.clone();
+        let reached = self.reached.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             let name = locks.backend().name();
@@ -263,6 +291,9 @@ impl Sidecar {
                     _ = tick.tick() => {
                         locks.sweep();
                         let up = locks.backend().ping().await.is_ok();
+                        if up {
+                            reached.store(true, std::sync::atomic::Ordering::Relaxed);
+                        }
                         locks.metrics().backend_up.with_label_values(&[name]).set(i64::from(up));
                     }
                     _ = shutdown.cancelled() => return,

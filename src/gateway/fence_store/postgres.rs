@@ -154,59 +154,17 @@ impl PgFences {
         self
     }
 
-    /// Creates the table, columns and functions that are missing — looked
-    /// up in the catalog first, so a start-up against an up-to-date
-    /// database takes no table lock at all; DDL runs under a short
-    /// `lock_timeout`, so a long reader (`pg_dump`) delays start-up instead
-    /// of freezing every other replica's traffic behind the DDL's lock.
+    /// Creates what is missing of the schema (see [`crate::pg::schema`]):
+    /// a start-up against an up-to-date database takes no table lock.
     async fn migrate(&self) -> Result<(), FenceError> {
-        let pool = self.runner.pool().clone();
-        let mut conn = pool.get().await.map_err(unavailable)?;
-        let (have_cols, have_fns) = catalog(&conn).await.map_err(unavailable)?;
-        let missing_cols: Vec<&(&str, &str)> = sql::COLUMNS
-            .iter()
-            .filter(|(c, _)| !have_cols.iter().any(|h| h == c))
-            .collect();
-        let missing_fns: Vec<&(&str, &str)> = sql::FUNCTIONS
-            .iter()
-            .filter(|(f, _)| !have_fns.iter().any(|h| h == f))
-            .collect();
-        if missing_cols.is_empty() && missing_fns.is_empty() {
-            return Ok(());
-        }
-        let tx = conn.transaction().await.map_err(unavailable)?;
-        tx.batch_execute("SET LOCAL lock_timeout = '5s'")
+        let mut conn = self.runner.pool().get().await.map_err(unavailable)?;
+        let created = crate::pg::schema::ensure(&mut conn, &sql::pieces(), sql::MIGRATE_LOCK)
             .await
             .map_err(unavailable)?;
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&sql::MIGRATE_LOCK])
-            .await
-            .map_err(unavailable)?;
-        // Again under the lock: another replica may have done it meanwhile.
-        let (have_cols, have_fns) = catalog(&tx).await.map_err(unavailable)?;
-        if have_cols.is_empty() {
-            let cols: Vec<String> = sql::COLUMNS
-                .iter()
-                .map(|(c, d)| format!("{c} {d}"))
-                .collect();
-            tx.batch_execute(&format!("CREATE TABLE fencer_fences ({})", cols.join(", ")))
-                .await
-                .map_err(unavailable)?;
-        } else {
-            for (c, d) in sql::COLUMNS {
-                if !have_cols.iter().any(|h| h == c) {
-                    tracing::info!(column = c, "adding column to fencer_fences");
-                    tx.batch_execute(&format!("ALTER TABLE fencer_fences ADD COLUMN {c} {d}"))
-                        .await
-                        .map_err(unavailable)?;
-                }
-            }
+        if created > 0 {
+            tracing::info!(created, "fence store schema updated");
         }
-        for (f, body) in sql::FUNCTIONS {
-            if !have_fns.iter().any(|h| h == f) {
-                tx.batch_execute(body).await.map_err(unavailable)?;
-            }
-        }
-        tx.commit().await.map_err(unavailable)
+        Ok(())
     }
 
     async fn call_admit(
@@ -242,34 +200,6 @@ impl PgFences {
             c.with_label_values(&[result]).inc();
         }
     }
-}
-
-/// The columns of `fencer_fences` and the `fencer_gw_*` functions that
-/// exist in the current schema.
-async fn catalog(
-    conn: &impl deadpool_postgres::GenericClient,
-) -> Result<(Vec<String>, Vec<String>), tokio_postgres::Error> {
-    let cols = conn
-        .query(
-            "SELECT column_name::text FROM information_schema.columns
-              WHERE table_schema = current_schema() AND table_name = 'fencer_fences'",
-            &[],
-        )
-        .await?
-        .iter()
-        .map(|r| r.get::<_, String>(0))
-        .collect();
-    let fns = conn
-        .query(
-            "SELECT p.proname::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-              WHERE n.nspname = current_schema() AND p.proname LIKE 'fencer\\_gw\\_%'",
-            &[],
-        )
-        .await?
-        .iter()
-        .map(|r| r.get::<_, String>(0))
-        .collect();
-    Ok((cols, fns))
 }
 
 fn outcome(code: i32, token: Option<i64>, seq: Option<i64>, asked_seq: i64) -> Decision {

@@ -32,6 +32,33 @@ pub const FUNCTIONS: &[(&str, &str)] = &[
     ("fencer_gw_finish_v1", FINISH),
 ];
 
+/// The schema, piece by piece: the table, each column (tables of earlier
+/// versions lack some), each function.
+pub fn pieces() -> Vec<crate::pg::schema::Piece> {
+    use crate::pg::schema::{column_exists, function_exists, relation_exists, Piece};
+    let cols: Vec<String> = COLUMNS.iter().map(|(c, d)| format!("{c} {d}")).collect();
+    let mut out = vec![Piece {
+        name: "fencer_fences",
+        exists: relation_exists("fencer_fences"),
+        create: format!("CREATE TABLE fencer_fences ({})", cols.join(", ")),
+    }];
+    for (c, d) in COLUMNS {
+        out.push(Piece {
+            name: c,
+            exists: column_exists("fencer_fences", c),
+            create: format!("ALTER TABLE fencer_fences ADD COLUMN {c} {d}"),
+        });
+    }
+    for (f, body) in FUNCTIONS {
+        out.push(Piece {
+            name: f,
+            exists: function_exists(f),
+            create: (*body).to_owned(),
+        });
+    }
+    out
+}
+
 /// `fencer_gw_admit_v1(key, token, lease tag, seq (-1: none), stamp id,
 /// hold ms (0: no stamp))` → `(outcome, mark token, mark lease, mark seq,
 /// busy ms)`.

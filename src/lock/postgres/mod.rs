@@ -174,8 +174,9 @@ async fn maintain(pool: Pool, idle: Duration, every: Duration) {
     loop {
         tick.tick().await;
         match cleanup(&pool, idle).await {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(rows = n, "deleted idle lock rows"),
+            Ok(Some(0)) => {}
+            Ok(Some(n)) => tracing::info!(rows = n, "deleted idle lock rows"),
+            Ok(None) => tracing::debug!("idle lock clean-up skipped: new keys being created"),
             Err(e) => tracing::warn!(error = %e, "idle lock clean-up failed"),
         }
     }
@@ -183,27 +184,31 @@ async fn maintain(pool: Pool, idle: Duration, every: Duration) {
 
 async fn migrate(pool: &Pool) -> Result<(), BackendError> {
     let mut conn = pool.get().await.map_err(unavailable)?;
-    let tx = conn.transaction().await.map_err(unavailable)?;
-    // Several sidecars start at once: one creates, the others wait.
-    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&sql::MIGRATE_LOCK])
+    crate::pg::schema::ensure(&mut conn, &sql::pieces(), sql::MIGRATE_LOCK)
         .await
-        .map_err(unavailable)?;
-    tx.batch_execute(sql::SCHEMA).await.map_err(unavailable)?;
-    tx.commit().await.map_err(unavailable)
+        .map(|_| ())
+        .map_err(unavailable)
 }
 
-pub async fn cleanup(pool: &Pool, idle: Duration) -> Result<i64, BackendError> {
+/// One clean-up round; `Ok(None)` when skipped because acquires were
+/// creating rows (the floor's lock was taken).
+pub async fn cleanup(pool: &Pool, idle: Duration) -> Result<Option<i64>, BackendError> {
     let mut conn = pool.get().await.map_err(unavailable)?;
     let tx = conn.transaction().await.map_err(unavailable)?;
-    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&sql::FLOOR_LOCK])
+    let locked: bool = tx
+        .query_one("SELECT pg_try_advisory_xact_lock($1)", &[&sql::FLOOR_LOCK])
         .await
-        .map_err(unavailable)?;
+        .map_err(unavailable)?
+        .get(0);
+    if !locked {
+        return Ok(None);
+    }
     let row = tx
         .query_one(sql::CLEANUP, &[&ms(idle), &1000i64])
         .await
         .map_err(unavailable)?;
     tx.commit().await.map_err(unavailable)?;
-    Ok(row.get(0))
+    Ok(Some(row.get(0)))
 }
 
 #[async_trait]

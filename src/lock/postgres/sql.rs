@@ -9,7 +9,9 @@
 pub const FLOOR_LOCK: i64 = 0x6665_6e63_6572_0001; // "fencer" + 1
 pub const MIGRATE_LOCK: i64 = 0x6665_6e63_6572_0002;
 
-/// Tables and functions, created (idempotently) at start-up.
+/// Tables and functions, created at start-up when missing
+/// ([`crate::pg::schema`]: the catalog is read first, so a start-up against
+/// an up-to-date database takes no table lock).
 ///
 /// `fencer_locks` keeps one row per key; a released or expired row is
 /// reused by the next acquire, and its `token` column is the key's counter.
@@ -17,32 +19,68 @@ pub const MIGRATE_LOCK: i64 = 0x6665_6e63_6572_0002;
 /// the clean-up raises `fencer_token_floor` to their highest token, and a
 /// *new* row starts at `floor + 1`, so a key's tokens never go backwards
 /// even after its row was removed.
-pub const SCHEMA: &str = r#"
-CREATE TABLE IF NOT EXISTS fencer_locks (
+pub fn pieces() -> Vec<crate::pg::schema::Piece> {
+    use crate::pg::schema::{column_exists, function_exists, relation_exists, Piece};
+    vec![
+        Piece {
+            name: "fencer_locks",
+            exists: relation_exists("fencer_locks"),
+            create: "CREATE TABLE fencer_locks (
   key        text PRIMARY KEY,
   lease_id   text,
   owner      text,
   token      bigint NOT NULL,
   expires_at timestamptz,
-  updated_at timestamptz NOT NULL DEFAULT clock_timestamp()
-);
-CREATE INDEX IF NOT EXISTS fencer_locks_updated_at ON fencer_locks (updated_at);
--- Lock-delay of the current lease: after an expiry (not a release) the key
--- stays unavailable until expires_at + delay_ms.
-ALTER TABLE fencer_locks ADD COLUMN IF NOT EXISTS delay_ms bigint NOT NULL DEFAULT 0;
-CREATE TABLE IF NOT EXISTS fencer_token_floor (
+  updated_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+  -- Lock-delay of the current lease: after an expiry (not a release) the
+  -- key stays unavailable until expires_at + delay_ms.
+  delay_ms   bigint NOT NULL DEFAULT 0
+)"
+            .into(),
+        },
+        Piece {
+            name: "fencer_locks.delay_ms",
+            exists: column_exists("fencer_locks", "delay_ms"),
+            create: "ALTER TABLE fencer_locks ADD COLUMN delay_ms bigint NOT NULL DEFAULT 0".into(),
+        },
+        Piece {
+            name: "fencer_locks_updated_at",
+            exists: relation_exists("fencer_locks_updated_at"),
+            create: "CREATE INDEX fencer_locks_updated_at ON fencer_locks (updated_at)".into(),
+        },
+        Piece {
+            name: "fencer_token_floor",
+            exists: relation_exists("fencer_token_floor"),
+            create: "CREATE TABLE fencer_token_floor (
   id    boolean PRIMARY KEY DEFAULT true CHECK (id),
   floor bigint NOT NULL
-);
-INSERT INTO fencer_token_floor (id, floor) VALUES (true, 0) ON CONFLICT (id) DO NOTHING;
--- VOLATILE: in READ COMMITTED its query takes a fresh snapshot after the
--- shared lock is granted, so it sees a clean-up that committed meanwhile.
-CREATE OR REPLACE FUNCTION fencer_next_floor() RETURNS bigint
+)"
+            .into(),
+        },
+        Piece {
+            name: "fencer_token_floor row",
+            exists: "SELECT EXISTS (SELECT 1 FROM fencer_token_floor)".into(),
+            create: "INSERT INTO fencer_token_floor (id, floor) VALUES (true, 0) ON CONFLICT (id) DO NOTHING"
+                .into(),
+        },
+        Piece {
+            name: "fencer_next_floor",
+            exists: function_exists("fencer_next_floor"),
+            create: NEXT_FLOOR.into(),
+        },
+    ]
+}
+
+/// VOLATILE: in READ COMMITTED (pinned on every connection) its query takes
+/// a fresh snapshot after the shared lock is granted, so it sees a clean-up
+/// that committed meanwhile. Called only when a key's row is created.
+const NEXT_FLOOR: &str = r#"
+CREATE FUNCTION fencer_next_floor() RETURNS bigint
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
   PERFORM pg_advisory_xact_lock_shared(7378424937699213313);
   RETURN (SELECT floor FROM fencer_token_floor WHERE id);
-END $$;
+END $$
 "#;
 
 /// $1 key, $2 lease, $3 owner, $4 ttl ms, $5 lock-delay ms.
@@ -50,30 +88,38 @@ END $$;
 /// -1 held by another lease.
 pub const ACQUIRE: &str = r#"
 WITH up AS (
-  INSERT INTO fencer_locks AS l (key, lease_id, owner, token, expires_at, updated_at, delay_ms)
-  VALUES ($1, $2, $3, fencer_next_floor() + 1,
-          clock_timestamp() + $4::bigint * interval '1 millisecond', clock_timestamp(), $5::bigint)
-  ON CONFLICT (key) DO UPDATE
-     SET lease_id = EXCLUDED.lease_id, owner = EXCLUDED.owner, token = l.token + 1,
-         -- The expiry counts from the moment the row is taken, not from
-         -- the VALUES above, which were computed before a wait for the
-         -- row's lock: a lease that started late must not end early here
-         -- while the sidecar's deadline counts from its send time.
+  -- The key's row exists and is free (or expired): take it. The expiry
+  -- counts from the moment the row is taken, not from before a wait for
+  -- its lock.
+  UPDATE fencer_locks l
+     SET lease_id = $2, owner = $3, token = l.token + 1,
          expires_at = clock_timestamp() + $4::bigint * interval '1 millisecond',
-         updated_at = clock_timestamp(),
-         delay_ms = EXCLUDED.delay_ms
-   WHERE l.lease_id IS NULL
-      OR l.expires_at + l.delay_ms * interval '1 millisecond' <= clock_timestamp()
+         updated_at = clock_timestamp(), delay_ms = $5::bigint
+   WHERE l.key = $1
+     AND (l.lease_id IS NULL
+          OR l.expires_at + l.delay_ms * interval '1 millisecond' <= clock_timestamp())
+  RETURNING l.token
+), ins AS (
+  -- No row yet: create it above the token floor. Only this path reads the
+  -- floor (and waits for a clean-up in progress): acquires of existing
+  -- keys never touch the floor's lock.
+  INSERT INTO fencer_locks (key, lease_id, owner, token, expires_at, updated_at, delay_ms)
+  SELECT $1, $2, $3, fencer_next_floor() + 1,
+         clock_timestamp() + $4::bigint * interval '1 millisecond', clock_timestamp(), $5::bigint
+   WHERE NOT EXISTS (SELECT 1 FROM fencer_locks WHERE key = $1)
+  ON CONFLICT (key) DO NOTHING
   RETURNING token
 )
 SELECT 1 AS status, token, 0::bigint AS remaining_ms FROM up
+UNION ALL
+SELECT 1, token, 0::bigint FROM ins
 UNION ALL
 SELECT CASE WHEN l.lease_id = $2 AND l.expires_at > clock_timestamp() THEN 1 ELSE -1 END,
        l.token,
        GREATEST(0, (EXTRACT(EPOCH FROM (l.expires_at + l.delay_ms * interval '1 millisecond'
                                         - clock_timestamp())) * 1000)::bigint)
   FROM fencer_locks l
- WHERE l.key = $1 AND NOT EXISTS (SELECT 1 FROM up)
+ WHERE l.key = $1 AND NOT EXISTS (SELECT 1 FROM up) AND NOT EXISTS (SELECT 1 FROM ins)
 "#;
 
 /// $1 key, $2 lease, $3 ttl ms. Returns (status, token): 1 renewed,
@@ -137,9 +183,10 @@ ON CONFLICT (key) DO UPDATE SET token = GREATEST(l.token, EXCLUDED.token)
 
 /// $1 idle ms, $2 batch size. Deletes up to $2 rows of keys idle (free
 /// and untouched) for $1 ms and raises the floor to their highest token in
-/// the same statement. Run in a transaction holding
-/// `pg_advisory_xact_lock(FLOOR_LOCK)`, which waits for in-flight acquires
-/// and holds new ones until the floor is committed.
+/// the same statement. Run in a transaction holding the floor lock
+/// exclusively (`pg_try_advisory_xact_lock(FLOOR_LOCK)`: when acquires are
+/// creating rows the round is skipped rather than queued, so a clean-up
+/// never makes new-key acquires wait behind it for long).
 pub const CLEANUP: &str = r#"
 WITH gone AS (
   DELETE FROM fencer_locks WHERE key IN (
@@ -161,6 +208,6 @@ RETURNING (SELECT count(*) FROM gone)
 mod tests {
     #[test]
     fn schema_uses_the_floor_lock_id() {
-        assert!(super::SCHEMA.contains(&super::FLOOR_LOCK.to_string()));
+        assert!(super::NEXT_FLOOR.contains(&super::FLOOR_LOCK.to_string()));
     }
 }

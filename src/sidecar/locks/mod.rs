@@ -175,6 +175,16 @@ impl LockManager {
             .ok_or_else(|| LockError::NotFound(key.clone()))
     }
 
+    /// The key `lease` holds (or held, if lost) in this sidecar.
+    pub fn key_of_lease(&self, lease: &LeaseId) -> Option<LockKey> {
+        self.leases.key_of(lease)
+    }
+
+    /// Whether `lease` held a key here and ended (released, lost, replaced).
+    pub fn lease_ended_here(&self, lease: &LeaseId) -> bool {
+        self.leases.retired(lease)
+    }
+
     /// The lease a proxied request for `key` may use: held here, inside its
     /// local deadline, and (when the application bound the request to a
     /// lease) the very lease it named.

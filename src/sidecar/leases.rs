@@ -339,12 +339,9 @@ impl LeaseTable {
         let mut t = self.lock();
         t.by_lease
             .insert(record.lease_id.clone(), record.key.clone());
+        let new_lease = record.lease_id.clone();
         let old = t.current.insert(record.key.clone(), record)?;
-        if !t
-            .current
-            .get(&old.key)
-            .is_some_and(|r| r.lease_id == old.lease_id)
-        {
+        if old.lease_id != new_lease {
             t.by_lease.remove(&old.lease_id);
         }
         t.retire(&old, Instant::now(), self.retention, self.retired_cap);

@@ -111,6 +111,14 @@ impl From<LockError> for ApiError {
             )
             .with("key", key.as_str())
             .with("highest_seen", highest),
+            LockError::TokenJump {
+                key,
+                highest,
+                token,
+            } => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "token_jump", message)
+                .with("key", key.as_str())
+                .with("highest_seen", highest)
+                .with("token", token),
             LockError::ShuttingDown => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", message)
             }

@@ -37,7 +37,8 @@ fn main() -> ExitCode {
             }
         }
         println!("configuration ok");
-        println!("{settings:#?}");
+        // Passwords in URLs are replaced: this output lands in CI logs.
+        println!("{:#?}", settings.redacted());
         return ExitCode::SUCCESS;
     }
     let mut log = settings.log.clone();

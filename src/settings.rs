@@ -294,6 +294,11 @@ pub struct VerifyKey {
     pub key_id: String,
     pub secret_file: Option<String>,
     pub secret_env: Option<String>,
+    /// Lock keys this key may sign, by prefix (e.g. `["team-a/"]`); empty:
+    /// any key. Give each team (namespace, application) its own key id and
+    /// prefix, and a leaked secret signs only that team's keys.
+    #[serde(default)]
+    pub key_prefixes: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -306,6 +311,10 @@ pub struct GatewaySettings {
     /// staged roll-outs). Never run production writes with it off.
     pub enforce: bool,
     pub write_methods: Vec<String>,
+    /// Refuse (428) requests of *every* method without a token, not only
+    /// writes: by default a read without a token is forwarded unchecked,
+    /// from whoever can reach the gateway.
+    pub require_token_for_reads: bool,
     /// Bind paths to keys: a write to `/accounts/7` must carry a token for
     /// `account:7`.
     pub routes: Vec<crate::routes::RouteSpec>,
@@ -337,6 +346,7 @@ impl Default for GatewaySettings {
             upstream: "http://127.0.0.1:8081".into(),
             enforce: true,
             write_methods: default_write_methods(),
+            require_token_for_reads: false,
             routes: Vec::new(),
             keys: Vec::new(),
             fence_store: None,
@@ -879,6 +889,18 @@ impl Settings {
         Ok(())
     }
 
+    /// A copy safe to print or log: passwords in backend URLs and any
+    /// in-code secret replaced (`fencer check-config` printed them).
+    pub fn redacted(&self) -> Settings {
+        let mut s = self.clone();
+        s.signing_secret_override = None;
+        s.backend.redis.url = redact_url(&s.backend.redis.url);
+        s.backend.postgres.url = redact_url(&s.backend.postgres.url);
+        s.gateway.postgres_url = redact_url(&s.gateway.postgres_url);
+        s.storage.postgres_url = redact_url(&s.storage.postgres_url);
+        s
+    }
+
     /// Checks that only concern a sidecar: how its proxy and its
     /// pre-registration wait compare with the gateway it talks to (the
     /// `[gateway]` values in a sidecar's file describe that gateway).
@@ -923,8 +945,8 @@ impl Settings {
         )
     }
 
-    /// The gateway's accepted `(key id, secret)` pairs.
-    pub fn gateway_keys(&self) -> Result<Vec<(String, Vec<u8>)>, ConfigError> {
+    /// The gateway's accepted `(key id, secret, allowed key prefixes)`.
+    pub fn gateway_keys(&self) -> Result<Vec<(String, Vec<u8>, Vec<String>)>, ConfigError> {
         if self.gateway.keys.is_empty() {
             let secret = self.signing_secret()?.ok_or_else(|| {
                 invalid(
@@ -932,7 +954,7 @@ impl Settings {
                     "the gateway needs the token-signing secret: set [signing] secret_file/secret_env or [[gateway.keys]]",
                 )
             })?;
-            return Ok(vec![(self.signing.key_id.clone(), secret)]);
+            return Ok(vec![(self.signing.key_id.clone(), secret, Vec::new())]);
         }
         self.gateway
             .keys
@@ -944,10 +966,42 @@ impl Settings {
                         .ok_or_else(|| {
                             invalid("gateway.keys", format!("key `{}` has no secret", k.key_id))
                         })?;
-                Ok((k.key_id.clone(), secret))
+                Ok((k.key_id.clone(), secret, k.key_prefixes.clone()))
             })
             .collect()
     }
+}
+
+/// A URL (or libpq `key=value` string) with its password replaced.
+pub fn redact_url(raw: &str) -> String {
+    const MASK: &str = "REDACTED";
+    if let Ok(mut url) = url::Url::parse(raw) {
+        if url.password().is_some() {
+            let _ = url.set_password(Some(MASK));
+        }
+        if url
+            .query_pairs()
+            .any(|(k, _)| k.eq_ignore_ascii_case("password"))
+        {
+            let pairs: Vec<(String, String)> = url
+                .query_pairs()
+                .map(|(k, v)| {
+                    let v = if k.eq_ignore_ascii_case("password") {
+                        MASK.to_owned()
+                    } else {
+                        v.into_owned()
+                    };
+                    (k.into_owned(), v)
+                })
+                .collect();
+            url.query_pairs_mut().clear().extend_pairs(pairs);
+        }
+        return url.to_string();
+    }
+    static KV: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(r"(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)").expect("valid regex")
+    });
+    KV.replace_all(raw, format!("${{1}}{MASK}")).into_owned()
 }
 
 /// Reads a secret from a file or an environment variable; `fields` name the
@@ -1027,4 +1081,34 @@ fn check_secret(field: &'static str, secret: Vec<u8>) -> Result<Vec<u8>, ConfigE
         ));
     }
     Ok(secret)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_url;
+
+    #[test]
+    fn passwords_are_redacted_in_every_url_form() {
+        assert_eq!(
+            redact_url("postgres://fencer:s3cret@db:5432/fencer"),
+            "postgres://fencer:REDACTED@db:5432/fencer"
+        );
+        assert_eq!(
+            redact_url("redis://:hunter2@127.0.0.1:6379/0"),
+            "redis://:REDACTED@127.0.0.1:6379/0"
+        );
+        let q = redact_url("postgres://db/fencer?user=u&password=p%40ss&sslmode=require");
+        assert!(
+            !q.contains("p%40ss") && q.contains("sslmode=require"),
+            "{q}"
+        );
+        assert_eq!(
+            redact_url("host=db user=u password='a b' dbname=x"),
+            "host=db user=u password=REDACTED dbname=x"
+        );
+        assert_eq!(
+            redact_url("redis://127.0.0.1:6379/0"),
+            "redis://127.0.0.1:6379/0"
+        );
+    }
 }

@@ -26,6 +26,12 @@ use sha2::{Digest, Sha256};
 
 type HmacSha256 = Hmac<Sha256>;
 
+/// A token this far above a key's previous one is not how fencer mints
+/// tokens (2^40 is about 12 days of the Redis hybrid clock): the gateway
+/// counts and logs it as an alarm (PITFALLS 4), and the sidecar refuses to
+/// "repair" its backend counter up to such a mark.
+pub const TOKEN_JUMP: u64 = 1 << 40;
+
 const VERSION: &str = "v2";
 const VERSION_V1: &str = "v1";
 
@@ -67,6 +73,8 @@ pub enum TokenError {
     UnknownKeyId,
     #[error("bad signature")]
     BadSignature,
+    #[error("this signing key may not sign tokens for key `{0}`")]
+    KeyNotAllowed(String),
 }
 
 /// Signs claims with one secret.
@@ -163,29 +171,47 @@ impl Signer {
 }
 
 /// The set of keys a verifier accepts, by key id (rotation: old and new
-/// are both present during a roll-over).
+/// are both present during a roll-over), each optionally limited to lock
+/// keys with given prefixes: with one secret per team (namespace, app), a
+/// leaked secret signs only that team's keys.
 #[derive(Clone)]
 pub struct Keyring {
-    signers: Vec<Signer>,
+    signers: Vec<(Signer, Vec<String>)>,
 }
 
 impl Keyring {
+    /// `(key id, secret)` pairs that may sign any lock key.
     pub fn new(keys: &[(String, Vec<u8>)]) -> Keyring {
+        Keyring::with_prefixes(
+            &keys
+                .iter()
+                .map(|(k, s)| (k.clone(), s.clone(), Vec::new()))
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    /// `(key id, secret, allowed key prefixes)`; no prefixes: any key.
+    pub fn with_prefixes(keys: &[(String, Vec<u8>, Vec<String>)]) -> Keyring {
         Keyring {
             signers: keys
                 .iter()
-                .map(|(kid, secret)| Signer::new(kid, secret))
+                .map(|(kid, secret, prefixes)| (Signer::new(kid, secret), prefixes.clone()))
                 .collect(),
         }
     }
 
     pub fn verify(&self, wire: &str) -> Result<Claim, TokenError> {
         let kid = wire.split('.').nth(1).ok_or(TokenError::Malformed)?;
-        self.signers
+        let (signer, prefixes) = self
+            .signers
             .iter()
-            .find(|s| s.key_id() == kid)
-            .ok_or(TokenError::UnknownKeyId)?
-            .verify(wire)
+            .find(|(s, _)| s.key_id() == kid)
+            .ok_or(TokenError::UnknownKeyId)?;
+        let claim = signer.verify(wire)?;
+        if !prefixes.is_empty() && !prefixes.iter().any(|p| claim.key.starts_with(p.as_str())) {
+            return Err(TokenError::KeyNotAllowed(claim.key));
+        }
+        Ok(claim)
     }
 }
 
@@ -254,6 +280,19 @@ mod tests {
         assert_eq!(
             retired.verify(&old.sign(&claim())),
             Err(TokenError::UnknownKeyId)
+        );
+    }
+
+    #[test]
+    fn a_key_limited_to_prefixes_signs_nothing_else() {
+        let team_a = Signer::new("a", &[3u8; 32]);
+        let ring = Keyring::with_prefixes(&[("a".into(), vec![3u8; 32], vec!["team-a/".into()])]);
+        let mine = Claim::new("team-a/orders", 1, "l");
+        assert_eq!(ring.verify(&team_a.sign(&mine)), Ok(mine));
+        let theirs = Claim::new("team-b/orders", 1, "l");
+        assert_eq!(
+            ring.verify(&team_a.sign(&theirs)),
+            Err(TokenError::KeyNotAllowed("team-b/orders".into()))
         );
     }
 }

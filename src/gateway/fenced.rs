@@ -172,7 +172,10 @@ impl Fenced {
             .with_label_values(&[gw.store.name(), "admit"])
             .observe(store_started.elapsed().as_secs_f64());
         let decision = match admitted {
-            Ok(d) => d,
+            Ok(a) => {
+                super::fence_store::jump_alarm(&gw.metrics, &self.group, &self.claim, &a);
+                a.decision
+            }
             Err(e) => {
                 let _ = reply.send(self.store_failure(e));
                 return;

@@ -36,6 +36,8 @@ pub struct Gateway {
     pub keyring: Keyring,
     pub routes: Routes,
     pub write_methods: Vec<Method>,
+    /// Reads need a token too.
+    pub require_token_for_reads: bool,
     pub enforce: bool,
     pub fence_prefix: String,
     /// How long a fenced request waits for its key.
@@ -77,12 +79,12 @@ impl Gateway {
             return self.forward_unfenced(req).await;
         }
         if !req.headers().contains_key(TOKEN_HEADER) {
-            if kind == "write" {
+            if kind == "write" || self.require_token_for_reads {
                 self.count("none", kind, "missing_token");
                 return ApiError::new(
                     StatusCode::PRECONDITION_REQUIRED,
                     "fencing_token_required",
-                    "writes need a Fencing-Token header (send them through the fencer sidecar's proxy)",
+                    "this request needs a Fencing-Token header (send it through the fencer sidecar's proxy)",
                 )
                 .into_hyper();
             }

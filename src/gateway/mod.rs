@@ -52,7 +52,7 @@ pub async fn build(
     registry: &prometheus::Registry,
 ) -> Result<Arc<Gateway>, StartError> {
     let g = &settings.gateway;
-    let keyring = Keyring::new(&settings.gateway_keys()?);
+    let keyring = Keyring::with_prefixes(&settings.gateway_keys()?);
     let groups = Arc::new(Groups::new(&settings.metrics));
     let metrics = Arc::new(GatewayMetrics::new(registry, groups));
     metrics.init_known();
@@ -90,6 +90,7 @@ pub async fn build(
         keyring,
         routes: Routes::compile(&g.routes).map_err(|e| config_err("gateway.routes", e))?,
         write_methods: methods(&g.write_methods),
+        require_token_for_reads: g.require_token_for_reads,
         enforce: g.enforce,
         fence_prefix: g.fence_api_prefix.clone(),
         serialize_timeout: Duration::from_millis(g.serialize_timeout_ms),

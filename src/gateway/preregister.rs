@@ -78,12 +78,16 @@ pub(super) async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response
                 r
             }
         };
-        if resp.as_ref().is_ok_and(|d| *d == Decision::Advanced) {
-            gw.metrics
-                .token_advances
-                .with_label_values(&[group.as_str()])
-                .inc();
+        if let Ok(a) = &resp {
+            super::fence_store::jump_alarm(&gw.metrics, &group, &claim, a);
+            if a.decision == Decision::Advanced {
+                gw.metrics
+                    .token_advances
+                    .with_label_values(&[group.as_str()])
+                    .inc();
+            }
         }
+        let resp = resp.map(|a| a.decision);
         let resp = match resp {
             Ok(Decision::Advanced) | Ok(Decision::Same) => {
                 gw.count(&group, "preregister", "accepted");

@@ -22,6 +22,8 @@ pub struct GatewayMetrics {
     pub client_gone: prometheus::IntCounter,
     /// Waits for a request another replica had in flight on the key.
     pub remote_waits: IntCounterVec,
+    /// Tokens that advanced a mark by more than 2^40 (an alarm).
+    pub token_jumps: IntCounterVec,
     /// In-flight stamps that could not be cleared (the key stays blocked
     /// until the stamp runs out).
     pub finish_errors: prometheus::IntCounter,
@@ -124,6 +126,17 @@ impl GatewayMetrics {
                         "Waits for a request another gateway replica had in flight on the same key, by how they ended (admitted, timeout).",
                     ),
                     &["result"],
+                )
+                .expect("valid metric"),
+            ),
+            token_jumps: register(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "fencer_gateway_token_jumps_total",
+                        "Validly signed tokens that moved a key's mark up by more than 2^40 at once: not how fencer mints tokens (a leaked signing secret, a corrupted counter, a clock far ahead).",
+                    ),
+                    &["group"],
                 )
                 .expect("valid metric"),
             ),

@@ -175,7 +175,8 @@ impl KvStore for PgKv {
         let conn = self.pool.get().await?;
         let rows = conn
             .query(
-                "SELECT version, token FROM fencer_demo_kv_log WHERE path = $1 ORDER BY id LIMIT 100000",
+                "SELECT version, token FROM (SELECT id, version, token FROM fencer_demo_kv_log
+                  WHERE path = $1 ORDER BY id DESC LIMIT 100000) newest ORDER BY id",
                 &[&path],
             )
             .await?;

@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use super::{decide, Decision, FenceError, FenceStore, Stamp};
+use super::{decide, Admitted, Decision, FenceError, FenceStore, Stamp};
 
 struct StoredMark {
     token: u64,
@@ -36,8 +36,9 @@ impl FenceStore for MemoryFences {
         seq: Option<u64>,
         _stamp: Option<&Stamp>,
         _deadline: Instant,
-    ) -> Result<Decision, FenceError> {
+    ) -> Result<Admitted, FenceError> {
         let mut marks = self.marks.lock().expect("fence map poisoned");
+        let previous = marks.get(key).map(|m| m.token);
         let stored = marks.get(key).map(|m| super::Mark {
             token: m.token,
             lease: m.lease.as_str(),
@@ -56,7 +57,7 @@ impl FenceStore for MemoryFences {
             }
             m.seq = seq.unwrap_or(0);
         }
-        Ok(decision)
+        Ok(Admitted { decision, previous })
     }
 
     async fn finish(&self, _key: &str, _stamp_id: &str) -> Result<(), FenceError> {

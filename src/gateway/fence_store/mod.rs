@@ -68,6 +68,16 @@ impl Decision {
     }
 }
 
+/// A decision and the highest token the key had before it (`None`: a new
+/// key), for the token-jump alarm.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admitted {
+    pub decision: Decision,
+    pub previous: Option<u64>,
+}
+
+pub use crate::token::TOKEN_JUMP;
+
 /// A key's mark: highest token, its lease's tag, and the lease's last
 /// sequence (0 = none seen).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,7 +124,7 @@ pub trait FenceStore: Send + Sync + 'static {
         seq: Option<u64>,
         stamp: Option<&Stamp>,
         deadline: Instant,
-    ) -> Result<Decision, FenceError>;
+    ) -> Result<Admitted, FenceError>;
 
     /// Clears the in-flight stamp `stamp_id` of `key` (if it is still
     /// there), letting the next request in, here or in another replica.
@@ -124,6 +134,25 @@ pub trait FenceStore: Send + Sync + 'static {
     async fn highest(&self, key: &str) -> Result<Option<(u64, String)>, FenceError>;
 
     async fn ping(&self) -> Result<(), FenceError>;
+}
+
+/// Counts and logs a token that advanced the mark by more than
+/// [`TOKEN_JUMP`].
+pub fn jump_alarm(
+    metrics: &crate::metrics::GatewayMetrics,
+    group: &str,
+    claim: &crate::token::Claim,
+    a: &Admitted,
+) {
+    if let (Decision::Advanced, Some(prev)) = (&a.decision, a.previous) {
+        if claim.token.saturating_sub(prev) > TOKEN_JUMP {
+            metrics.token_jumps.with_label_values(&[group]).inc();
+            tracing::error!(
+                key = %claim.key, token = claim.token, previous = prev, lease_tag = %claim.lease,
+                "fencing token jumped far above the key's mark: a leaked signing secret, a corrupted counter or a clock far ahead"
+            );
+        }
+    }
 }
 
 /// The decision rule every store applies to the stored mark. The

@@ -23,7 +23,7 @@ use deadpool_postgres::Object;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::{sql, Decision, FenceError, FenceStore, Stamp};
+use super::{sql, Admitted, Decision, FenceError, FenceStore, Stamp};
 use crate::lock::WakeSink;
 use crate::pg::listener::Listener;
 use crate::pg::{RunError, Runner};
@@ -231,7 +231,7 @@ impl FenceStore for PgFences {
         seq: Option<u64>,
         stamp: Option<&Stamp>,
         deadline: Instant,
-    ) -> Result<Decision, FenceError> {
+    ) -> Result<Admitted, FenceError> {
         let token_i = i64::try_from(token).map_err(|_| unavailable("token above i64 range"))?;
         let seq_i = match seq {
             Some(s) => i64::try_from(s).map_err(|_| unavailable("sequence above i64 range"))?,
@@ -256,7 +256,10 @@ impl FenceStore for PgFences {
                     self.wakeups.forget(key, &slot);
                     self.count_wait("admitted");
                 }
-                return Ok(outcome(code, mark_token, mark_seq, seq_i));
+                return Ok(Admitted {
+                    decision: outcome(code, mark_token, mark_seq, seq_i),
+                    previous: mark_token.map(|t| t as u64),
+                });
             }
             let now = Instant::now();
             if now >= deadline {

@@ -245,6 +245,19 @@ impl LockManager {
             attempts.not_taken(&lease);
         }
         match err {
+            PreregisterError::Stale { highest }
+                if highest.saturating_sub(view.token) > crate::token::TOKEN_JUMP =>
+            {
+                // Raising the counter that far would leave every later
+                // token near 2^63 (and overflow soon): an operator decides.
+                tracing::error!(key = %key, token = view.token, highest_seen = highest,
+                    "the gateway's mark is far above the backend's token; not repairing");
+                Err(Repair::Failed(LockError::TokenJump {
+                    key: key.clone(),
+                    highest,
+                    token: view.token,
+                }))
+            }
             PreregisterError::Stale { highest } => {
                 tracing::warn!(key = %key, token = view.token, highest_seen = highest,
                     "backend token behind the gateway; raising the counter");

@@ -54,6 +54,12 @@ pub enum LockError {
     GatewayUnavailable(String),
     #[error("the gateway has already accepted token {highest} for `{key}`, above what the backend minted; retry")]
     TokenBehind { key: LockKey, highest: u64 },
+    #[error("the gateway's mark for `{key}` is {highest}, far above the backend's token {token}: not repaired (a forged or corrupted mark?)")]
+    TokenJump {
+        key: LockKey,
+        highest: u64,
+        token: u64,
+    },
 }
 
 pub struct LockManagerConfig {

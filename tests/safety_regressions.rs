@@ -761,3 +761,447 @@ async fn a_late_renewal_reply_releases_the_lock_and_never_revives_it() {
     let again = sidecar.renew("late", &lease.lease(), 10_000).await;
     assert_eq!(again.status, 409, "revived: {}", again.body);
 }
+
+// ============================================================ issue 10
+//
+// A second adversarial pass: the PostgreSQL lock backend, shared sidecars,
+// start-up DDL, readiness. Each of these fails on 7195c76 as well.
+
+/// A test's own PostgreSQL session, for holding row and advisory locks.
+async fn pg_client(pg: &PgServer) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(&pg.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    client
+}
+
+/// The advisory lock id of the token floor (`src/lock/postgres/sql.rs`).
+const FLOOR_LOCK: i64 = 0x6665_6e63_6572_0001;
+
+/// A PostgreSQL sidecar, once its schema is there (`/readyz`).
+fn pg_sidecar(pg: &PgServer, extra: &[(&str, &str)]) -> Fencer {
+    let s = Fencer::sidecar(Backend::Postgres, Some(&pg.url()), extra);
+    let started = Instant::now();
+    while !http_ok(&format!("{}/readyz", s.admin)) {
+        assert!(started.elapsed() < Duration::from_secs(20), "{}", s.logs());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    s
+}
+
+/// Item 1: an acquire statement stuck behind a row lock timed out in the
+/// sidecar but went on in the server and took the lock; the retry, from a
+/// snapshot taken before that commit, answered "held"; the waiter's next
+/// try found its own lease and counted the deadline from *its* send time —
+/// later than the backend's expiry, which the first statement had fixed.
+/// Two sidecars then both said "held".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_postgres_acquire_never_leaves_two_holders() {
+    let pg = PgServer::start();
+    let a = pg_sidecar(&pg, &[("backend.postgres.request_timeout_ms", "300")]);
+    let b = pg_sidecar(&pg, &[]);
+    // B holds the key briefly; A queues behind it.
+    let first = b.acquire("pg:dup", 600, 0).await;
+    assert_eq!(first.status, 200);
+    let waiter = tokio::spawn({
+        let (http, api) = (a.http.clone(), a.api.clone());
+        async move {
+            http.post(format!("{api}{}", Fencer::path("pg:dup", "acquire")))
+                .body(json!({"ttl_ms": 1000, "wait_ms": 5000}).to_string())
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+        }
+    });
+    // The database turns slow on that row while A's re-check is due.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut locker = pg_client(&pg).await;
+    let tx = locker.transaction().await.unwrap();
+    tx.execute(
+        "SELECT 1 FROM fencer_locks WHERE key = 'pg:dup' FOR UPDATE",
+        &[],
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    tx.commit().await.unwrap();
+    let _ = waiter.await;
+    // Whenever B gets the lock again, A must not say it holds it.
+    let started = Instant::now();
+    loop {
+        let r = b.acquire("pg:dup", 10_000, 0).await;
+        if r.status == 200 {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "{}", r.body);
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let mine = a.get(&Fencer::path("pg:dup", "")).await;
+    assert_ne!(
+        mine.body["state"], "held",
+        "both sidecars hold pg:dup: {}",
+        mine.body
+    );
+}
+
+/// Item 2: two workers share a sidecar. The first pauses past its lease,
+/// the second takes the lock and writes; the first wakes and writes naming
+/// only the key, as README's quick start did. Its write must not go out
+/// with the second worker's token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_worker_cannot_write_with_another_workers_lease() {
+    let storage = Recorder::start().await;
+    let gateway = Fencer::gateway(&storage.url(), &[]);
+    let pre = prefix(&gateway);
+    let sidecar = Fencer::sidecar(
+        Backend::Memory,
+        None,
+        &[
+            ("proxy.upstream", &gateway.api),
+            ("sidecar.preregister_url", &pre),
+        ],
+    );
+    let url = format!("{}/kv/shared", sidecar.proxy);
+    let _a = sidecar.acquire("acct:shared", 300, 0).await;
+    tokio::time::sleep(Duration::from_millis(400)).await; // worker A paused
+    let b = sidecar.acquire("acct:shared", 10_000, 1_000).await;
+    assert_eq!(b.status, 200);
+    let w = put(
+        &sidecar.http,
+        &url,
+        &[
+            ("Fencing-Lock", "acct:shared"),
+            ("Fencing-Lease", &b.lease()),
+        ],
+    )
+    .await;
+    assert_eq!(w.status, 200, "{}", w.body);
+    // Worker A wakes up and writes what it computed under its own lease.
+    let stale = put(&sidecar.http, &url, &[("Fencing-Lock", "acct:shared")]).await;
+    assert!(
+        stale.status >= 400,
+        "A's write went out: {} {}",
+        stale.status,
+        stale.body
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(storage.seen().len(), 1, "{:#?}", storage.seen());
+}
+
+/// Item 3: with `default_transaction_isolation = 'repeatable read'` on the
+/// server, the floor read after waiting for a clean-up used the old
+/// snapshot and a recreated key's token went back (5 → 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_never_go_back_under_a_repeatable_read_default() {
+    let pg = PgServer::start_with(&[("default_transaction_isolation", "repeatable read")]);
+    let s = pg_sidecar(&pg, &[]);
+    let mut last = 0;
+    for _ in 0..5 {
+        let l = s.acquire("pg:floor", 10_000, 0).await;
+        assert_eq!(l.status, 200, "{}", l.body);
+        last = l.token();
+        s.release("pg:floor", &l.lease()).await;
+    }
+    // A clean-up in progress: it holds the floor lock, has deleted the idle
+    // row and raised the floor, and has not committed yet.
+    let mut cleaner = pg_client(&pg).await;
+    let tx = cleaner.transaction().await.unwrap();
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&FLOOR_LOCK])
+        .await
+        .unwrap();
+    tx.execute("DELETE FROM fencer_locks WHERE key = 'pg:floor'", &[])
+        .await
+        .unwrap();
+    tx.execute(
+        "UPDATE fencer_token_floor SET floor = GREATEST(floor, $1)",
+        &[&(last as i64)],
+    )
+    .await
+    .unwrap();
+    let next = tokio::spawn({
+        let (http, api) = (s.http.clone(), s.api.clone());
+        async move {
+            let r = http
+                .post(format!("{api}{}", Fencer::path("pg:floor", "acquire")))
+                .body(json!({"ttl_ms": 10_000, "wait_ms": 5_000}).to_string())
+                .send()
+                .await
+                .unwrap();
+            r.json::<serde_json::Value>().await.unwrap()
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    tx.commit().await.unwrap();
+    let body = next.await.unwrap();
+    let token = body["token"].as_u64().unwrap_or_else(|| panic!("{body}"));
+    assert!(token > last, "token went back: {token} after {last}");
+}
+
+/// Item 4: a statement that timed out in the sidecar went on in the
+/// server: it granted the lock later to a lease nobody owned, and the
+/// next request on its pooled connection queued behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_acquire_leaves_no_orphan_lock_and_no_stuck_connection() {
+    let pg = PgServer::start();
+    let a = pg_sidecar(
+        &pg,
+        &[
+            ("backend.postgres.request_timeout_ms", "300"),
+            ("backend.postgres.pool_size", "1"),
+        ],
+    );
+    let b = pg_sidecar(&pg, &[]);
+    let l = b.acquire("pg:orphan", 10_000, 0).await;
+    b.release("pg:orphan", &l.lease()).await;
+    let mut locker = pg_client(&pg).await;
+    let tx = locker.transaction().await.unwrap();
+    tx.execute(
+        "SELECT 1 FROM fencer_locks WHERE key = 'pg:orphan' FOR UPDATE",
+        &[],
+    )
+    .await
+    .unwrap();
+    let r = a.acquire("pg:orphan", 30_000, 0).await;
+    assert_eq!(r.status, 503, "{}", r.body);
+    // Another key, on the one pooled connection.
+    let other = a.acquire("pg:unrelated", 30_000, 0).await;
+    assert_eq!(other.status, 200, "{}", other.body);
+    tx.commit().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let free = b.acquire("pg:orphan", 10_000, 0).await;
+    assert_eq!(
+        free.status, 200,
+        "an orphan lock holds pg:orphan: {}",
+        free.body
+    );
+}
+
+/// Item 5: every start-up ran DDL (`ALTER TABLE … ADD COLUMN IF NOT
+/// EXISTS` wants ACCESS EXCLUSIVE); behind one long reader, one pod
+/// restart froze every other sidecar's and gateway's traffic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_behind_a_long_reader_freezes_nobody() {
+    let pg = PgServer::start();
+    let url_pg = pg.url();
+    let storage = Recorder::start().await;
+    let gw_extra = [
+        ("gateway.fence_store", "postgres"),
+        ("gateway.postgres_url", url_pg.as_str()),
+    ];
+    let a = pg_sidecar(&pg, &[]);
+    let gw_a = Fencer::gateway(&storage.url(), &gw_extra);
+    assert_eq!(a.acquire("pg:warm", 10_000, 0).await.status, 200);
+    // A long reader, as pg_dump holds.
+    let reader = pg_client(&pg).await;
+    reader
+        .batch_execute(
+            "BEGIN; SELECT count(*) FROM fencer_locks; SELECT count(*) FROM fencer_fences;",
+        )
+        .await
+        .unwrap();
+    // Restarts, in the background: their start-up is what must not freeze
+    // the others (and it may wait for the reader itself).
+    let restarts = {
+        let (url, upstream) = (url_pg.clone(), storage.url());
+        std::thread::spawn(move || {
+            let b = Fencer::sidecar(Backend::Postgres, Some(&url), &[]);
+            let gw = std::panic::catch_unwind(|| {
+                Fencer::gateway(
+                    &upstream,
+                    &[
+                        ("gateway.fence_store", "postgres"),
+                        ("gateway.postgres_url", url.as_str()),
+                    ],
+                )
+            });
+            (b, gw.ok())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let started = Instant::now();
+    let r = a.acquire("pg:during", 10_000, 0).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let w = put(
+        &reqwest::Client::new(),
+        &format!("{}/kv/during", gw_a.api),
+        &[("Fencing-Token", &sign_v1("during", 1, "l"))],
+    )
+    .await;
+    assert_eq!(w.status, 200, "{}", w.body);
+    assert!(
+        started.elapsed() < Duration::from_millis(1_500),
+        "traffic stalled {:?} behind start-up DDL",
+        started.elapsed()
+    );
+    reader.batch_execute("COMMIT").await.unwrap();
+    let _ = restarts.join();
+}
+
+/// Item 6: every acquire took the token floor's shared lock, even for keys
+/// whose row exists; a clean-up waiting for the exclusive lock behind one
+/// slow new-key acquire then stalled every key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_clean_up_does_not_stall_existing_keys() {
+    let pg = PgServer::start();
+    let s = pg_sidecar(
+        &pg,
+        &[
+            ("backend.postgres.cleanup_interval_ms", "100"),
+            ("backend.postgres.idle_cleanup_after_ms", "1000"),
+        ],
+    );
+    let l = s.acquire("pg:existing", 10_000, 0).await;
+    s.release("pg:existing", &l.lease()).await;
+    // A slow new-key acquire, holding the floor's shared lock.
+    let mut slow = pg_client(&pg).await;
+    let tx = slow.transaction().await.unwrap();
+    tx.execute("SELECT pg_advisory_xact_lock_shared($1)", &[&FLOOR_LOCK])
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await; // clean-up rounds
+    let started = Instant::now();
+    let r = s.acquire("pg:existing", 10_000, 0).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(
+        started.elapsed() < Duration::from_millis(1_000),
+        "an existing key waited {:?}",
+        started.elapsed()
+    );
+    tx.commit().await.unwrap();
+}
+
+/// Item 7: the LISTEN janitor unlistened channels a new waiter had just
+/// listened on, leaving hot keys deaf to releases; their waiters were
+/// woken by the fallback timer only, or not before their wait ran out.
+/// Runs across a janitor tick (every 10 s), with many keys going idle and
+/// busy again around it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_stay_woken_by_releases_across_janitor_sweeps() {
+    let pg = PgServer::start();
+    let waiters = pg_sidecar(&pg, &[("sidecar.max_fallback_ms", "60000")]);
+    let holders = pg_sidecar(&pg, &[]);
+    let until = Instant::now() + Duration::from_secs(12);
+    let mut tasks = Vec::new();
+    for k in 0..100 {
+        let key = format!("pg:hot{k}");
+        let (w_http, w_api) = (waiters.http.clone(), waiters.api.clone());
+        let (h_http, h_api) = (holders.http.clone(), holders.api.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut late = 0;
+            let mut rounds = 0;
+            while Instant::now() < until {
+                let hold = send(
+                    &h_http,
+                    "POST",
+                    &format!("{h_api}{}", Fencer::path(&key, "acquire")),
+                    &[],
+                    Some(&json!({"ttl_ms": 60_000}).to_string()),
+                )
+                .await;
+                let wait = tokio::spawn({
+                    let (http, api, key) = (w_http.clone(), w_api.clone(), key.clone());
+                    async move {
+                        send(
+                            &http,
+                            "POST",
+                            &format!("{api}{}", Fencer::path(&key, "acquire")),
+                            &[],
+                            Some(&json!({"ttl_ms": 60_000, "wait_ms": 3_000}).to_string()),
+                        )
+                        .await
+                    }
+                });
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                send(
+                    &h_http,
+                    "POST",
+                    &format!("{h_api}{}", Fencer::path(&key, "release")),
+                    &[],
+                    Some(&json!({"lease_id": hold.lease()}).to_string()),
+                )
+                .await;
+                let got = wait.await.unwrap();
+                if got.status != 200 {
+                    late += 1;
+                } else {
+                    send(
+                        &w_http,
+                        "POST",
+                        &format!("{w_api}{}", Fencer::path(&key, "release")),
+                        &[],
+                        Some(&json!({"lease_id": got.lease()}).to_string()),
+                    )
+                    .await;
+                }
+                rounds += 1;
+                let idle = rand::random::<u64>() % 20;
+                tokio::time::sleep(Duration::from_millis(idle)).await;
+            }
+            (late, rounds)
+        }));
+    }
+    let (mut late, mut rounds) = (0, 0);
+    for t in tasks {
+        let (l, r) = t.await.unwrap();
+        late += l;
+        rounds += r;
+    }
+    let fallback = waiters
+        .metric("fencer_waiter_wakeups_total", &[("cause", "fallback")])
+        .await;
+    assert!(rounds > 400, "too few rounds: {rounds}");
+    assert_eq!(
+        (late, fallback),
+        (0, 0.0),
+        "{late} waiters of {rounds} missed their release; {fallback} fallback wake-ups"
+    );
+}
+
+/// Item 8: `/readyz` of a gateway waited for a fence-store pool slot; with
+/// every connection held by slow requests it missed the kubelet's timeout
+/// and the replica left its Service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_readiness_answers_while_the_store_is_busy() {
+    let pg = PgServer::start();
+    let url_pg = pg.url();
+    let storage = Recorder::start().await;
+    let gateway = Fencer::gateway(
+        &storage.url(),
+        &[
+            ("gateway.fence_store", "postgres"),
+            ("gateway.postgres_url", url_pg.as_str()),
+            ("gateway.postgres_pool_size", "2"),
+        ],
+    );
+    let client = reqwest::Client::new();
+    let mut slow = Vec::new();
+    for k in 0..4 {
+        let (client, url) = (client.clone(), format!("{}/kv/slow{k}", gateway.api));
+        slow.push(tokio::spawn(async move {
+            put(
+                &client,
+                &url,
+                &[
+                    ("Fencing-Token", &sign_v1(&format!("slow{k}"), 1, "l")),
+                    ("x-delay-ms", "3000"),
+                ],
+            )
+            .await
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let ready = impatient(1_000)
+        .get(format!("{}/readyz", gateway.admin))
+        .send()
+        .await;
+    assert!(
+        matches!(&ready, Ok(r) if r.status() == 200),
+        "not ready within the kubelet's 1 s: {ready:?} after {:?}",
+        started.elapsed()
+    );
+    for s in slow {
+        let _ = s.await;
+    }
+}

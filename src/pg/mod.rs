@@ -127,6 +127,15 @@ pub fn pool(o: &PgOptions<'_>) -> Result<(tokio_postgres::Config, Tls, Pool), St
     Ok((config, tls, pool))
 }
 
+/// A statement error with the server's own message (tokio-postgres prints
+/// only "db error" for those).
+pub fn describe(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{}: {}", db.code().code(), db.message()),
+        None => e.to_string(),
+    }
+}
+
 /// Whether a failed statement may have left its connection in an unknown
 /// state (closed, or an error without a server SQLSTATE, e.g. I/O): such a
 /// connection is discarded instead of going back to the pool.

@@ -41,7 +41,7 @@ pub enum RunError {
     Timeout,
     #[error("no postgres connection: {0}")]
     Pool(String),
-    #[error("postgres: {0}")]
+    #[error("postgres: {}", super::describe(.0))]
     Db(#[from] tokio_postgres::Error),
 }
 

@@ -27,28 +27,27 @@ pub struct Piece {
 /// How long a start-up DDL statement may wait for a table lock.
 pub const DDL_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
 
-async fn missing(
-    conn: &impl GenericClient,
-    pieces: &[Piece],
-) -> Result<Vec<usize>, tokio_postgres::Error> {
-    let mut out = Vec::new();
-    for (i, p) in pieces.iter().enumerate() {
-        let row = conn.query_one(p.exists.as_str(), &[]).await?;
-        if !row.get::<_, bool>(0) {
-            out.push(i);
-        }
-    }
-    Ok(out)
+async fn exists(conn: &impl GenericClient, piece: &Piece) -> Result<bool, tokio_postgres::Error> {
+    Ok(conn.query_one(piece.exists.as_str(), &[]).await?.get(0))
 }
 
 /// Creates the pieces that do not exist yet, in order. Returns how many
 /// were created (0 on an up-to-date database, with no table lock taken).
+/// Each piece is checked after the ones before it exist, so a check may
+/// read a table an earlier piece creates.
 pub async fn ensure(
     conn: &mut deadpool_postgres::Object,
     pieces: &[Piece],
     advisory_lock: i64,
 ) -> Result<usize, tokio_postgres::Error> {
-    if missing(&*conn, pieces).await?.is_empty() {
+    let mut complete = true;
+    for p in pieces {
+        if !exists(&*conn, p).await? {
+            complete = false;
+            break;
+        }
+    }
+    if complete {
         return Ok(0);
     }
     let tx = conn.transaction().await?;
@@ -59,14 +58,17 @@ pub async fn ensure(
     .await?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&advisory_lock])
         .await?;
-    // Again under the lock: another process may have done it meanwhile.
-    let todo = missing(&tx, pieces).await?;
-    for &i in &todo {
-        tracing::info!(piece = pieces[i].name, "creating schema piece");
-        tx.batch_execute(&pieces[i].create).await?;
+    // Checked again under the lock: another process may have done it.
+    let mut created = 0;
+    for p in pieces {
+        if !exists(&tx, p).await? {
+            tracing::info!(piece = p.name, "creating schema piece");
+            tx.batch_execute(&p.create).await?;
+            created += 1;
+        }
     }
     tx.commit().await?;
-    Ok(todo.len())
+    Ok(created)
 }
 
 /// Whether relation (table, index) `name` exists in the search path.

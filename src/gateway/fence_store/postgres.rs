@@ -160,7 +160,7 @@ impl PgFences {
         let mut conn = self.runner.pool().get().await.map_err(unavailable)?;
         let created = crate::pg::schema::ensure(&mut conn, &sql::pieces(), sql::MIGRATE_LOCK)
             .await
-            .map_err(unavailable)?;
+            .map_err(|e| unavailable(crate::pg::describe(&e)))?;
         if created > 0 {
             tracing::info!(created, "fence store schema updated");
         }

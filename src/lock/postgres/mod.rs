@@ -109,7 +109,7 @@ impl PgBackend {
             .map_err(|e| match e {
                 // The server refused or cancelled it: not applied.
                 RunError::Db(e) if !crate::pg::connection_suspect(&e) => {
-                    BackendError::Protocol(e.to_string())
+                    BackendError::Protocol(crate::pg::describe(&e))
                 }
                 other => unavailable(other),
             })
@@ -187,7 +187,7 @@ async fn migrate(pool: &Pool) -> Result<(), BackendError> {
     crate::pg::schema::ensure(&mut conn, &sql::pieces(), sql::MIGRATE_LOCK)
         .await
         .map(|_| ())
-        .map_err(unavailable)
+        .map_err(|e| unavailable(crate::pg::describe(&e)))
 }
 
 /// One clean-up round; `Ok(None)` when skipped because acquires were

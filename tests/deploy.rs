@@ -81,7 +81,8 @@ fn kustomize_overlays_render_validate_and_match_the_binary() {
         run(Command::new("python3")
             .arg(root().join("deploy/check_manifests.py"))
             .arg(&file)
-            .arg(env!("CARGO_BIN_EXE_fencer")));
+            .arg(env!("CARGO_BIN_EXE_fencer"))
+            .arg(overlay));
     }
     validate(&root().join("deploy/kustomize/secrets.example.yaml"));
 }

@@ -512,6 +512,9 @@ impl Default for MetricsSettings {
     }
 }
 
+/// One key the gateway accepts: key id, secret, allowed key prefixes.
+pub type GatewayKey = (String, Vec<u8>, Vec<String>);
+
 /// A configuration error: which field, and what is allowed.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -946,7 +949,7 @@ impl Settings {
     }
 
     /// The gateway's accepted `(key id, secret, allowed key prefixes)`.
-    pub fn gateway_keys(&self) -> Result<Vec<(String, Vec<u8>, Vec<String>)>, ConfigError> {
+    pub fn gateway_keys(&self) -> Result<Vec<GatewayKey>, ConfigError> {
         if self.gateway.keys.is_empty() {
             let secret = self.signing_secret()?.ok_or_else(|| {
                 invalid(

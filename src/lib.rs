@@ -17,6 +17,7 @@ pub mod gateway;
 pub mod hotaccount;
 pub mod lock;
 pub mod metrics;
+pub mod mutants;
 pub mod pg;
 pub mod proxy;
 pub mod routes;

@@ -44,8 +44,13 @@ pub(super) async fn forward(
         kind,
         group,
     };
-    let tracker = task.gw.tasks.clone();
-    tracker.spawn(task.run(req, tx));
+    if crate::mutants::active("guard_in_request") {
+        // Mutant: the hold lives in the client's request future again.
+        task.run(req, tx).await;
+    } else {
+        let tracker = task.gw.tasks.clone();
+        tracker.spawn(task.run(req, tx));
+    }
     match rx.await {
         Ok(resp) => resp,
         Err(_) => ApiError::new(
@@ -89,8 +94,11 @@ impl KeyHold {
             );
             tokio::time::sleep(self.gw.uncertain_hold).await;
         }
-        let mut cleared = false;
+        let mut cleared = crate::mutants::active("stamp_never_cleared");
         for attempt in 0..3u32 {
+            if cleared {
+                break;
+            }
             match self.gw.store.finish(&self.key, &self.stamp.id).await {
                 Ok(()) => {
                     cleared = true;
@@ -192,6 +200,13 @@ impl Fenced {
             stamp,
             turn: Some(turn),
         };
+        let hold = if crate::mutants::active("check_then_forward") {
+            // Mutant: checked, then forwarded unguarded.
+            hold.release(None).await;
+            None
+        } else {
+            Some(hold)
+        };
 
         let (parts, incoming) = req.into_parts();
         let (body, body_end) = WatchedBody::wrap(stream(incoming));
@@ -236,7 +251,9 @@ impl Fenced {
                 Some(outcome)
             }
         };
-        hold.release(uncertain).await;
+        if let Some(hold) = hold {
+            hold.release(uncertain).await;
+        }
     }
 
     /// What a store failure answers.

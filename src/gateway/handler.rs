@@ -78,8 +78,9 @@ impl Gateway {
             self.count("none", kind, "unenforced");
             return self.forward_unfenced(req).await;
         }
-        if !req.headers().contains_key(TOKEN_HEADER) {
-            if kind == "write" || self.require_token_for_reads {
+        let token_unchecked = kind == "read" && crate::mutants::active("unfenced_reads");
+        if token_unchecked || !req.headers().contains_key(TOKEN_HEADER) {
+            if !token_unchecked && (kind == "write" || self.require_token_for_reads) {
                 self.count("none", kind, "missing_token");
                 return ApiError::new(
                     StatusCode::PRECONDITION_REQUIRED,

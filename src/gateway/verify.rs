@@ -39,6 +39,11 @@ impl Gateway {
         let raw = req.headers()[TOKEN_HEADER]
             .to_str()
             .map_err(|_| invalid("Fencing-Token is not ASCII".into()))?;
+        if crate::mutants::active("skip_signature") {
+            if let Some(c) = crate::token::parse_unverified(raw) {
+                return Ok(c);
+            }
+        }
         let claim = self
             .keyring
             .verify(raw)
@@ -99,6 +104,9 @@ pub(super) fn sequence(req: &Request<Incoming>) -> Result<Option<u64>, ApiError>
     let Some(raw) = req.headers().get(SEQ_HEADER) else {
         return Ok(None);
     };
+    if crate::mutants::active("ignore_sequence") {
+        return Ok(None);
+    }
     raw.to_str()
         .ok()
         .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))

@@ -121,6 +121,11 @@ impl<C: Clone + Send + 'static> Channels<C> {
             channels: self.clone(),
             channel: channel.clone(),
         };
+        let timeout = if crate::mutants::active("subscribe_without_timeout") {
+            Duration::from_secs(86_400)
+        } else {
+            timeout
+        };
         if let Some(conn) = conn {
             let subscribed =
                 tokio::time::timeout(timeout, ready.get_or_try_init(|| subscribe(conn, channel)))

@@ -227,6 +227,14 @@ impl Egress {
         };
         let mut turn = turn;
         *turn = next_seq(*turn);
+        // The fault suite checks from these lines that no token went out
+        // past its lease's local deadline (left_ms > 0).
+        tracing::debug!(
+            key = %key, token = record.token, seq = *turn, lease_tag = %record.lease_id.tag(),
+            left_ms = record.deadline.saturating_duration_since(Instant::now()).as_millis() as u64,
+            past_deadline = Instant::now() >= record.deadline,
+            "token injected"
+        );
         let headers = req.headers_mut();
         if let Ok(v) = HeaderValue::from_bytes(key.as_str().as_bytes()) {
             headers.insert(HeaderName::from_static("fencing-key"), v);

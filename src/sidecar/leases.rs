@@ -399,7 +399,12 @@ impl LeaseTable {
             return Err(NotRenewed::Late);
         }
         let effective = rec.ttl_floor.map_or(ttl, |f| f.min(ttl));
-        rec.deadline = self.deadline(sent, effective);
+        let deadline = self.deadline(sent, effective);
+        rec.deadline = if crate::mutants::active("renew_keeps_old_deadline") {
+            rec.deadline.max(deadline)
+        } else {
+            deadline
+        };
         rec.ttl = ttl;
         Ok(rec.clone())
     }

@@ -165,7 +165,8 @@ pub fn decide(stored: Option<Mark<'_>>, token: u64, lease: &str, seq: Option<u64
     if token > mark.token {
         return Decision::Advanced;
     }
-    if token < mark.token || mark.lease != lease {
+    let same_lease = mark.lease == lease || crate::mutants::active("equal_token_any_lease");
+    if token < mark.token || !same_lease {
         return Decision::Stale {
             highest: mark.token,
         };

@@ -71,6 +71,8 @@ struct Attempts {
     maybe_held: Vec<LeaseId>,
     pending: Option<JoinHandle<Result<Attempt, BackendError>>>,
     granted: Option<LeaseId>,
+    /// The lease id of the last try (for the `fresh_send_time` mutant).
+    last: Option<LeaseId>,
 }
 
 impl Attempts {
@@ -113,7 +115,8 @@ impl Drop for Attempts {
             .drain(..)
             .filter(|l| Some(l) != granted.as_ref())
             .collect();
-        if orphans.is_empty() && self.pending.is_none() {
+        if (orphans.is_empty() && self.pending.is_none()) || crate::mutants::active("keep_orphans")
+        {
             return;
         }
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
@@ -149,6 +152,7 @@ impl LockManager {
             maybe_held: Vec::new(),
             pending: None,
             granted: None,
+            last: None,
         };
         let result = self
             .acquire_registered(&req, &mut attempts, started, &group)
@@ -239,6 +243,9 @@ impl LockManager {
             .inc();
         let err = match outcome {
             Ok(()) => return Ok(()),
+            Err(PreregisterError::Stale { .. }) if crate::mutants::active("no_repair") => {
+                return Ok(());
+            }
             Err(e) => e,
         };
         if self.release(key.clone(), lease.clone()).await.is_ok() {
@@ -315,8 +322,13 @@ impl LockManager {
         // between that try and our sleep cannot be missed. Bounded by the
         // wait: a half-open notification connection must not hold a waiter
         // past its wait_ms (issue 9 item 5).
+        let watch_until = if crate::mutants::active("subscribe_without_timeout") {
+            deadline + Duration::from_secs(86_400)
+        } else {
+            deadline
+        };
         let _watch = tokio::time::timeout_at(
-            deadline,
+            watch_until,
             self.backend
                 .watch(key, deadline.saturating_duration_since(Instant::now())),
         )
@@ -386,14 +398,29 @@ impl LockManager {
         group: &str,
     ) -> Result<Try, LockError> {
         let (key, ttl) = (&req.key, req.ttl);
-        let lease = LeaseId::generate();
+        // Mutant: one lease id for every try of the acquire (and, below, a
+        // send time per retry), as before issue 10.
+        let reused = crate::mutants::active("fresh_send_time")
+            .then(|| {
+                attempts
+                    .maybe_held
+                    .last()
+                    .cloned()
+                    .or_else(|| attempts.last.clone())
+            })
+            .flatten();
+        let lease = reused.unwrap_or_else(LeaseId::generate);
+        attempts.last = Some(lease.clone());
         attempts.maybe_held.push(lease.clone());
         // The deadline counts from the FIRST send of this lease id: a retry
         // may return the lock set by the first attempt, whose TTL started
         // then.
-        let first_sent = Instant::now();
+        let mut first_sent = Instant::now();
         let mut attempt = 0;
         loop {
+            if crate::mutants::active("fresh_send_time") {
+                first_sent = Instant::now();
+            }
             match attempts.try_acquire(&lease, ttl).await {
                 Ok(Attempt::Acquired { token }) => {
                     let record = self.hold(

@@ -208,13 +208,22 @@ impl LockManager {
             });
         };
         if let Some(l) = bound {
-            if &record.lease_id != l {
+            if &record.lease_id != l && !crate::mutants::active("no_lease_binding") {
                 // Computed under another lease: refuse even though the app
                 // holds the key again now.
                 return Err(LockError::LeaseLost(key.clone()));
             }
         }
-        if !record.is_held() {
+        let past_deadline_only = matches!(
+            record.state,
+            super::leases::LeaseState::Lost {
+                reason: super::leases::LostReason::Deadline,
+                ..
+            }
+        );
+        if !record.is_held()
+            && !(past_deadline_only && crate::mutants::active("inject_after_deadline"))
+        {
             return Err(LockError::LeaseLost(key.clone()));
         }
         Ok(record)

@@ -1,0 +1,70 @@
+//! Deliberately broken behaviours, for the fault suite's mutation proof.
+//!
+//! A fault suite that never failed proves little. Each mutant switches one
+//! safety mechanism off (or puts back a defect fixed earlier), and the
+//! suite must turn red with it (`tests/faults/`, `docs/faults.md`). A mutant
+//! is switched on with `FENCER_MUTANT=<name>[,<name>…]` in the environment —
+//! **only in debug builds** (the binary the tests build): in a release build
+//! [`active`] is a constant `false` and every mutant branch compiles away,
+//! so no production binary can be talked out of its guarantees.
+
+/// Every mutant, with the mechanism it switches off.
+pub const ALL: &[(&str, &str)] = &[
+    ("unfenced_reads", "the gateway forwards token-bearing reads unchecked: reads no longer advance the mark"),
+    ("check_then_forward", "the gateway gives up the key right after the check, before the forward"),
+    ("guard_in_request", "the gateway's hold on the key lives in the client's request future (dropped on disconnect)"),
+    ("skip_signature", "the gateway trusts a token's claims without verifying its signature"),
+    ("equal_token_any_lease", "the gateway accepts an equal token from any lease"),
+    ("ignore_sequence", "the gateway ignores Fencing-Seq"),
+    ("stamp_never_cleared", "the gateway never clears a key's in-flight stamp"),
+    ("inject_after_deadline", "the proxy injects a lease's token without checking its local deadline"),
+    ("no_lease_binding", "the proxy stamps the key's current lease on writes bound to another lease"),
+    ("renew_keeps_old_deadline", "a renewal keeps the larger of the old and new local deadlines"),
+    ("no_repair", "the sidecar hands out a token the gateway reported stale instead of repairing forward"),
+    ("keep_orphans", "an acquire that does not hand its lease over leaves it in the backend"),
+    ("subscribe_without_timeout", "a waiter's subscribe has no timeout"),
+    ("fresh_send_time", "a retried acquire counts its deadline from its own send time"),
+];
+
+#[cfg(debug_assertions)]
+static ACTIVE: std::sync::LazyLock<Vec<String>> = std::sync::LazyLock::new(|| {
+    let names: Vec<String> = std::env::var("FENCER_MUTANT")
+        .unwrap_or_default()
+        .split(',')
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .collect();
+    for n in &names {
+        if ALL.iter().any(|(m, _)| m == n) {
+            tracing::warn!(mutant = %n, "MUTANT ACTIVE: a safety mechanism is switched off (fault-suite builds only)");
+        } else {
+            tracing::error!(mutant = %n, "unknown mutant in FENCER_MUTANT");
+        }
+    }
+    names
+});
+
+/// Whether mutant `name` is switched on (debug builds only).
+#[inline]
+pub fn active(name: &str) -> bool {
+    #[cfg(debug_assertions)]
+    {
+        ACTIVE.iter().any(|m| m == name)
+    }
+    #[cfg(not(debug_assertions))]
+    {
+        let _ = name;
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn names_are_unique() {
+        let mut names: Vec<&str> = super::ALL.iter().map(|(n, _)| *n).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), super::ALL.len());
+    }
+}

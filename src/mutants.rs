@@ -17,6 +17,7 @@ pub const ALL: &[(&str, &str)] = &[
     ("equal_token_any_lease", "the gateway accepts an equal token from any lease"),
     ("ignore_sequence", "the gateway ignores Fencing-Seq"),
     ("stamp_never_cleared", "the gateway never clears a key's in-flight stamp"),
+    ("marks_in_memory", "the gateway keeps its marks in memory whatever its configured store"),
     ("inject_after_deadline", "the proxy injects a lease's token without checking its local deadline"),
     ("no_lease_binding", "the proxy stamps the key's current lease on writes bound to another lease"),
     ("renew_keeps_old_deadline", "a renewal keeps the larger of the old and new local deadlines"),

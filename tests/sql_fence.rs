@@ -222,6 +222,16 @@ async fn only_signed_tokens_move_the_mark() {
     assert_eq!(fence_wire(&c, &v1, Some("acct")).await.unwrap(), 7);
     assert_eq!(stored(&c, "acct").await, Some((7, tag("a"))));
     assert_eq!(fence_wire(&c, &good, Some("acct")).await.ok(), None);
+    // A key id limited to other keys' prefixes signs nothing here.
+    c.execute(
+        "UPDATE fencer_signing_keys SET key_prefixes = ARRAY['team-b/'] WHERE key_id = 'k1'",
+        &[],
+    )
+    .await
+    .unwrap();
+    let e = fence(&c, "acct", 8, "a").await.unwrap_err();
+    assert_eq!(sqlstate(&e), INVALID, "{e:?}");
+    assert_eq!(fence(&c, "team-b/x", 1, "a").await.unwrap(), 1);
 }
 
 /// The gateway's in-flight stamp: a fenced write through the gateway may

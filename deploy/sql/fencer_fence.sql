@@ -116,8 +116,12 @@ ALTER TABLE fencer_fences ADD COLUMN IF NOT EXISTS wake boolean NOT NULL DEFAULT
 
 CREATE TABLE IF NOT EXISTS fencer_signing_keys (
   key_id text PRIMARY KEY,
-  secret bytea NOT NULL CHECK (length(secret) >= 32)
+  secret bytea NOT NULL CHECK (length(secret) >= 32),
+  -- Lock keys this key may sign, by prefix (as the gateway's
+  -- [[gateway.keys]] key_prefixes); NULL or empty: any key.
+  key_prefixes text[]
 );
+ALTER TABLE fencer_signing_keys ADD COLUMN IF NOT EXISTS key_prefixes text[];
 REVOKE ALL ON fencer_signing_keys FROM PUBLIC;
 
 DROP FUNCTION IF EXISTS fencer_fence(text, bigint, text);
@@ -170,6 +174,7 @@ DECLARE
   v_lease text;
   v_sig   bytea;
   v_secret bytea;
+  v_prefixes text[];
   v_msg   bytea := ''::bytea;
   part    text;
   f       record;
@@ -196,7 +201,8 @@ BEGIN
     RAISE EXCEPTION USING ERRCODE = '23F02', MESSAGE = 'invalid_fencing_token',
       DETAIL = 'malformed token, key or signature';
   END;
-  SELECT k.secret INTO v_secret FROM fencer_signing_keys k WHERE k.key_id = parts[2];
+  SELECT k.secret, k.key_prefixes INTO v_secret, v_prefixes
+    FROM fencer_signing_keys k WHERE k.key_id = parts[2];
   IF NOT FOUND THEN
     RAISE EXCEPTION USING ERRCODE = '23F02', MESSAGE = 'invalid_fencing_token',
       DETAIL = format('unknown signing key id %L', parts[2]),
@@ -209,6 +215,11 @@ BEGIN
   IF fencer_hmac_sha256(v_secret, v_msg) IS DISTINCT FROM v_sig THEN
     RAISE EXCEPTION USING ERRCODE = '23F02', MESSAGE = 'invalid_fencing_token',
       DETAIL = 'bad signature';
+  END IF;
+  IF coalesce(array_length(v_prefixes, 1), 0) > 0
+     AND NOT EXISTS (SELECT 1 FROM unnest(v_prefixes) AS pre(p) WHERE starts_with(v_key, pre.p)) THEN
+    RAISE EXCEPTION USING ERRCODE = '23F02', MESSAGE = 'invalid_fencing_token',
+      DETAIL = format('key id %L may not sign tokens for key %L', parts[2], v_key);
   END IF;
   IF p_key IS NOT NULL AND p_key <> v_key THEN
     RAISE EXCEPTION USING ERRCODE = '23F02', MESSAGE = 'invalid_fencing_token',

@@ -56,7 +56,12 @@ pub async fn build(
     let groups = Arc::new(Groups::new(&settings.metrics));
     let metrics = Arc::new(GatewayMetrics::new(registry, groups));
     metrics.init_known();
-    let store: Arc<dyn FenceStore> = match g.fence_store {
+    let kind = if crate::mutants::active("marks_in_memory") {
+        Some(FenceStoreKind::Memory)
+    } else {
+        g.fence_store
+    };
+    let store: Arc<dyn FenceStore> = match kind {
         None => {
             return Err(config_err(
                 "gateway.fence_store",

@@ -60,7 +60,7 @@ impl GatewayMetrics {
                 HistogramVec::new(
                     HistogramOpts::new(
                         "fencer_gateway_fence_store_duration_seconds",
-                        "Fence store operations (check_and_advance) by store.",
+                        "Fence store calls by store and op (admit: check-and-advance with the in-flight stamp, including any wait for another replica's request).",
                     )
                     .buckets(BACKEND_BUCKETS.to_vec()),
                     &["store", "op"],

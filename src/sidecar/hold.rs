@@ -85,7 +85,7 @@ pub fn stream(
         if end == "closed" {
             // The client is gone: free the key now, not at the TTL.
             let released = locks.release(key.clone(), lease.clone()).await.is_ok();
-            tracing::info!(key = %key, lease_id = %lease, released, "hold connection closed");
+            tracing::info!(key = %key, lease_tag = %lease.tag(), released, "hold connection closed");
         }
     });
     Body::from_stream(tokio_stream_from(rx))

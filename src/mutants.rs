@@ -24,7 +24,7 @@ pub const ALL: &[(&str, &str)] = &[
     ("no_repair", "the sidecar hands out a token the gateway reported stale instead of repairing forward"),
     ("keep_orphans", "an acquire that does not hand its lease over leaves it in the backend"),
     ("subscribe_without_timeout", "a waiter's subscribe has no timeout"),
-    ("fresh_send_time", "a retried acquire counts its deadline from its own send time"),
+    ("fresh_send_time", "as before issue 10: one lease id for every try of an acquire, each try counting the deadline from its own send time, and PostgreSQL statements whose caller gave up neither bounded by the server, cancelled nor compensated"),
 ];
 
 #[cfg(debug_assertions)]

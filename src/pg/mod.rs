@@ -55,10 +55,16 @@ pub struct PgOptions<'a> {
 fn session_options(o: &PgOptions<'_>) -> String {
     let mut opts =
         String::from("-c default_transaction_isolation=read\\ committed -c synchronous_commit=on");
-    if let Some(t) = o.statement_timeout {
+    let statement_timeout = o
+        .statement_timeout
+        .filter(|_| !crate::mutants::active("fresh_send_time"));
+    let lock_timeout = o
+        .lock_timeout
+        .filter(|_| !crate::mutants::active("fresh_send_time"));
+    if let Some(t) = statement_timeout {
         opts.push_str(&format!(" -c statement_timeout={}", t.as_millis().max(1)));
     }
-    if let Some(t) = o.lock_timeout {
+    if let Some(t) = lock_timeout {
         opts.push_str(&format!(" -c lock_timeout={}", t.as_millis().max(1)));
     }
     opts

@@ -128,7 +128,7 @@ async fn statement_task<T, W, F>(
     let abandoned_mid_statement;
     let (conn, result) = tokio::select! {
         r = &mut fut => { abandoned_mid_statement = false; r }
-        _ = tx.closed() => {
+        _ = tx.closed(), if !crate::mutants::active("fresh_send_time") => {
             abandoned_mid_statement = true;
             let _ = tokio::time::timeout(CANCEL_GRACE, cancel.cancel_query(tls)).await;
             match tokio::time::timeout(CANCEL_GRACE, &mut fut).await {
@@ -156,6 +156,11 @@ async fn statement_task<T, W, F>(
             Err(Ok(v)) => Err(Ok(v)),
             Err(Err(_)) => Ok(()),
         }
+    };
+    let result = match result {
+        // Mutant: no compensation either; the connection goes back.
+        Err(_) if crate::mutants::active("fresh_send_time") => Ok(()),
+        other => other,
     };
     match result {
         Ok(()) if !suspect => drop(conn), // back to the pool

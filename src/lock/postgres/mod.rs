@@ -135,6 +135,27 @@ fn release_if_granted(
     })
 }
 
+/// The acquire statement; for the `fresh_send_time` mutant, the variant
+/// that fixes a lease's expiry when the statement starts (`now()`), before
+/// any wait for the row's lock — as before issue 10.
+fn acquire_sql() -> &'static str {
+    if crate::mutants::active("fresh_send_time") {
+        static OLD: std::sync::LazyLock<&'static str> = std::sync::LazyLock::new(|| {
+            Box::leak(
+                sql::ACQUIRE
+                    .replace(
+                        "expires_at = clock_timestamp() + $4",
+                        "expires_at = now() + $4",
+                    )
+                    .into_boxed_str(),
+            )
+        });
+        *OLD
+    } else {
+        sql::ACQUIRE
+    }
+}
+
 fn ms(d: Duration) -> i64 {
     d.as_millis().min(i64::MAX as u128) as i64
 }
@@ -225,7 +246,7 @@ impl LockBackend for PgBackend {
     ) -> Result<Attempt, BackendError> {
         let rows = self
             .query(
-                sql::ACQUIRE,
+                acquire_sql(),
                 vec![
                     Box::new(key.as_str().to_owned()),
                     Box::new(lease.as_str().to_owned()),

@@ -1,0 +1,219 @@
+"""The checker: safety properties S1–S7, liveness L1–L2 and bite metrics,
+over the histories of a run (FAULT-SUITE.md, "History and checker").
+
+Inputs: worker history events, the storage's commit log (the authoritative
+order of applied writes), the sidecars' "token injected" log lines, samples
+of the gateway's marks, and the nemesis events.
+"""
+from collections import defaultdict
+
+from .worker import lease_tag
+
+STALE_CODES = {"stale_fencing_token", "stale_sequence", "duplicate_sequence"}
+
+
+class Report:
+    def __init__(self):
+        self.violations = []
+        self.bites = {}
+        self.stats = {}
+
+    def violate(self, prop, msg, evidence=()):
+        self.violations.append({"property": prop, "message": msg, "evidence": list(evidence)[:12]})
+
+    @property
+    def ok(self):
+        return not self.violations
+
+
+def check(events, commits, injections, marks, nemesis, cfg):
+    r = Report()
+    events = sorted(events, key=lambda e: e["t"])
+    writes_ok = {e["op_id"] for e in events if e["f"] == "write" and e["kind"] == "ok"}
+    writes_info = {e["op_id"] for e in events if e["f"] == "write" and e["kind"] == "info"}
+    writes_fail = {e["op_id"] for e in events if e["f"] == "write" and e["kind"] == "fail"}
+    invoked = {e["op_id"] for e in events if e["f"] == "write" and e["kind"] == "invoke"}
+    issued = defaultdict(dict)  # key -> token -> set(lease ids)
+    for e in events:
+        if e["f"] == "acquire" and e["kind"] == "ok":
+            resp = e["resp"]
+            issued[e["key"]].setdefault(resp["token"], set()).add(resp["lease_id"])
+
+    # S1: per key, in commit order, (token, seq) never goes back.
+    last = {}
+    for c in commits:
+        if c["token"] is None:
+            r.violate("S1", f"write without a token applied to {c['key']}", [c])
+            continue
+        prev = last.get(c["key"])
+        if prev is not None:
+            a = (prev["token"], prev["seq"] or 0)
+            b = (c["token"], c["seq"] or 0)
+            if b < a or (b == a and c["seq"] is not None):
+                r.violate("S1", f"{c['key']}: commit {c['commit_seq']} with (token, seq) {b} after {a}",
+                          [prev, c])
+        last[c["key"]] = c
+
+    # S2: a token value belongs to one lease (issue log and applied writes).
+    if not cfg.get("tokens_may_repeat"):
+        for key, toks in issued.items():
+            for tok, leases in toks.items():
+                if len(leases) > 1:
+                    r.violate("S2", f"{key}: token {tok} issued to {len(leases)} leases", sorted(leases))
+    applied_leases = defaultdict(set)
+    for c in commits:
+        applied_leases[(c["key"], c["token"])].add(c["lease"])
+    for (key, tok), tags in applied_leases.items():
+        if len(tags) > 1:
+            r.violate("S2", f"{key}: writes of token {tok} applied from {len(tags)} leases", sorted(tags))
+
+    # S3: acknowledged writes are applied; applied writes were not refused.
+    applied = [c["op_id"] for c in commits]
+    applied_set = set(applied)
+    for op in sorted(writes_ok - applied_set):
+        r.violate("S3", f"write {op} acknowledged but not in the commit log",
+                  [e for e in events if e.get("op_id") == op])
+    for op in sorted(applied_set - writes_ok - writes_info):
+        what = "refused" if op in writes_fail else ("never invoked" if op not in invoked else "unanswered")
+        r.violate("S3", f"write {op} applied but {what}", [c for c in commits if c["op_id"] == op] +
+                  [e for e in events if e.get("op_id") == op])
+    if len(applied) != len(applied_set):
+        r.violate("S3", "a write was applied twice", [op for op in applied if applied.count(op) > 1][:5])
+
+    # S4: the ledger chain — every applied write added exactly one.
+    for c in commits:
+        if c["new"] != c["prev"] + 1:
+            r.violate("S4", f"{c['key']}: commit {c['commit_seq']} wrote {c['new']} over {c['prev']} "
+                            f"(lost update: computed from a stale read)", [c])
+
+    # S5: no token injected by a proxy past its lease's local deadline.
+    for i in injections:
+        if i.get("past_deadline"):
+            r.violate("S5", f"token {i.get('token')} injected past its deadline", [i])
+
+    # S6: every applied token was issued for that key; none above the
+    # highest issued.
+    for c in commits:
+        toks = issued.get(c["key"], {})
+        if c["token"] is not None and c["token"] not in toks:
+            r.violate("S6", f"{c['key']}: applied token {c['token']} was never issued", [c])
+
+    # S7: the gateway's mark per key never goes down (across restarts).
+    seen = {}
+    for m in marks:
+        p = seen.get(m["key"])
+        if p is not None and m["token"] < p["token"]:
+            r.violate("S7", f"{m['key']}: gateway mark went from {p['token']} down to {m['token']}", [p, m])
+        seen[m["key"]] = m
+
+    # L1: waits are bounded by wait_ms (plus backend time), net of pauses of
+    # the waiting worker itself.
+    pauses = worker_pauses(events, nemesis)
+    slack_ns = cfg.get("wait_slack_ms", 4000) * 1_000_000
+    wait_ns = cfg["wait_ms"] * 1_000_000
+    open_calls = {}
+    for e in events:
+        if e["f"] != "acquire":
+            continue
+        if e["kind"] == "invoke":
+            open_calls[e["proc"]] = e
+        elif e["proc"] in open_calls:
+            inv = open_calls.pop(e["proc"])
+            took = e["t"] - inv["t"] - paused_within(pauses.get(e["proc"], []), inv["t"], e["t"])
+            if took > wait_ns + slack_ns:
+                r.violate("L1", f"{e['proc']}: acquire of {inv['key']} took {took / 1e9:.1f} s "
+                                f"for a {cfg['wait_ms']} ms wait", [inv, e])
+
+    # L2: progress once the faults healed.
+    heal = max([n["t"] for n in nemesis if n.get("kind") == "heal"] or [0])
+    after = [e for e in events if e["f"] == "write" and e["kind"] == "ok" and e["t"] > heal]
+    if heal and not after:
+        r.violate("L2", "no write succeeded after the faults healed")
+
+    # Bite metrics.
+    stale = [e for e in events if e["kind"] == "fail" and e.get("error") in STALE_CODES]
+    r.bites = {
+        "stale_at_gateway": len(stale),
+        "stale_accepted": sum(1 for c in commits if is_stale_commit(c, commits)),
+        "lease_lost_at_proxy": sum(1 for e in events if e["kind"] == "fail" and e.get("error") == "lease_lost"),
+        "pauses": sum(len(v) for v in pauses.values()),
+        "expiries_while_paused": expiries_while_paused(events, pauses),
+        "overlaps": overlaps(events),
+        "indeterminate": len(writes_info),
+        "applied": len(commits),
+        "acked": len(writes_ok),
+        "faults": sum(1 for n in nemesis if n.get("kind") not in ("heal",)),
+    }
+    tags = {lease_tag(l) for toks in issued.values() for ls in toks.values() for l in ls}
+    r.stats = {"leases": len(tags)}
+    return r
+
+
+def is_stale_commit(c, commits):
+    return False  # an applied stale write already shows as an S1 violation
+
+
+def worker_pauses(events, nemesis):
+    """Per worker, [(start, end)] of its pauses: self-pauses from its
+    history, and pauses the nemesis applied to it."""
+    out = defaultdict(list)
+    start = {}
+    for e in events:
+        if e["f"] == "pause":
+            start[e["proc"]] = e["t"]
+        elif e["f"] == "resumed" and e["proc"] in start:
+            out[e["proc"]].append((start.pop(e["proc"]), e["t"]))
+    for n in nemesis:
+        if n.get("kind") == "pause" and n.get("worker"):
+            out[n["worker"]].append((n["t"], n["t"] + n["d_ms"] * 1_000_000))
+    return out
+
+
+def paused_within(intervals, a, b):
+    return sum(max(0, min(e, b) - max(s, a)) for s, e in intervals)
+
+
+def expiries_while_paused(events, pauses):
+    """Pauses of a lease holder during which another worker acquired the
+    same key: the pause outlived the lease."""
+    holding = {}
+    acquires = defaultdict(list)
+    for e in events:
+        if e["f"] == "acquire" and e["kind"] == "ok":
+            acquires[e["key"]].append(e)
+    n = 0
+    for e in events:
+        if e["f"] == "acquire" and e["kind"] == "ok":
+            holding[e["proc"]] = e
+        elif e["f"] == "pause":
+            h = holding.get(e["proc"])
+            if not h:
+                continue
+            for s, end in pauses.get(e["proc"], []):
+                if s == e["t"]:
+                    if any(a["proc"] != e["proc"] and s <= a["t"] <= end for a in acquires[h["key"]]):
+                        n += 1
+    return n
+
+
+def overlaps(events):
+    """Pairs of leases of one key that both held it, as their clients saw
+    it: from acquire-ok to release-invoke."""
+    spans = defaultdict(list)
+    open_ = {}
+    for e in events:
+        if e["f"] == "acquire" and e["kind"] == "ok":
+            open_[e["proc"]] = (e["key"], e["t"])
+        elif e["f"] == "release" and e["kind"] == "invoke" and e["proc"] in open_:
+            key, t0 = open_.pop(e["proc"])
+            spans[key].append((t0, e["t"], e["proc"]))
+    n = 0
+    for key, ss in spans.items():
+        ss.sort()
+        for i, (a0, a1, pa) in enumerate(ss):
+            for b0, b1, pb in ss[i + 1:]:
+                if b0 >= a1:
+                    break
+                if pa != pb:
+                    n += 1
+    return n

@@ -1,0 +1,228 @@
+"""One run's topology, started from a scenario:
+
+    worker_i ──> sidecar_i ──[lockp]──> Redis or PostgreSQL (locks)
+                   └─[gwp_i]──> gateway_a / gateway_b ──[stp_x]──> storage
+    (direct workers carry their token to a gateway themselves)
+    gateways ──> PostgreSQL (fence store, shared)
+
+Every link in brackets is a FaultProxy. The sidecars alternate between the
+two gateways; half of the workers (or as configured) write directly.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from .faultproxy import FaultProxy
+from .procs import Fencer, Postgres, Proc, Redis, free_port, http_ok, proc_state, wait_for
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class Cluster:
+    def __init__(self, sc, run_dir, binary, seed):
+        self.sc, self.run_dir, self.binary, self.seed = sc, run_dir, binary, seed
+        self.nemesis_events = []
+        self.lock = threading.Lock()
+        self.proxies = []
+        self.stop_flag = threading.Event()
+        self.marks = []
+        self._build()
+
+    def event(self, **kv):
+        kv["t"] = time.monotonic_ns()
+        with self.lock:
+            self.nemesis_events.append(kv)
+
+    def proxy(self, name, port):
+        p = FaultProxy(name, port, events=self.event)
+        self.proxies.append(p)
+        return p
+
+    def mutants(self, role):
+        return self.sc.get("mutants", {}).get(role, [])
+
+    def _build(self):
+        sc = self.sc
+        self.pg = Postgres(self.run_dir, "pg", settings=sc.get("pg_settings", ()))
+        self.redis = None
+        if sc["backend"] == "redis":
+            self.redis = Redis(self.run_dir, aof=sc.get("redis_aof", True))
+            self.lockp = self.proxy("lock-backend", self.redis.port)
+            lock_url = self.redis.url(self.lockp.port)
+        else:
+            self.lockp = self.proxy("lock-backend", self.pg.port)
+            lock_url = self.pg.url(self.lockp.port)
+        # Storage.
+        self.storage_port = free_port()
+        env = dict(os.environ, PYTHONPATH=HERE)
+        self.storage = Proc("storage", [sys.executable, "-m", "harness.storage", "--port", str(self.storage_port),
+                                        "--db", os.path.join(self.run_dir, "storage.db")], env,
+                            os.path.join(self.run_dir, "storage.log"))
+        self.storage.start()
+        wait_for("storage", 10, lambda: http_ok(f"http://127.0.0.1:{self.storage_port}/healthz"))
+        # Gateways on the shared PostgreSQL fence store.
+        self.gateways = []
+        for i, name in enumerate(["gateway-a", "gateway-b"][: sc.get("gateways", 2)]):
+            stp = self.proxy(f"{name}->storage", self.storage_port)
+            settings = {
+                "gateway.upstream": f"http://127.0.0.1:{stp.port}",
+                "gateway.fence_store": sc.get("fence_store", "postgres"),
+                "gateway.postgres_url": self.pg.url(),
+                "gateway.upstream_timeout_ms": sc.get("gw_upstream_timeout_ms", 3000),
+                "gateway.uncertain_hold_ms": sc.get("uncertain_hold_ms", 1000),
+                "gateway.serialize_timeout_ms": sc.get("serialize_timeout_ms", 3000),
+                "gateway.postgres_request_timeout_ms": 1000,
+            }
+            settings.update(sc.get("gateway_settings", {}))
+            g = Fencer(self.run_dir, name, "gateway", self.binary, settings, self.mutants("gateway"))
+            g.storage_proxy = stp
+            self.gateways.append(g)
+        # Sidecars and workers.
+        self.sidecars, self.workers = [], []
+        n = sc["workers"]
+        direct = sc.get("direct_workers", n // 2)
+        for i in range(n):
+            g = self.gateways[i % len(self.gateways)]
+            gwp = self.proxy(f"sidecar-{i}->{g.name}", g.api_port)
+            settings = {
+                "backend.kind": sc["backend"],
+                "sidecar.default_ttl_ms": sc["ttl_ms"],
+                "sidecar.safety_margin_ms": 20,
+                "proxy.upstream": f"http://127.0.0.1:{gwp.port}",
+                "proxy.upstream_timeout_ms": 8000,
+                "proxy.connect_timeout_ms": 500,
+                "gateway.serialize_timeout_ms": sc.get("serialize_timeout_ms", 3000),
+                "gateway.upstream_timeout_ms": sc.get("gw_upstream_timeout_ms", 3000),
+                "gateway.connect_timeout_ms": 1000,
+                "sidecar.preregister_timeout_ms": 5000,
+                "sidecar.lost_lease_retention_ms": 60000,
+            }
+            if sc.get("preregister", True):
+                settings["sidecar.preregister_url"] = f"http://127.0.0.1:{gwp.port}/_fencer/v1/fences/"
+            if sc["backend"] == "redis":
+                settings["backend.redis.url"] = lock_url
+                settings["backend.redis.token_mode"] = sc.get("token_mode", "hybrid_clock")
+                settings["backend.redis.request_timeout_ms"] = 500
+            else:
+                settings["backend.postgres.url"] = lock_url
+                settings["backend.postgres.request_timeout_ms"] = 1000
+            s = Fencer(self.run_dir, f"sidecar-{i}", "sidecar", self.binary, settings,
+                       self.mutants("sidecar"), faketime=sc.get("sidecar_faketime"))
+            s.gateway_proxy = gwp
+            self.sidecars.append(s)
+            mode = "direct" if i < direct else "proxy"
+            self.workers.append(self._worker(i, s, g, mode))
+
+    def _worker(self, i, sidecar, gateway, mode):
+        sc = self.sc
+        wdir = os.path.join(self.run_dir, f"worker-{i}")
+        os.makedirs(wdir, exist_ok=True)
+        cfg = {
+            "id": f"w{i}", "seed": self.seed * 1000 + i, "mode": mode,
+            "api": sidecar.api, "proxy": sidecar.proxy,
+            "gateway": gateway.api, "keys": sc["keys"], "ttl_ms": sc["ttl_ms"],
+            "wait_ms": sc["wait_ms"], "think_ms": sc.get("think_ms", [20, 60]),
+            "self_pause_p": sc.get("self_pause_p", 0), "self_pause_ttl": sc.get("self_pause_ttl", [1.0, 1.3]),
+            "timeout_ms": sc.get("client_timeout_ms", 4000), "duration_s": sc["duration_s"],
+            "history": os.path.join(wdir, "history.jsonl"), "pause_file": os.path.join(wdir, "pause.req"),
+            "replay_p": sc.get("replay_p", 0), "forge_p": sc.get("forge_p", 0),
+        }
+        with open(os.path.join(wdir, "config.json"), "w") as f:
+            json.dump(cfg, f)
+        env = dict(os.environ, PYTHONPATH=HERE)
+        p = Proc(f"w{i}", [sys.executable, "-m", "harness.worker", os.path.join(wdir, "config.json")], env,
+                 os.path.join(wdir, "stderr.log"))
+        p.cfg, p.sidecar, p.mode = cfg, sidecar, mode
+        return p
+
+    # ------------------------------------------------------------ running
+
+    def start_workers(self):
+        for w in self.workers:
+            w.start()
+        threading.Thread(target=self._self_pauses, daemon=True).start()
+        if self.sc.get("fence_store", "postgres") == "postgres":
+            threading.Thread(target=self._sample_marks, daemon=True).start()
+
+    def _self_pauses(self):
+        """Continues a worker that stopped itself, after the time it asked."""
+        pending = {}
+        while not self.stop_flag.is_set():
+            now = time.monotonic()
+            for w in self.workers:
+                req = w.cfg["pause_file"]
+                if w.name not in pending and os.path.exists(req) and proc_state(w.pid) == "T":
+                    try:
+                        d = int(open(req).read())
+                    except (OSError, ValueError):
+                        continue
+                    os.remove(req)
+                    pending[w.name] = now + d / 1000
+            for name, at in list(pending.items()):
+                if now >= at:
+                    next(w for w in self.workers if w.name == name).resume()
+                    del pending[name]
+            time.sleep(0.002)
+        for w in self.workers:
+            w.resume()
+
+    def _sample_marks(self):
+        while not self.stop_flag.is_set():
+            try:
+                out = self.pg.psql("SELECT key, token FROM fencer_fences")
+                t = time.monotonic_ns()
+                for line in out.splitlines():
+                    if "|" in line:
+                        k, tok = line.rsplit("|", 1)
+                        self.marks.append({"t": t, "key": k, "token": int(tok)})
+            except Exception:
+                pass
+            time.sleep(0.25)
+
+    def wait_workers(self, timeout):
+        end = time.time() + timeout
+        for w in self.workers:
+            while w.alive() and time.time() < end:
+                if proc_state(w.pid) == "T" and not os.path.exists(w.cfg["pause_file"]):
+                    w.resume()
+                time.sleep(0.05)
+        for w in self.workers:
+            if w.alive():
+                w.signal(signal.SIGCONT)
+                w.kill()
+
+    def heal_all(self):
+        for p in self.proxies:
+            p.set("pass")
+        for s in self.sidecars:
+            s.proc.resume()
+        for g in self.gateways:
+            g.proc.resume()
+        if self.redis:
+            self.redis.proc.resume()
+        self.pg.resume()
+        self.storage.resume()
+        try:
+            subprocess.run(["curl", "-s", "-XPOST", f"http://127.0.0.1:{self.storage_port}/_control",
+                            "-d", '{"delay_ms": 0}'], capture_output=True, timeout=5)
+        except Exception:
+            pass
+
+    def shutdown(self):
+        self.stop_flag.set()
+        for w in self.workers:
+            w.kill()
+        for s in self.sidecars:
+            s.proc.kill()
+        for g in self.gateways:
+            g.proc.kill()
+        self.storage.kill()
+        for p in self.proxies:
+            p.close()
+        if self.redis:
+            self.redis.stop()
+        self.pg.stop()

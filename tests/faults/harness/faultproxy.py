@@ -1,0 +1,146 @@
+"""Loopback TCP fault proxies: one in front of every link of a run.
+
+Each proxy forwards bytes both ways until the nemesis sets a mode:
+  pass            forward
+  delay           hold every chunk `ms` before forwarding (`direction`: both, up, down)
+  blackhole       accept and hold every byte, forward nothing (a partition that
+                  keeps sockets open; new connections are accepted and held too)
+  drop_down       forward client→server, drop server→client (one-way loss: the
+                  request arrives, its answer never does)
+  freeze_unscripted  hold connections that never sent a Redis script command
+                  (the pub/sub connection: a half-open subscriber)
+and `reset_all()` closes every open connection with a TCP RST.
+
+All proxies of a run live in one background thread running an asyncio loop.
+"""
+import asyncio
+import socket
+import struct
+import threading
+
+from .procs import free_port
+
+
+class _Loop:
+    _instance = None
+
+    @classmethod
+    def get(cls):
+        if cls._instance is None:
+            cls._instance = cls()
+        return cls._instance
+
+    def __init__(self):
+        self.loop = asyncio.new_event_loop()
+        t = threading.Thread(target=self.loop.run_forever, daemon=True, name="faultproxies")
+        t.start()
+
+    def run(self, coro, timeout=10):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+
+def _rst(writer):
+    try:
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    except OSError:
+        pass
+    writer.close()
+
+
+class FaultProxy:
+    def __init__(self, name, target_port, events=None):
+        self.name = name
+        self.target_port = target_port
+        self.port = free_port()
+        self.mode = {"mode": "pass"}
+        self.events = events
+        self.conns = []
+        self._loop = _Loop.get()
+        self.server = self._loop.run(self._start())
+
+    async def _start(self):
+        return await asyncio.start_server(self._handle, "127.0.0.1", self.port)
+
+    def set(self, mode, **params):
+        self.mode = dict(params, mode=mode)
+        if self.events:
+            self.events(kind="proxy", proxy=self.name, mode=mode, **params)
+
+    def reset_all(self):
+        if self.events:
+            self.events(kind="proxy", proxy=self.name, mode="reset")
+
+        async def go():
+            for c in list(self.conns):
+                for w in c["writers"]:
+                    _rst(w)
+            self.conns.clear()
+        self._loop.run(go())
+
+    def close(self):
+        async def go():
+            self.server.close()
+            for c in list(self.conns):
+                for w in c["writers"]:
+                    _rst(w)
+        try:
+            self._loop.run(go())
+        except Exception:
+            pass
+
+    def _held(self, conn):
+        m = self.mode["mode"]
+        if m == "blackhole":
+            return True
+        if m == "freeze_unscripted":
+            return not conn["scripted"]
+        return False
+
+    async def _handle(self, creader, cwriter):
+        try:
+            sreader, swriter = await asyncio.open_connection("127.0.0.1", self.target_port)
+        except OSError:
+            _rst(cwriter)
+            return
+        conn = {"scripted": False, "writers": [cwriter, swriter]}
+        self.conns.append(conn)
+        up = asyncio.ensure_future(self._pump(creader, swriter, conn, up=True))
+        down = asyncio.ensure_future(self._pump(sreader, cwriter, conn, up=False))
+        await asyncio.wait([up, down], return_when=asyncio.FIRST_COMPLETED)
+        for t in (up, down):
+            t.cancel()
+        for w in conn["writers"]:
+            w.close()
+        if conn in self.conns:
+            self.conns.remove(conn)
+
+    async def _pump(self, reader, writer, conn, up):
+        while True:
+            try:
+                chunk = await reader.read(65536)
+            except (ConnectionError, OSError):
+                return
+            if not chunk:
+                try:
+                    writer.write_eof()
+                except (OSError, RuntimeError):
+                    pass
+                return
+            if up:
+                u = chunk.upper()
+                if b"EVAL" in u or b"SCRIPT" in u:
+                    conn["scripted"] = True
+            while self._held(conn):
+                await asyncio.sleep(0.005)
+            m = self.mode
+            if m["mode"] == "delay" and m.get("direction", "both") in ("both", "up" if up else "down"):
+                await asyncio.sleep(m.get("ms", 0) / 1000)
+            if m["mode"] == "drop_down" and not up:
+                continue
+            try:
+                writer.write(chunk)
+                await writer.drain()
+            except (ConnectionError, OSError):
+                return

@@ -1,0 +1,173 @@
+"""Faults, each a seeded schedule: the same seed gives the same sequence of
+faults, targets and durations (not the same interleaving of the processes).
+
+A fault is applied, held for its duration, then healed; every step is a
+nemesis event with a monotonic timestamp, so the checker can relate faults
+to the histories. Families:
+
+  pause_worker    SIGSTOP/SIGCONT a worker (GC-style pause)
+  pause_node      a worker and its sidecar together
+  pause_sidecar   a sidecar only (requests queue in its sockets)
+  pause_gateway   one gateway replica
+  pause_backend   the lock backend (Redis or PostgreSQL)
+  kill_sidecar    kill -9 a sidecar, start it again
+  kill_gateway    kill -9 a gateway replica, start it again
+  kill_backend    kill -9 Redis (AOF) / crash PostgreSQL (immediate), restart
+  net_lock        the sidecars' link to the lock backend: delay, blackhole,
+                  reset, half-open pub/sub (Redis)
+  net_gateway     a sidecar's link to its gateway: delay, blackhole, reset,
+                  one-way loss of answers
+  net_storage     a gateway's link to the storage: delay, blackhole, reset,
+                  one-way loss of answers
+  expire          premature expiry: the lock entry deleted / expired in the
+                  backend (a backend wall-clock step)
+  slow_storage    the storage holds writes longer than the clients wait
+"""
+import random
+import subprocess
+import threading
+import time
+
+
+class Nemesis:
+    def __init__(self, cluster, families, seed, ttl_ms, interval=(0.3, 1.5)):
+        self.c = cluster
+        self.families = families
+        self.rng = random.Random(seed)
+        self.ttl = ttl_ms / 1000
+        self.interval = interval
+        self.thread = None
+        self.stop = threading.Event()
+
+    def run_for(self, seconds):
+        self.thread = threading.Thread(target=self._loop, args=(seconds,), daemon=True)
+        self.thread.start()
+
+    def join(self):
+        if self.thread:
+            self.thread.join()
+
+    def _loop(self, seconds):
+        end = time.monotonic() + seconds
+        while time.monotonic() < end and not self.stop.is_set():
+            time.sleep(self.rng.uniform(*self.interval))
+            if time.monotonic() >= end:
+                break
+            fam = self.rng.choice(self.families)
+            try:
+                getattr(self, fam)()
+            except Exception as e:  # a fault that could not be applied is logged, not fatal
+                self.c.event(kind="nemesis_error", family=fam, error=str(e))
+        self.c.heal_all()
+        self.c.event(kind="heal")
+
+    # ------------------------------------------------------------ helpers
+
+    def pause_len(self):
+        short = self.rng.random() < self.c.sc.get("short_pause_share", 0.7)
+        lo, hi = (1.0, 1.3) if short else (1.5, 4.0)
+        return self.rng.uniform(lo, hi) * self.ttl
+
+    def hold(self, what, d, apply, heal, **kv):
+        self.c.event(kind=what, d_ms=int(d * 1000), **kv)
+        apply()
+        time.sleep(d)
+        heal()
+
+    # ------------------------------------------------------------ families
+
+    def pause_worker(self):
+        w = self.rng.choice(self.c.workers)
+        self.hold("pause", self.pause_len(), w.pause, w.resume, worker=w.cfg["id"], target=w.name)
+
+    def pause_node(self):
+        w = self.rng.choice(self.c.workers)
+
+        def apply():
+            w.pause()
+            w.sidecar.proc.pause()
+
+        def heal():
+            w.sidecar.proc.resume()
+            w.resume()
+        self.hold("pause", self.pause_len(), apply, heal, worker=w.cfg["id"], target="node:" + w.name)
+
+    def pause_sidecar(self):
+        s = self.rng.choice(self.c.sidecars)
+        self.hold("pause_sidecar", self.pause_len(), s.proc.pause, s.proc.resume, target=s.name)
+
+    def pause_gateway(self):
+        g = self.rng.choice(self.c.gateways)
+        self.hold("pause_gateway", self.pause_len(), g.proc.pause, g.proc.resume, target=g.name)
+
+    def pause_backend(self):
+        if self.c.redis:
+            self.hold("pause_backend", self.pause_len(), self.c.redis.proc.pause, self.c.redis.proc.resume,
+                      target="redis")
+        else:
+            self.hold("pause_backend", self.pause_len(), self.c.pg.pause, self.c.pg.resume, target="postgres")
+
+    def kill_sidecar(self):
+        s = self.rng.choice(self.c.sidecars)
+        self.c.event(kind="kill", target=s.name)
+        s.crash_restart()
+        self.c.event(kind="restarted", target=s.name)
+
+    def kill_gateway(self):
+        g = self.rng.choice(self.c.gateways)
+        self.c.event(kind="kill", target=g.name)
+        g.crash_restart()
+        self.c.event(kind="restarted", target=g.name)
+
+    def kill_backend(self):
+        if self.c.redis:
+            self.c.event(kind="kill", target="redis")
+            self.c.redis.restart()
+        else:
+            self.c.event(kind="kill", target="postgres")
+            self.c.pg.crash_restart()
+        self.c.event(kind="restarted", target="backend")
+
+    def _net(self, proxies, modes):
+        p = self.rng.choice(proxies)
+        mode = self.rng.choice(modes)
+        d = self.rng.uniform(0.5, 2.0) * self.ttl
+        if mode == "reset":
+            p.reset_all()
+            return
+        params = {}
+        if mode == "delay":
+            params = {"ms": int(self.rng.uniform(0.2, 1.5) * self.ttl * 1000),
+                      "direction": self.rng.choice(["both", "down"])}
+        self.c.event(kind="net", proxy=p.name, mode=mode, d_ms=int(d * 1000), **params)
+        p.set(mode, **params)
+        time.sleep(d)
+        p.set("pass")
+
+    def net_lock(self):
+        modes = ["delay", "blackhole", "reset"] + (["freeze_unscripted"] if self.c.redis else [])
+        self._net([self.c.lockp], modes)
+
+    def net_gateway(self):
+        self._net([s.gateway_proxy for s in self.c.sidecars], ["delay", "blackhole", "reset", "drop_down"])
+
+    def net_storage(self):
+        self._net([g.storage_proxy for g in self.c.gateways], ["delay", "blackhole", "reset", "drop_down"])
+
+    def expire(self):
+        key = self.rng.choice(self.c.sc["keys"])
+        self.c.event(kind="expire", key=key)
+        if self.c.redis:
+            self.c.redis.cmd("DEL", "fencer:{" + key + "}:lock")
+        else:
+            self.c.pg.psql(f"UPDATE fencer_locks SET expires_at = clock_timestamp() WHERE key = '{key}'")
+
+    def slow_storage(self):
+        d = self.rng.uniform(1.0, 3.0)
+        delay = int(self.c.sc.get("client_timeout_ms", 4000) * self.rng.uniform(1.2, 2.0))
+        url = f"http://127.0.0.1:{self.c.storage_port}/_control"
+
+        def set_delay(ms):
+            subprocess.run(["curl", "-s", "-XPOST", url, "-d", f'{{"delay_ms": {ms}}}'],
+                           capture_output=True, timeout=5)
+        self.hold("slow_storage", d, lambda: set_delay(delay), lambda: set_delay(0), delay_ms=delay)

@@ -1,0 +1,178 @@
+"""Running one scenario: start the cluster, run the workload under the
+nemesis, heal, let the workload finish in quiet, collect every history and
+check it."""
+import json
+import os
+import shutil
+import time
+import urllib.request
+
+from . import checker
+from .cluster import Cluster
+from .nemesis import Nemesis
+
+
+def load_history(path):
+    out = []
+    try:
+        with open(path) as f:
+            for line in f:
+                line = line.strip()
+                if line:
+                    try:
+                        out.append(json.loads(line))
+                    except ValueError:
+                        pass  # a line cut by a kill
+    except OSError:
+        pass
+    return out
+
+
+def injections(sidecars):
+    """The proxies' "token injected" lines (JSON logs, flat or nested)."""
+    out = []
+    for s in sidecars:
+        for e in s.log_events():
+            fields = e.get("fields", e)
+            if fields.get("message") == "token injected":
+                out.append(dict(fields, sidecar=s.name))
+    return out
+
+
+def run(sc, seed, binary, out_dir, keep=False):
+    """Runs scenario `sc`; returns a result dict (verdict PASS, FAIL or
+    INCONCLUSIVE, violations, bite metrics)."""
+    name = f"{sc['name']}-{sc['backend']}-seed{seed}"
+    run_dir = os.path.join(out_dir, name)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    os.makedirs(run_dir)
+    started = time.monotonic()
+    cluster = None
+    try:
+        cluster = Cluster(sc, run_dir, binary, seed)
+        quiet = sc.get("quiet_s", 6)
+        cluster.start_workers()
+        cluster.event(kind="start")
+        nem = Nemesis(cluster, sc["nemesis"], seed, sc["ttl_ms"], tuple(sc.get("interval", (0.3, 1.5))))
+        if sc["nemesis"]:
+            nem.run_for(max(1, sc["duration_s"] - quiet))
+        else:
+            cluster.event(kind="heal")
+        cluster.wait_workers(sc["duration_s"] + 60)
+        nem.join()
+        events = []
+        for w in cluster.workers:
+            events += load_history(w.cfg["history"])
+        with urllib.request.urlopen(f"http://127.0.0.1:{cluster.storage_port}/_log", timeout=30) as r:
+            commits = json.load(r)["log"]
+        inj = injections(cluster.sidecars)
+        report = checker.check(events, commits, inj, cluster.marks, cluster.nemesis_events, sc)
+    except Exception as e:
+        result = {"name": name, "verdict": "ERROR", "error": repr(e), "dir": run_dir,
+                  "seconds": round(time.monotonic() - started, 1)}
+        if cluster:
+            cluster.shutdown()
+        return result
+    cluster.shutdown()
+    verdict = "PASS"
+    short = {}
+    if not report.ok:
+        verdict = "FAIL"
+    else:
+        for k, need in sc.get("bite", {}).items():
+            if report.bites.get(k, 0) < need:
+                short[k] = (report.bites.get(k, 0), need)
+        if short:
+            verdict = "INCONCLUSIVE"
+    result = {
+        "name": name, "scenario": sc["name"], "backend": sc["backend"], "seed": seed,
+        "mutants": sc.get("mutants", {}), "verdict": verdict,
+        "violations": report.violations, "bites": report.bites, "below_threshold": short,
+        "seconds": round(time.monotonic() - started, 1), "dir": run_dir,
+    }
+    with open(os.path.join(run_dir, "report.json"), "w") as f:
+        json.dump(result, f, indent=1, default=str)
+    with open(os.path.join(run_dir, "nemesis.jsonl"), "w") as f:
+        for n in cluster.nemesis_events:
+            f.write(json.dumps(n) + "\n")
+    if verdict == "PASS" and not keep:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        result["dir"] = None
+    return result
+
+
+def run_directed_rmw(sc, seed, binary, out_dir):
+    """The scripted interleaving of FAULT-SUITE's "fence on write only"
+    directed test (see run.py): two holders of one account, no
+    pre-registration, A paused between its read and its write."""
+    import http.client
+
+    name = f"directed-rmw-seed{seed}"
+    run_dir = os.path.join(out_dir, name)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    os.makedirs(run_dir)
+    started = time.monotonic()
+    cluster = Cluster(sc, run_dir, binary, seed)
+    events = []
+
+    def call(method, base, path, headers=None, body=None):
+        host, port = base.replace("http://", "").split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        data = json.dumps(body).encode() if body is not None else None
+        h = dict(headers or {})
+        if data is not None:
+            h["content-type"] = "application/json"
+        conn.request(method, path, body=data, headers=h)
+        r = conn.getresponse()
+        raw = r.read()
+        conn.close()
+        return r.status, (json.loads(raw) if raw else {})
+
+    try:
+        key = sc["keys"][0]
+        ttl = sc["ttl_ms"]
+        (sa, sb), (ga, gb) = cluster.sidecars[:2], cluster.gateways[:2]
+
+        def acquire(s, proc):
+            st, lease = call("POST", s.api, f"/v1/locks/{key}/acquire", body={"ttl_ms": ttl, "wait_ms": 3000})
+            assert st == 200, lease
+            events.append({"t": time.monotonic_ns(), "proc": proc, "kind": "ok", "f": "acquire", "key": key,
+                           "resp": lease})
+            return lease
+
+        def fenced(method, g, lease, seq, body=None, proc=None):
+            h = {"Fencing-Token": lease["fencing_token"], "Fencing-Key": key, "Fencing-Seq": str(seq)}
+            if body:
+                events.append({"t": time.monotonic_ns(), "proc": proc, "kind": "invoke", "f": "write",
+                               "key": key, "op_id": body["op_id"]})
+            st, resp = call(method, g.api, f"/kv/{key}", h, body)
+            if body:
+                events.append({"t": time.monotonic_ns(), "proc": proc, "kind": "ok" if st == 200 else "fail",
+                               "f": "write", "key": key, "op_id": body["op_id"], "error": resp.get("error")})
+            return st, resp
+
+        a = acquire(sa, "A")
+        st, r = fenced("GET", ga, a, 1)
+        bal_a = r.get("balance", 0) if st == 200 else 0
+        time.sleep(ttl * 1.05 / 1000)  # A is paused past its lease
+        b = acquire(sb, "B")
+        st, r = fenced("GET", gb, b, 1)
+        bal_b = r.get("balance", 0) if st == 200 else 0
+        fenced("PUT", ga, a, 2, {"balance": bal_a + 1, "op_id": "A-1", "prev": bal_a}, "A")
+        fenced("PUT", gb, b, 2, {"balance": bal_b + 1, "op_id": "B-1", "prev": bal_b}, "B")
+        with urllib.request.urlopen(f"http://127.0.0.1:{cluster.storage_port}/_log", timeout=30) as resp:
+            commits = json.load(resp)["log"]
+        report = checker.check(events, commits, [], cluster.marks, [], dict(sc, wait_ms=3000))
+        verdict = "PASS" if report.ok else "FAIL"
+        result = {"name": name, "verdict": verdict, "violations": report.violations,
+                  "bites": {"applied": len(commits)}, "seconds": round(time.monotonic() - started, 1),
+                  "dir": run_dir}
+    except Exception as e:
+        result = {"name": name, "verdict": "ERROR", "error": repr(e), "dir": run_dir,
+                  "seconds": round(time.monotonic() - started, 1)}
+    finally:
+        cluster.shutdown()
+    if result["verdict"] == "PASS":
+        shutil.rmtree(run_dir, ignore_errors=True)
+        result["dir"] = None
+    return result

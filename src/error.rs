@@ -35,6 +35,11 @@ impl ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", message).with("field", field)
     }
 
+    /// 500 `internal_error`: a task that should have answered did not.
+    pub fn internal(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal_error", message)
+    }
+
     pub fn not_found(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
     }

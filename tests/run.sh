@@ -26,3 +26,8 @@ fi
 command -v kubernetes-validate >/dev/null 2>&1 || python3 -m pip install -q kubernetes-validate
 
 cargo test --all-targets --locked -- --test-threads="${FENCER_TEST_THREADS:-2}"
+
+# The fault suite's PR tier (docs/faults.md): real processes under seeded
+# faults, histories checked, every mutant must turn it red. It uses the
+# debug binary the tests above built.
+python3 tests/faults/run.py --tier pr

@@ -23,6 +23,20 @@ fn prefix(gateway: &Fencer) -> String {
     format!("{}/_fencer/v1/fences/", gateway.api)
 }
 
+/// A gateway (memory fences) in front of `storage`, and a sidecar (memory
+/// locks) whose proxy and pre-registration use it, with `extra` settings.
+fn fenced_stack(storage: &Recorder, extra: &[(&str, &str)]) -> (Fencer, Fencer) {
+    let gateway = Fencer::gateway(&storage.url(), &[]);
+    let pre = prefix(&gateway);
+    let mut settings = vec![
+        ("proxy.upstream", gateway.api.as_str()),
+        ("sidecar.preregister_url", pre.as_str()),
+    ];
+    settings.extend_from_slice(extra);
+    let sidecar = Fencer::sidecar(Backend::Memory, None, &settings);
+    (gateway, sidecar)
+}
+
 fn impatient(ms: u64) -> reqwest::Client {
     reqwest::Client::builder()
         .timeout(Duration::from_millis(ms))
@@ -68,16 +82,7 @@ async fn put(client: &reqwest::Client, url: &str, headers: &[(&str, &str)]) -> R
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_hanging_up_mid_write_does_not_let_a_newer_write_overtake_it() {
     let storage = Recorder::start().await;
-    let gateway = Fencer::gateway(&storage.url(), &[]);
-    let pre = prefix(&gateway);
-    let sidecar = Fencer::sidecar(
-        Backend::Memory,
-        None,
-        &[
-            ("proxy.upstream", &gateway.api),
-            ("sidecar.preregister_url", &pre),
-        ],
-    );
+    let (gateway, sidecar) = fenced_stack(&storage, &[]);
     let url = format!("{}/kv/acct-1", gateway.api);
     let a = sidecar.acquire("acct:1", 30_000, 0).await;
     let slow = impatient(300)
@@ -630,17 +635,7 @@ async fn raw_put(base: &str, path: &str, token: &str) -> u16 {
 async fn the_lease_id_never_leaves_the_sidecar() {
     let storage = Recorder::start().await;
     let hook = Recorder::start().await;
-    let gateway = Fencer::gateway(&storage.url(), &[]);
-    let pre = prefix(&gateway);
-    let sidecar = Fencer::sidecar(
-        Backend::Memory,
-        None,
-        &[
-            ("proxy.upstream", &gateway.api),
-            ("sidecar.preregister_url", &pre),
-            ("sidecar.lost_lease_webhook", &hook.url()),
-        ],
-    );
+    let (gateway, sidecar) = fenced_stack(&storage, &[("sidecar.lost_lease_webhook", &hook.url())]);
     let first = sidecar.acquire("acct:11", 300, 0).await;
     let id = first.lease();
     assert!(!token_of(&first).contains(&id), "{}", token_of(&first));
@@ -852,16 +847,7 @@ async fn a_stuck_postgres_acquire_never_leaves_two_holders() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_worker_cannot_write_with_another_workers_lease() {
     let storage = Recorder::start().await;
-    let gateway = Fencer::gateway(&storage.url(), &[]);
-    let pre = prefix(&gateway);
-    let sidecar = Fencer::sidecar(
-        Backend::Memory,
-        None,
-        &[
-            ("proxy.upstream", &gateway.api),
-            ("sidecar.preregister_url", &pre),
-        ],
-    );
+    let (_gateway, sidecar) = fenced_stack(&storage, &[]);
     let url = format!("{}/kv/shared", sidecar.proxy);
     let _a = sidecar.acquire("acct:shared", 300, 0).await;
     tokio::time::sleep(Duration::from_millis(400)).await; // worker A paused

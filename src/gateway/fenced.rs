@@ -21,7 +21,6 @@ use super::fence_store::{Decision, FenceError, Stamp};
 use super::handler::Gateway;
 use super::key_queue::KeyTurn;
 use crate::error::ApiError;
-use crate::proxy::forward::ForwardError;
 use crate::proxy::watched_body::WatchedBody;
 use crate::proxy::{stream, ProxyBody};
 use crate::token::Claim;
@@ -51,15 +50,9 @@ pub(super) async fn forward(
         let tracker = task.gw.tasks.clone();
         tracker.spawn(task.run(req, tx));
     }
-    match rx.await {
-        Ok(resp) => resp,
-        Err(_) => ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal_error",
-            "the fenced forward ended without an answer",
-        )
-        .into_hyper(),
-    }
+    rx.await.unwrap_or_else(|_| {
+        ApiError::internal("the fenced forward ended without an answer").into_hyper()
+    })
 }
 
 struct Fenced {
@@ -230,25 +223,16 @@ impl Fenced {
                 }
             }
             Err(e) => {
-                let (outcome, status, code) = match e {
-                    ForwardError::Timeout(_) => {
-                        ("timeout", StatusCode::GATEWAY_TIMEOUT, "upstream_timeout")
-                    }
-                    ForwardError::Failed(_) => ("error", StatusCode::BAD_GATEWAY, "upstream_error"),
-                };
                 gw.metrics
                     .upstream_duration
-                    .with_label_values(&[outcome])
+                    .with_label_values(&[e.outcome()])
                     .observe(forwarded_at.elapsed().as_secs_f64());
                 tracing::warn!(key = %key, error = %e, "upstream request failed");
                 self.count("upstream_error");
-                if reply
-                    .send(ApiError::new(status, code, e.to_string()).into_hyper())
-                    .is_err()
-                {
+                if reply.send(e.to_response()).is_err() {
                     gw.metrics.client_gone.inc();
                 }
-                Some(outcome)
+                Some(e.outcome())
             }
         };
         if let Some(hold) = hold {

@@ -18,7 +18,7 @@ use super::fence_store::FenceStore;
 use super::key_queue::KeyQueue;
 use crate::error::ApiError;
 use crate::metrics::GatewayMetrics;
-use crate::proxy::forward::{strip_hop_by_hop, ForwardError, Forwarder};
+use crate::proxy::forward::{strip_hop_by_hop, Forwarder};
 use crate::proxy::{stream, ProxyBody};
 use crate::routes::Routes;
 use crate::token::Keyring;
@@ -128,18 +128,12 @@ impl Gateway {
                 resp.map(stream)
             }
             Err(e) => {
-                let (outcome, status, code) = match e {
-                    ForwardError::Timeout(_) => {
-                        ("timeout", StatusCode::GATEWAY_TIMEOUT, "upstream_timeout")
-                    }
-                    ForwardError::Failed(_) => ("error", StatusCode::BAD_GATEWAY, "upstream_error"),
-                };
                 self.metrics
                     .upstream_duration
-                    .with_label_values(&[outcome])
+                    .with_label_values(&[e.outcome()])
                     .observe(elapsed);
                 tracing::warn!(error = %e, "upstream request failed");
-                ApiError::new(status, code, e.to_string()).into_hyper()
+                e.to_response()
             }
         }
     }

@@ -135,11 +135,6 @@ pub(super) async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response
         let _ = tx.send(resp);
     });
     rx.await.unwrap_or_else(|_| {
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal_error",
-            "pre-registration ended without an answer",
-        )
-        .into_hyper()
+        ApiError::internal("pre-registration ended without an answer").into_hyper()
     })
 }

@@ -19,6 +19,26 @@ pub enum ForwardError {
     Failed(String),
 }
 
+impl ForwardError {
+    /// The outcome label (`timeout`, `error`) for metrics.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            ForwardError::Timeout(_) => "timeout",
+            ForwardError::Failed(_) => "error",
+        }
+    }
+
+    /// The answer for the client: 504 `upstream_timeout` or 502
+    /// `upstream_error` — both "the outcome at the upstream is unknown".
+    pub fn to_response(&self) -> hyper::Response<super::ProxyBody> {
+        let (status, code) = match self {
+            ForwardError::Timeout(_) => (hyper::StatusCode::GATEWAY_TIMEOUT, "upstream_timeout"),
+            ForwardError::Failed(_) => (hyper::StatusCode::BAD_GATEWAY, "upstream_error"),
+        };
+        crate::error::ApiError::new(status, code, self.to_string()).into_hyper()
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 #[error("upstream `{url}`: {reason}")]
 pub struct UpstreamError {

@@ -44,7 +44,7 @@ use super::locks::{LockError, LockManager};
 use crate::error::ApiError;
 use crate::lock::{LeaseId, LockKey};
 use crate::metrics::Metrics;
-use crate::proxy::forward::{strip_hop_by_hop, ForwardError, Forwarder};
+use crate::proxy::forward::{strip_hop_by_hop, Forwarder};
 use crate::proxy::{stream, ProxyBody};
 use crate::routes::Routes;
 
@@ -257,12 +257,7 @@ impl Egress {
             let _ = tx.send(resp);
         });
         rx.await.unwrap_or_else(|_| {
-            ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal_error",
-                "the forward ended without an answer",
-            )
-            .into_hyper()
+            ApiError::internal("the forward ended without an answer").into_hyper()
         })
     }
 
@@ -322,11 +317,7 @@ impl Egress {
             Err(e) => {
                 self.done("upstream_error", started);
                 tracing::warn!(error = %e, "proxy upstream failed");
-                let (status, code) = match e {
-                    ForwardError::Timeout(_) => (StatusCode::GATEWAY_TIMEOUT, "upstream_timeout"),
-                    ForwardError::Failed(_) => (StatusCode::BAD_GATEWAY, "upstream_error"),
-                };
-                ApiError::new(status, code, e.to_string()).into_hyper()
+                e.to_response()
             }
         }
     }

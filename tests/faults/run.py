@@ -62,11 +62,16 @@ FAMILIES = [
        bite={"stale_at_gateway": 5, "faults": 20}),
     sc("client-timeouts", backend="postgres", nemesis=["slow_storage"], client_timeout_ms=1500,
        self_pause_p=0.3, bite={"indeterminate": 3, "faults": 5}),
-    sc("clock-offset", backend="postgres", nemesis=PAUSES, sidecar_faketime="+1h", self_pause_p=0.4,
-       bite={"stale_at_gateway": 5, "expiries_while_paused": 4}),
+    sc("clock-offset", backend="postgres", nemesis=PAUSES, sidecar_faketime="+1h", pg_faketime="-2h",
+       self_pause_p=0.4, bite={"stale_at_gateway": 5, "expiries_while_paused": 4}),
+    sc("redis-data-loss", nemesis=["kill_backend", "pause_worker"], redis_aof=False, self_pause_p=0.3,
+       interval=(1.0, 3.0), bite={"stale_at_gateway": 5, "faults": 5}),
     sc("forgery", nemesis=PAUSES, forge_p=0.3, replay_p=0.3, self_pause_p=0.3,
        bite={"stale_at_gateway": 5}),
 ]
+
+# No faults: the throughput the fault runs are compared with.
+BASELINE = sc("baseline", nemesis=[], self_pause_p=0.0)
 
 MIXED = sc("mixed", nemesis=PAUSES + ["pause_sidecar", "pause_gateway", "kill_gateway", "kill_sidecar",
                                       "kill_backend", "pause_backend", "net_lock", "net_gateway",
@@ -163,13 +168,21 @@ def main():
         print(f"[{'ok' if ok else 'BAD'}] {r['name']:<44} {r['verdict']:<12} expect {expect:<4} "
               f"{r.get('seconds', 0):>5}s  {bites}  {v or r.get('error', '')}", flush=True)
         if not ok and r.get("dir"):
-            print(f"      files: {r['dir']}", flush=True)
+            print(f"      files: {r['dir']} (re-run: --only {r.get('scenario')} --seed {r.get('seed')})", flush=True)
+        if expect == "PASS" and r.get("violations"):
+            for v in r["violations"][:3]:
+                print(f"      {v['property']}: {v['message']}", flush=True)
+                for ev in v["evidence"][:6]:
+                    print(f"        {json.dumps(ev, default=str)[:300]}", flush=True)
 
     schedules = []
     if a.tier == "pr" or a.only:
         schedules = [f for f in FAMILIES if not a.only or f["name"] == a.only]
         if a.backend:
             schedules = [dict(f, backend=a.backend) for f in schedules]
+    if a.tier in ("pr", "long"):
+        for backend in ([a.backend] if a.backend else ["redis", "postgres"]):
+            schedules.append(dict(BASELINE, backend=backend, duration_s=30 if a.tier == "pr" else 120))
     if a.tier == "long":
         n = max(1, int(a.minutes * 60 // 300))
         for backend in ([a.backend] if a.backend else ["redis", "postgres"]):
@@ -213,17 +226,24 @@ def main():
 
     safety = [r for r in results if r["expect"] == "PASS"]
     stale = sum(r.get("bites", {}).get("stale_at_gateway", 0) for r in safety)
+    faults = {}
+    for r in safety:
+        for kind, n in r.get("faults_by_kind", {}).items():
+            faults[kind] = faults.get(kind, 0) + n
     accepted = sum(1 for r in safety for v in r.get("violations", []) if v["property"] in ("S1", "S4"))
     summary = {
         "seed": seed, "runs": len(results), "bad": sum(1 for r in results if not r["ok"]),
-        "stale_attempts_at_gateway": stale, "stale_accepted": accepted,
+        "stale_attempts_at_gateway": stale, "stale_accepted": accepted, "faults_by_kind": faults,
+        "indeterminate_writes": sum(r.get("bites", {}).get("indeterminate", 0) for r in safety),
+        "throughput": {r["name"]: r.get("writes_per_s") for r in safety if r.get("writes_per_s") is not None},
         "minutes": round((time.monotonic() - started) / 60, 1), "out": a.out,
     }
     with open(os.path.join(a.out, "summary.json"), "w") as f:
         json.dump({"summary": summary, "results": results}, f, indent=1, default=str)
     print(json.dumps(summary))
-    if a.tier == "pr" and stale < 300:
-        print(f"INCONCLUSIVE: only {stale} stale attempts reached a gateway (need 300)")
+    need = {"pr": 300, "long": 3000}.get(a.tier)
+    if need and stale < need:
+        print(f"INCONCLUSIVE: only {stale} stale attempts reached a gateway (need {need})")
         sys.exit(1)
     sys.exit(1 if summary["bad"] else 0)
 

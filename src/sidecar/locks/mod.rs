@@ -221,9 +221,9 @@ impl LockManager {
                 ..
             }
         );
-        if !record.is_held()
-            && !(past_deadline_only && crate::mutants::active("inject_after_deadline"))
-        {
+        let mutant_lets_it_out =
+            past_deadline_only && crate::mutants::active("inject_after_deadline");
+        if !(record.is_held() || mutant_lets_it_out) {
             return Err(LockError::LeaseLost(key.clone()));
         }
         Ok(record)

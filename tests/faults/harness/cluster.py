@@ -47,7 +47,8 @@ class Cluster:
 
     def _build(self):
         sc = self.sc
-        self.pg = Postgres(self.run_dir, "pg", settings=sc.get("pg_settings", ()))
+        self.pg = Postgres(self.run_dir, "pg", settings=sc.get("pg_settings", ()),
+                           faketime=sc.get("pg_faketime"))
         self.redis = None
         if sc["backend"] == "redis":
             self.redis = Redis(self.run_dir, aof=sc.get("redis_aof", True))

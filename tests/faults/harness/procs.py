@@ -193,7 +193,7 @@ class Postgres:
     """initdb into the run dir, postgres on a free port, as the `postgres`
     OS user when the harness runs as root."""
 
-    def __init__(self, run_dir, name="pg", settings=()):
+    def __init__(self, run_dir, name="pg", settings=(), faketime=None):
         self.dir = os.path.join(run_dir, name)
         os.makedirs(self.dir, exist_ok=True)
         self.port = free_port()
@@ -207,6 +207,7 @@ class Postgres:
         os.chmod(self.dir, 0o700)
         self.data = os.path.join(self.dir, "data")
         self.settings = list(settings)
+        self.faketime = faketime
         self._initdb()
         self.proc = None
         self.start()
@@ -241,6 +242,11 @@ class Postgres:
         for s in self.settings:
             argv += ["-c", s]
         env = dict(os.environ, HOME=self.dir)
+        if self.faketime:
+            # The server's wall clock offset (leases run on it); its
+            # monotonic clock is left alone.
+            env.update(LD_PRELOAD=FAKETIME, FAKETIME=self.faketime, FAKETIME_DONT_FAKE_MONOTONIC="1",
+                       FAKETIME_NO_CACHE="1")
         env.update(env_extra or {})
         self.proc = Proc("postgres", argv, env, os.path.join(self.dir, "postgres.log"),
                          cwd=self.dir, preexec=self._demote())

@@ -84,8 +84,17 @@ def run(sc, seed, binary, out_dir, keep=False):
                 short[k] = (report.bites.get(k, 0), need)
         if short:
             verdict = "INCONCLUSIVE"
+    faults_by_kind = {}
+    for n in cluster.nemesis_events:
+        if n.get("kind") == "proxy" and n.get("mode") != "reset":
+            continue  # the proxy's own record of a mode the nemesis logged as "net"
+        if n.get("kind") not in ("start", "heal", "restarted", "nemesis_error"):
+            k = "net_" + n["mode"] if n.get("kind") in ("net", "proxy") else n.get("kind")
+            faults_by_kind[k] = faults_by_kind.get(k, 0) + 1
     result = {
         "name": name, "scenario": sc["name"], "backend": sc["backend"], "seed": seed,
+        "faults_by_kind": faults_by_kind,
+        "writes_per_s": round(len(commits) / max(1, sc["duration_s"]), 1),
         "mutants": sc.get("mutants", {}), "verdict": verdict,
         "violations": report.violations, "bites": report.bites, "below_threshold": short,
         "seconds": round(time.monotonic() - started, 1), "dir": run_dir,

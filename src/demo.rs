@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use crate::dev::{free_addr, Stack};
 use crate::hotaccount::{Via, Worker, WorkerArgs, WriteResult};
 use crate::settings::Settings;
-use crate::sidecar::StartError;
+use crate::start::StartError;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct DemoArgs {

@@ -7,8 +7,10 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::AdminState;
+use crate::http::listen::{bind, serve};
 use crate::settings::{BackendKind, FenceStoreKind, Settings};
-use crate::sidecar::{bind, serve, Sidecar, StartError};
+use crate::sidecar::Sidecar;
+use crate::start::StartError;
 
 pub struct Stack {
     pub api: SocketAddr,

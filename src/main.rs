@@ -5,7 +5,7 @@ use tokio_util::sync::CancellationToken;
 
 use fencer::cli::{Cli, Command};
 use fencer::settings::Settings;
-use fencer::sidecar::StartError;
+use fencer::start::StartError;
 use fencer::{dev, gateway, sidecar, storage, telemetry};
 
 /// mimalloc: the lock API's hot path is many small, short-lived allocations

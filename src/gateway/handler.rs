@@ -23,10 +23,7 @@ use crate::proxy::{stream, ProxyBody};
 use crate::routes::Routes;
 use crate::token::Keyring;
 
-pub const TOKEN_HEADER: &str = "fencing-token";
-pub const KEY_HEADER: &str = "fencing-key";
-/// The per-lease write sequence the sidecar's proxy adds (PITFALLS 5).
-pub const SEQ_HEADER: &str = "fencing-seq";
+pub use crate::proxy::headers::{KEY as KEY_HEADER, SEQ as SEQ_HEADER, TOKEN as TOKEN_HEADER};
 
 pub struct Gateway {
     pub forwarder: Forwarder,

@@ -18,7 +18,6 @@ mod verify;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper::Method;
 use tokio_util::sync::CancellationToken;
 
 use self::fence_store::memory::MemoryFences;
@@ -31,15 +30,8 @@ use crate::metrics::{GatewayMetrics, Groups};
 use crate::proxy::forward::Forwarder;
 use crate::routes::Routes;
 use crate::settings::{FenceStoreKind, Settings};
-use crate::sidecar::StartError;
+use crate::start::StartError;
 use crate::token::Keyring;
-
-pub fn methods(names: &[String]) -> Vec<Method> {
-    names
-        .iter()
-        .filter_map(|m| Method::from_bytes(m.as_bytes()).ok())
-        .collect()
-}
 
 fn config_err(field: &'static str, message: impl std::fmt::Display) -> StartError {
     StartError::config(field, message)
@@ -94,7 +86,7 @@ pub async fn build(
         keys: Arc::new(KeyQueue::default()),
         keyring,
         routes: Routes::compile(&g.routes).map_err(|e| config_err("gateway.routes", e))?,
-        write_methods: methods(&g.write_methods),
+        write_methods: crate::proxy::headers::methods(&g.write_methods),
         require_token_for_reads: g.require_token_for_reads,
         enforce: g.enforce,
         fence_prefix: g.fence_api_prefix.clone(),
@@ -129,7 +121,7 @@ pub async fn serve(
     let tasks = gateway.tasks.clone();
     let wait = gateway.stamp_hold;
     let handler = Arc::new(move |req| gateway.clone().handle(req));
-    crate::proxy::server::serve(
+    crate::http::server::serve(
         "gateway",
         listener,
         handler,
@@ -156,8 +148,8 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     let store_name = settings.gateway.fence_store.map_or("unset", |k| k.as_str());
     let registry = crate::metrics::registry("gateway", store_name);
     let gateway = build(&settings, &registry).await?;
-    let listener = crate::sidecar::bind("gateway", settings.gateway.listen).await?;
-    let admin = crate::sidecar::bind("admin", settings.admin.listen).await?;
+    let listener = crate::http::listen::bind("gateway", settings.gateway.listen).await?;
+    let admin = crate::http::listen::bind("admin", settings.admin.listen).await?;
     tracing::info!(
         listen = %settings.gateway.listen, upstream = %settings.gateway.upstream,
         store = gateway.store.name(), enforce = gateway.enforce, "gateway listening"
@@ -166,7 +158,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         registry,
         readiness: readiness(&gateway),
     });
-    let admin_task = tokio::spawn(crate::sidecar::serve(
+    let admin_task = tokio::spawn(crate::http::listen::serve(
         "admin",
         admin,
         crate::admin::router(admin_state),

@@ -3,7 +3,7 @@
 //! connections, bounded timeouts.
 
 pub mod forward;
-pub mod server;
+pub mod headers;
 pub mod watched_body;
 
 use bytes::Bytes;

@@ -48,8 +48,7 @@ use crate::proxy::forward::{strip_hop_by_hop, Forwarder};
 use crate::proxy::{stream, ProxyBody};
 use crate::routes::Routes;
 
-pub const LOCK_HEADER: &str = "fencing-lock";
-pub const LEASE_HEADER: &str = "fencing-lease";
+use crate::proxy::headers::{LEASE as LEASE_HEADER, LOCK as LOCK_HEADER};
 
 pub struct Egress {
     pub locks: Arc<LockManager>,
@@ -244,7 +243,7 @@ impl Egress {
             HeaderValue::from_str(&record.fencing_token).expect("tokens are ASCII"),
         );
         headers.insert(
-            HeaderName::from_static(crate::gateway::handler::SEQ_HEADER),
+            HeaderName::from_static(crate::proxy::headers::SEQ),
             HeaderValue::from(*turn),
         );
         // From here the request is numbered: it goes out and the lease's

@@ -22,6 +22,7 @@ use self::locks::{LockManager, LockManagerConfig};
 use self::preregister::Preregistrar;
 use self::waiters::WaitQueues;
 use crate::admin::{AdminState, Readiness, ReadyFuture};
+use crate::http::listen::{bind, bind_unix, serve, serve_unix, UnixSocket};
 use crate::lock::memory::MemoryBackend;
 use crate::lock::postgres::PgBackend;
 use crate::lock::redis::RedisBackend;
@@ -30,29 +31,8 @@ use crate::metrics::Metrics;
 use crate::proxy::forward::Forwarder;
 use crate::routes::Routes;
 use crate::settings::{BackendKind, Settings};
+use crate::start::StartError;
 use crate::token::Signer;
-
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    #[error("cannot listen on {addr} ({what}): {source}")]
-    Bind {
-        what: &'static str,
-        addr: std::net::SocketAddr,
-        source: std::io::Error,
-    },
-    #[error("cannot listen on unix socket {path} ({what}): {source}")]
-    BindUnix {
-        what: &'static str,
-        path: String,
-        source: std::io::Error,
-    },
-    #[error("{0}")]
-    Config(#[from] crate::settings::ConfigError),
-    #[error("backend: {0}")]
-    Backend(#[from] crate::lock::BackendError),
-    #[error("fence store: {0}")]
-    Store(String),
-}
 
 pub fn build_backend(
     settings: &Settings,
@@ -252,7 +232,7 @@ impl Sidecar {
             ),
             forwarder,
             routes: Routes::compile(&p.routes).map_err(|e| config_err("proxy.routes", e))?,
-            write_methods: crate::gateway::methods(&p.write_methods),
+            write_methods: crate::proxy::headers::methods(&p.write_methods),
             require_lock_for_writes: p.require_lock_for_writes,
             require_lease: p.require_lease,
             metrics: self.metrics.clone(),
@@ -310,106 +290,6 @@ impl Sidecar {
     }
 }
 
-pub async fn bind(
-    what: &'static str,
-    addr: std::net::SocketAddr,
-) -> Result<TcpListener, StartError> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|source| StartError::Bind { what, addr, source })
-}
-
-/// Binds a Unix socket at `path`, replacing a stale socket left by a
-/// previous run (but never a file of another kind), readable and writable
-/// by owner and group only: in Kubernetes the application container shares
-/// the pod's `fsGroup`.
-pub fn bind_unix(what: &'static str, path: &str) -> Result<UnixSocket, StartError> {
-    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
-    let err = |source| StartError::BindUnix {
-        what,
-        path: path.to_owned(),
-        source,
-    };
-    if let Ok(meta) = std::fs::symlink_metadata(path) {
-        if !meta.file_type().is_socket() {
-            return Err(err(std::io::Error::new(
-                std::io::ErrorKind::AlreadyExists,
-                "exists and is not a socket",
-            )));
-        }
-        std::fs::remove_file(path).map_err(err)?;
-    }
-    let listener = tokio::net::UnixListener::bind(path).map_err(err)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660)).map_err(err)?;
-    Ok(UnixSocket {
-        listener: Some(listener),
-        path: path.into(),
-    })
-}
-
-/// A bound Unix socket; its file is removed when this is dropped.
-pub struct UnixSocket {
-    listener: Option<tokio::net::UnixListener>,
-    path: std::path::PathBuf,
-}
-
-impl Drop for UnixSocket {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-    }
-}
-
-/// Serves `router` on a Unix socket until `shutdown`.
-pub async fn serve_unix(mut socket: UnixSocket, router: axum::Router, shutdown: CancellationToken) {
-    let listener = socket.listener.take().expect("served once");
-    serve_router("api_unix", listener, router, shutdown).await;
-    drop(socket);
-}
-
-/// The bounds of the HTTP servers built from axum routers (lock API,
-/// admin, demo storage).
-const ROUTER_LIMITS: crate::proxy::server::Limits = crate::proxy::server::Limits {
-    listener: "api",
-    header_read_timeout: Duration::from_secs(10),
-    max_connections: 16_384,
-    drain: Duration::from_secs(2),
-};
-
-async fn serve_router<L: crate::proxy::server::Accept>(
-    name: &'static str,
-    listener: L,
-    router: axum::Router,
-    shutdown: CancellationToken,
-) {
-    let service = hyper_util::service::TowerToHyperService::new(router);
-    let limits = crate::proxy::server::Limits {
-        listener: name,
-        ..ROUTER_LIMITS
-    };
-    crate::proxy::server::serve_service(listener, service, shutdown, limits).await;
-}
-
-/// Serves `router` on `listener` until `shutdown`, then drains in-flight
-/// requests (bounded: header read time, connections, drain time).
-/// `name` labels its connections in `fencer_http_connections`.
-pub async fn serve(
-    name: &'static str,
-    listener: TcpListener,
-    router: axum::Router,
-    shutdown: CancellationToken,
-) {
-    serve_router(name, listener, router, shutdown).await;
-}
-
-impl StartError {
-    pub fn config(field: &'static str, message: impl std::fmt::Display) -> StartError {
-        StartError::Config(crate::settings::ConfigError::Invalid {
-            field,
-            message: message.to_string(),
-        })
-    }
-}
-
 fn config_err(field: &'static str, message: impl std::fmt::Display) -> StartError {
     StartError::config(field, message)
 }
@@ -417,7 +297,7 @@ fn config_err(field: &'static str, message: impl std::fmt::Display) -> StartErro
 /// Serves the egress proxy until `shutdown`.
 pub async fn serve_egress(egress: Arc<Egress>, listener: TcpListener, shutdown: CancellationToken) {
     let handler = Arc::new(move |req| egress.clone().handle(req));
-    crate::proxy::server::serve("proxy", listener, handler, shutdown, Duration::from_secs(5)).await;
+    crate::http::server::serve("proxy", listener, handler, shutdown, Duration::from_secs(5)).await;
 }
 
 /// `fencer sidecar`: runs until `shutdown` fires, then releases every lease.

@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 pub use self::store::{KvStore, MemoryKv, PgKv};
 use crate::error::ApiError;
 use crate::settings::{FenceStoreKind, Settings};
-use crate::sidecar::StartError;
+use crate::start::StartError;
 
 const MAX_VALUE_BYTES: usize = 1 << 20;
 
@@ -112,8 +112,8 @@ pub async fn build(settings: &Settings) -> Result<Arc<dyn KvStore>, StartError> 
 /// `fencer storage`.
 pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), StartError> {
     let store = build(&settings).await?;
-    let listener = crate::sidecar::bind("storage", settings.storage.listen).await?;
+    let listener = crate::http::listen::bind("storage", settings.storage.listen).await?;
     tracing::info!(listen = %settings.storage.listen, backend = settings.storage.backend.as_str(), "demo storage listening");
-    crate::sidecar::serve("storage", listener, router(store), shutdown).await;
+    crate::http::listen::serve("storage", listener, router(store), shutdown).await;
     Ok(())
 }

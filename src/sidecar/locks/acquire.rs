@@ -317,7 +317,7 @@ impl LockManager {
             .map_err(|e| LockError::TooManyWaiters(e.0))?;
         let gauge = self.metrics.waiters.with_label_values(&[group]);
         gauge.inc();
-        let _gauge_guard = crate::proxy::server::OnDrop::new(move || gauge.dec());
+        let _gauge_guard = crate::http::server::OnDrop::new(move || gauge.dec());
         // Subscribe before the first try under the queue, so a release
         // between that try and our sleep cannot be missed. Bounded by the
         // wait: a half-open notification connection must not hold a waiter

@@ -15,7 +15,7 @@ use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, UnixListener};
 use tokio_util::sync::CancellationToken;
 
-use super::ProxyBody;
+use crate::proxy::ProxyBody;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 

@@ -1,0 +1,101 @@
+//! Binding listeners and serving axum routers on them — for every role
+//! (lock API, admin, demo storage), with the bounds of [`super::server`].
+
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::start::StartError;
+
+/// Binds a TCP listener, naming `what` in the error.
+pub async fn bind(
+    what: &'static str,
+    addr: std::net::SocketAddr,
+) -> Result<TcpListener, StartError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| StartError::Bind { what, addr, source })
+}
+
+/// Binds a Unix socket at `path`, replacing a stale socket left by a
+/// previous run (but never a file of another kind), readable and writable
+/// by owner and group only: in Kubernetes the application container shares
+/// the pod's `fsGroup`.
+pub fn bind_unix(what: &'static str, path: &str) -> Result<UnixSocket, StartError> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let err = |source| StartError::BindUnix {
+        what,
+        path: path.to_owned(),
+        source,
+    };
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(err(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                "exists and is not a socket",
+            )));
+        }
+        std::fs::remove_file(path).map_err(err)?;
+    }
+    let listener = tokio::net::UnixListener::bind(path).map_err(err)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660)).map_err(err)?;
+    Ok(UnixSocket {
+        listener: Some(listener),
+        path: path.into(),
+    })
+}
+
+/// A bound Unix socket; its file is removed when this is dropped.
+pub struct UnixSocket {
+    listener: Option<tokio::net::UnixListener>,
+    path: std::path::PathBuf,
+}
+
+impl Drop for UnixSocket {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Serves `router` on a Unix socket until `shutdown`.
+pub async fn serve_unix(mut socket: UnixSocket, router: axum::Router, shutdown: CancellationToken) {
+    let listener = socket.listener.take().expect("served once");
+    serve_router("api_unix", listener, router, shutdown).await;
+    drop(socket);
+}
+
+/// The bounds of the HTTP servers built from axum routers (lock API,
+/// admin, demo storage).
+const ROUTER_LIMITS: super::server::Limits = super::server::Limits {
+    listener: "api",
+    header_read_timeout: Duration::from_secs(10),
+    max_connections: 16_384,
+    drain: Duration::from_secs(2),
+};
+
+async fn serve_router<L: super::server::Accept>(
+    name: &'static str,
+    listener: L,
+    router: axum::Router,
+    shutdown: CancellationToken,
+) {
+    let service = hyper_util::service::TowerToHyperService::new(router);
+    let limits = super::server::Limits {
+        listener: name,
+        ..ROUTER_LIMITS
+    };
+    super::server::serve_service(listener, service, shutdown, limits).await;
+}
+
+/// Serves `router` on `listener` until `shutdown`, then drains in-flight
+/// requests (bounded: header read time, connections, drain time).
+/// `name` labels its connections in `fencer_http_connections`.
+pub async fn serve(
+    name: &'static str,
+    listener: TcpListener,
+    router: axum::Router,
+    shutdown: CancellationToken,
+) {
+    serve_router(name, listener, router, shutdown).await;
+}

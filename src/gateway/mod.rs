@@ -13,6 +13,7 @@ mod fenced;
 pub mod handler;
 pub mod key_queue;
 mod preregister;
+pub mod settings;
 mod verify;
 
 use std::sync::Arc;

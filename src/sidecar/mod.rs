@@ -7,6 +7,7 @@ pub mod leases;
 pub mod locks;
 pub mod preregister;
 pub mod request;
+pub mod settings;
 pub mod waiters;
 pub mod webhook;
 

@@ -5,6 +5,7 @@
 //! records, per path, the fencing token that came with each write
 //! (`GET /_log/{path}`), so tests can check the order of accepted writes.
 
+pub mod settings;
 mod store;
 
 use std::sync::Arc;

@@ -8,6 +8,7 @@
 //! operation is one autocommit statement on a pooled connection), leases
 //! expire by themselves, and waiters are woken by NOTIFY, not polling.
 
+pub mod settings;
 pub mod sql;
 
 use std::sync::Arc;

@@ -9,6 +9,7 @@
 
 pub mod keys;
 pub mod scripts;
+pub mod settings;
 pub mod subscriber;
 
 use std::sync::Arc;

@@ -1,0 +1,199 @@
+//! `[gateway]`: the storage it guards, the keys it accepts, its fence store
+//! and its time budget.
+
+use std::net::SocketAddr;
+
+use serde::Deserialize;
+
+use crate::settings::{
+    check_http_url, check_key_id, check_methods, check_range, config_enum, default_write_methods,
+    invalid, ConfigError,
+};
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(try_from = "String")]
+pub enum FenceStoreKind {
+    Memory,
+    Postgres,
+}
+config_enum!(FenceStoreKind { Memory => "memory", Postgres => "postgres" });
+
+/// One accepted signing key of the gateway (several during a rotation).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VerifyKey {
+    pub key_id: String,
+    pub secret_file: Option<String>,
+    pub secret_env: Option<String>,
+    /// Lock keys this key may sign, by prefix (e.g. `["team-a/"]`); empty:
+    /// any key. Give each team (namespace, application) its own key id and
+    /// prefix, and a leaked secret signs only that team's keys.
+    #[serde(default)]
+    pub key_prefixes: Vec<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GatewaySettings {
+    pub listen: SocketAddr,
+    /// The storage: `http://host:port`.
+    pub upstream: String,
+    /// Off: a plain reverse proxy that checks nothing (for comparisons and
+    /// staged roll-outs). Never run production writes with it off.
+    pub enforce: bool,
+    pub write_methods: Vec<String>,
+    /// Refuse (428) requests of *every* method without a token, not only
+    /// writes: by default a read without a token is forwarded unchecked,
+    /// from whoever can reach the gateway.
+    pub require_token_for_reads: bool,
+    /// Bind paths to keys: a write to `/accounts/7` must carry a token for
+    /// `account:7`.
+    pub routes: Vec<crate::routes::RouteSpec>,
+    /// Accepted signing keys. Empty: the `[signing]` key.
+    pub keys: Vec<VerifyKey>,
+    /// Required for `fencer gateway`: `postgres`, or `memory` chosen
+    /// explicitly for development (marks are lost on restart).
+    pub fence_store: Option<FenceStoreKind>,
+    pub postgres_url: String,
+    pub postgres_ca_file: Option<String>,
+    pub postgres_pool_size: usize,
+    /// Bound on one fence-store call (check-and-advance, clearing a stamp).
+    pub postgres_request_timeout_ms: u64,
+    /// How long a fenced request waits for the previous one on its key.
+    pub serialize_timeout_ms: u64,
+    pub connect_timeout_ms: u64,
+    pub upstream_timeout_ms: u64,
+    /// After a forwarded write's outcome is unknown (timeout, reset), its key
+    /// stays blocked this long, because the write may still land.
+    pub uncertain_hold_ms: u64,
+    /// Where sidecars pre-register tokens: `POST <prefix><key>`.
+    pub fence_api_prefix: String,
+}
+
+impl Default for GatewaySettings {
+    fn default() -> Self {
+        Self {
+            listen: "0.0.0.0:8080".parse().expect("static addr"),
+            upstream: "http://127.0.0.1:8081".into(),
+            enforce: true,
+            write_methods: default_write_methods(),
+            require_token_for_reads: false,
+            routes: Vec::new(),
+            keys: Vec::new(),
+            fence_store: None,
+            postgres_url: String::new(),
+            postgres_ca_file: None,
+            postgres_pool_size: 32,
+            postgres_request_timeout_ms: 2_000,
+            serialize_timeout_ms: 5_000,
+            connect_timeout_ms: 1_000,
+            upstream_timeout_ms: 10_000,
+            uncertain_hold_ms: 10_000,
+            fence_api_prefix: "/_fencer/v1/fences/".into(),
+        }
+    }
+}
+
+impl GatewaySettings {
+    /// How long a fenced request's in-flight stamp keeps other replicas
+    /// off its key were this gateway to die mid-forward: connecting,
+    /// waiting for the storage, the uncertain hold, and clearing the stamp
+    /// (two store calls), plus a second of slack.
+    pub fn stamp_hold_ms(&self) -> u64 {
+        self.connect_timeout_ms
+            + self.upstream_timeout_ms
+            + self.uncertain_hold_ms
+            + 2 * self.postgres_request_timeout_ms
+            + 1_000
+    }
+
+    /// The longest a request can spend in the gateway before the storage
+    /// answers: waiting for its key, connecting, the storage's time. The
+    /// sidecar's proxy must wait longer than this (`proxy.upstream_timeout_ms`).
+    pub fn answer_budget_ms(&self) -> u64 {
+        self.serialize_timeout_ms + self.connect_timeout_ms + self.upstream_timeout_ms
+    }
+}
+
+/// One key the gateway accepts: key id, secret, allowed key prefixes.
+pub type GatewayKey = (String, Vec<u8>, Vec<String>);
+
+impl GatewaySettings {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        let g = self;
+        check_http_url("gateway.upstream", &g.upstream)?;
+        check_methods("gateway.write_methods", &g.write_methods)?;
+        crate::routes::Routes::compile(&g.routes)
+            .map_err(|e| invalid("gateway.routes", e.to_string()))?;
+        for (i, k) in g.keys.iter().enumerate() {
+            check_key_id("gateway.keys.key_id", &k.key_id)?;
+            if g.keys[..i].iter().any(|o| o.key_id == k.key_id) {
+                return Err(invalid(
+                    "gateway.keys.key_id",
+                    format!(
+                        "key id `{}` is listed twice; each key id names one secret",
+                        k.key_id
+                    ),
+                ));
+            }
+            if k.secret_file.is_some() == k.secret_env.is_some() {
+                return Err(invalid(
+                    "gateway.keys",
+                    format!(
+                        "key `{}`: set exactly one of secret_file, secret_env",
+                        k.key_id
+                    ),
+                ));
+            }
+        }
+        if g.fence_store == Some(FenceStoreKind::Postgres) && g.postgres_url.is_empty() {
+            return Err(invalid(
+                "gateway.postgres_url",
+                "required when gateway.fence_store = \"postgres\"",
+            ));
+        }
+        check_range(
+            "gateway.postgres_pool_size",
+            g.postgres_pool_size as u64,
+            1,
+            1024,
+        )?;
+        check_range(
+            "gateway.serialize_timeout_ms",
+            g.serialize_timeout_ms,
+            10,
+            600_000,
+        )?;
+        check_range(
+            "gateway.connect_timeout_ms",
+            g.connect_timeout_ms,
+            10,
+            60_000,
+        )?;
+        check_range(
+            "gateway.upstream_timeout_ms",
+            g.upstream_timeout_ms,
+            10,
+            600_000,
+        )?;
+        check_range(
+            "gateway.uncertain_hold_ms",
+            g.uncertain_hold_ms,
+            0,
+            3_600_000,
+        )?;
+        check_range(
+            "gateway.postgres_request_timeout_ms",
+            g.postgres_request_timeout_ms,
+            10,
+            60_000,
+        )?;
+        if !g.fence_api_prefix.starts_with('/') || !g.fence_api_prefix.ends_with('/') {
+            return Err(invalid(
+                "gateway.fence_api_prefix",
+                "must start and end with `/`",
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,35 @@
+//! Which lock backend a sidecar uses, and each backend's own section.
+
+use serde::Deserialize;
+
+pub use super::postgres::settings::PostgresSettings;
+pub use super::redis::settings::{RedisSettings, TokenMode};
+use crate::settings::{config_enum, ConfigError};
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(try_from = "String")]
+pub enum BackendKind {
+    Memory,
+    Redis,
+    Postgres,
+}
+config_enum!(BackendKind { Memory => "memory", Redis => "redis", Postgres => "postgres" });
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct BackendSettings {
+    /// Required for `fencer sidecar`: `memory` must be chosen explicitly,
+    /// never fallen into (its locks vanish with the process).
+    pub kind: Option<BackendKind>,
+    pub redis: RedisSettings,
+    pub postgres: PostgresSettings,
+}
+
+impl BackendSettings {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        self.redis.validate(self.kind == Some(BackendKind::Redis))?;
+        self.postgres
+            .validate(self.kind == Some(BackendKind::Postgres))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,186 @@
+//! Sections every role shares: admin listener, token signing, logs,
+//! metrics labels, the async runtime.
+
+use std::net::SocketAddr;
+
+use serde::Deserialize;
+
+use super::check::{check_key_id, invalid, ConfigError};
+use super::config_enum;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdminSettings {
+    /// `/healthz`, `/readyz`, `/metrics`.
+    pub listen: SocketAddr,
+}
+
+impl Default for AdminSettings {
+    fn default() -> Self {
+        Self {
+            listen: "0.0.0.0:9411".parse().expect("static addr"),
+        }
+    }
+}
+
+/// Where the HMAC secret that signs fencing tokens comes from. Never inline:
+/// a committed config file must not carry a secret.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SigningSettings {
+    pub key_id: String,
+    pub secret_file: Option<String>,
+    pub secret_env: Option<String>,
+}
+
+impl Default for SigningSettings {
+    fn default() -> Self {
+        Self {
+            key_id: "k1".into(),
+            secret_file: None,
+            secret_env: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(try_from = "String")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+config_enum!(LogFormat { Text => "text", Json => "json" });
+
+/// The async runtime.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct RuntimeSettings {
+    /// Worker threads; 0 = the role's default: one for `sidecar` (a sidecar
+    /// shares its pod's CPU with the application, and on loopback one
+    /// thread avoids cross-thread wake-ups: measured ~15–40% more lock
+    /// cycles per CPU in `fencer bench`, docs/performance.md), one per core
+    /// for every other role.
+    pub worker_threads: usize,
+}
+
+impl RuntimeSettings {
+    /// Upper bound on `worker_threads`.
+    pub const MAX_WORKER_THREADS: usize = 256;
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogSettings {
+    /// A `tracing` filter (`info`, `fencer=debug,warn`); `RUST_LOG` wins.
+    pub level: String,
+    pub format: LogFormat,
+}
+
+impl Default for LogSettings {
+    fn default() -> Self {
+        Self {
+            level: "info".into(),
+            format: LogFormat::Text,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsSettings {
+    /// Lock keys become a bounded `group` label: the group of the first
+    /// rule whose regex matches the key, else the part before the first
+    /// `group_separator`. At most `max_groups` distinct groups; the rest are
+    /// reported as `other`.
+    pub group_separator: String,
+    pub max_groups: usize,
+    pub group_rules: Vec<GroupRule>,
+}
+
+/// `{ pattern = "^tenant-[0-9]+/orders/", group = "orders" }`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupRule {
+    pub pattern: String,
+    pub group: String,
+}
+
+impl Default for MetricsSettings {
+    fn default() -> Self {
+        Self {
+            group_separator: ":".into(),
+            max_groups: 64,
+            group_rules: Vec::new(),
+        }
+    }
+}
+
+/// Methods that count as writes unless configured otherwise.
+pub(crate) fn default_write_methods() -> Vec<String> {
+    ["PUT", "POST", "PATCH", "DELETE"]
+        .map(String::from)
+        .to_vec()
+}
+
+impl SigningSettings {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        check_key_id("signing.key_id", &self.key_id)?;
+        if self.secret_file.is_some() && self.secret_env.is_some() {
+            return Err(invalid(
+                "signing.secret_file",
+                "set either signing.secret_file or signing.secret_env, not both",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl RuntimeSettings {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        if self.worker_threads > Self::MAX_WORKER_THREADS {
+            return Err(invalid(
+                "runtime.worker_threads",
+                format!(
+                    "must be between 0 (role default) and {}",
+                    Self::MAX_WORKER_THREADS
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl MetricsSettings {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        for rule in &self.group_rules {
+            regex::Regex::new(&rule.pattern).map_err(|e| {
+                invalid(
+                    "metrics.group_rules",
+                    format!("pattern `{}`: {e}", rule.pattern),
+                )
+            })?;
+            if rule.group.is_empty()
+                || rule.group.len() > 48
+                || !rule
+                    .group
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+            {
+                return Err(invalid(
+                    "metrics.group_rules",
+                    format!(
+                        "group `{}`: 1 to 48 characters from [A-Za-z0-9_-]",
+                        rule.group
+                    ),
+                ));
+            }
+        }
+        if self.group_separator.is_empty() {
+            return Err(invalid("metrics.group_separator", "must not be empty"));
+        }
+        if !(1..=10_000).contains(&self.max_groups) {
+            return Err(invalid("metrics.max_groups", "must be between 1 and 10000"));
+        }
+        Ok(())
+    }
+}

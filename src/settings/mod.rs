@@ -1,0 +1,242 @@
+//! Configuration: defaults < TOML file < `FENCER__SECTION__FIELD` environment.
+//!
+//! Every field has a default so `fencer dev` runs with no file at all. The
+//! structs deny unknown fields so a typo in a config file is an error at
+//! start-up, not a silently ignored setting. Semantic checks (ranges,
+//! cross-field rules) live in [`Settings::validate`] and name the offending
+//! field, because an operator reading `exit 2` in a crash-looping pod needs
+//! to know exactly which line to fix.
+
+use std::path::Path;
+
+use serde::Deserialize;
+
+mod check;
+mod common;
+
+pub use crate::gateway::settings::{FenceStoreKind, GatewayKey, GatewaySettings, VerifyKey};
+pub use crate::lock::settings::{
+    BackendKind, BackendSettings, PostgresSettings, RedisSettings, TokenMode,
+};
+pub use crate::sidecar::settings::{ProxySettings, SidecarSettings};
+pub use crate::storage::settings::StorageSettings;
+pub(crate) use check::{
+    check_http_url, check_key_id, check_methods, check_range, invalid, read_secret,
+};
+pub use check::{redact_url, ConfigError};
+pub(crate) use common::default_write_methods;
+pub use common::{
+    AdminSettings, GroupRule, LogFormat, LogSettings, MetricsSettings, RuntimeSettings,
+    SigningSettings,
+};
+
+/// Hard bounds shared by config validation and request validation.
+pub mod limits {
+    pub const MIN_TTL_MS: u64 = 100;
+    pub const MAX_TTL_MS: u64 = 3_600_000;
+    pub const MAX_WAIT_MS: u64 = 300_000;
+    pub const MAX_KEY_BYTES: usize = 512;
+    pub const MAX_OWNER_BYTES: usize = 256;
+    pub const MAX_BODY_BYTES: usize = 16 * 1024;
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    pub sidecar: SidecarSettings,
+    pub proxy: ProxySettings,
+    pub gateway: GatewaySettings,
+    pub storage: StorageSettings,
+    pub backend: BackendSettings,
+    pub admin: AdminSettings,
+    pub signing: SigningSettings,
+    pub log: LogSettings,
+    pub metrics: MetricsSettings,
+    pub runtime: RuntimeSettings,
+    /// A secret given in code (`fencer dev`, `fencer demo`): never from a file.
+    #[serde(skip)]
+    pub signing_secret_override: Option<Vec<u8>>,
+}
+
+/// Implements `TryFrom<String>` for a config enum so that an unknown value
+/// is reported with the list of allowed ones.
+macro_rules! config_enum {
+    ($ty:ident { $($variant:ident => $name:literal),+ $(,)? }) => {
+        impl TryFrom<String> for $ty {
+            type Error = String;
+            fn try_from(value: String) -> Result<Self, String> {
+                match value.as_str() {
+                    $($name => Ok($ty::$variant),)+
+                    other => Err(format!(
+                        "unknown value `{other}`; allowed: {}",
+                        [$($name),+].join(", ")
+                    )),
+                }
+            }
+        }
+        impl $ty {
+            pub fn as_str(self) -> &'static str {
+                match self { $($ty::$variant => $name,)+ }
+            }
+        }
+    };
+}
+pub(crate) use config_enum;
+
+impl Settings {
+    /// Loads defaults, then `path` (if any), then `FENCER__…` variables.
+    pub fn load(path: Option<&Path>) -> Result<Settings, ConfigError> {
+        let mut builder = config::Config::builder();
+        if let Some(path) = path {
+            if !path.exists() {
+                return Err(ConfigError::Load(format!(
+                    "config file {} does not exist",
+                    path.display()
+                )));
+            }
+            builder = builder.add_source(
+                config::File::from(path)
+                    .format(config::FileFormat::Toml)
+                    .required(true),
+            );
+        }
+        builder = builder.add_source(
+            config::Environment::with_prefix("FENCER")
+                .prefix_separator("__")
+                .separator("__")
+                .try_parsing(true),
+        );
+        let raw = builder
+            .build()
+            .map_err(|e| ConfigError::Load(e.to_string()))?;
+        let settings: Settings = raw
+            .try_deserialize()
+            .map_err(|e| ConfigError::Load(e.to_string()))?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.runtime.validate()?;
+        self.sidecar.validate()?;
+        self.backend.validate()?;
+        self.signing.validate()?;
+        self.proxy.validate()?;
+        self.gateway.validate()?;
+        self.storage.validate()?;
+        self.metrics.validate()?;
+        Ok(())
+    }
+
+    /// A copy safe to print or log: passwords in backend URLs and any
+    /// in-code secret replaced (`fencer check-config` printed them).
+    pub fn redacted(&self) -> Settings {
+        let mut s = self.clone();
+        s.signing_secret_override = None;
+        s.backend.redis.url = redact_url(&s.backend.redis.url);
+        s.backend.postgres.url = redact_url(&s.backend.postgres.url);
+        s.gateway.postgres_url = redact_url(&s.gateway.postgres_url);
+        s.storage.postgres_url = redact_url(&s.storage.postgres_url);
+        s
+    }
+
+    /// Checks that only concern a sidecar: how its proxy and its
+    /// pre-registration wait compare with the gateway it talks to (the
+    /// `[gateway]` values in a sidecar's file describe that gateway).
+    /// Run by `fencer sidecar` and `fencer dev`, and by `check-config` for a
+    /// file that names a lock backend.
+    pub fn validate_sidecar(&self) -> Result<(), ConfigError> {
+        let (s, p, g) = (&self.sidecar, &self.proxy, &self.gateway);
+        // A proxy that gives up first drops its connection while the
+        // gateway still works on the request; its next request of the
+        // lease then races the first (issue 9 item 1).
+        if p.enabled && p.upstream_timeout_ms <= g.answer_budget_ms() {
+            return Err(invalid(
+                "proxy.upstream_timeout_ms",
+                format!(
+                    "must be above the gateway's answer budget, gateway.serialize_timeout_ms + connect_timeout_ms + upstream_timeout_ms = {} ms (set the gateway's values in this file too if your gateway uses others)",
+                    g.answer_budget_ms()
+                ),
+            ));
+        }
+        if !s.preregister_url.is_empty() && s.preregister_timeout_ms <= g.serialize_timeout_ms {
+            return Err(invalid(
+                "sidecar.preregister_timeout_ms",
+                format!(
+                    "must be above gateway.serialize_timeout_ms ({} ms): the gateway may wait that long for a busy key before answering",
+                    g.serialize_timeout_ms
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The token-signing secret, read from the configured file or variable.
+    /// `None` when neither is configured (callers decide whether that is ok).
+    pub fn signing_secret(&self) -> Result<Option<Vec<u8>>, ConfigError> {
+        if let Some(secret) = &self.signing_secret_override {
+            return Ok(Some(secret.clone()));
+        }
+        read_secret(
+            ("signing.secret_file", "signing.secret_env"),
+            self.signing.secret_file.as_deref(),
+            self.signing.secret_env.as_deref(),
+        )
+    }
+
+    /// The gateway's accepted `(key id, secret, allowed key prefixes)`.
+    pub fn gateway_keys(&self) -> Result<Vec<GatewayKey>, ConfigError> {
+        if self.gateway.keys.is_empty() {
+            let secret = self.signing_secret()?.ok_or_else(|| {
+                invalid(
+                    "gateway.keys",
+                    "the gateway needs the token-signing secret: set [signing] secret_file/secret_env or [[gateway.keys]]",
+                )
+            })?;
+            return Ok(vec![(self.signing.key_id.clone(), secret, Vec::new())]);
+        }
+        self.gateway
+            .keys
+            .iter()
+            .map(|k| {
+                let fields = ("gateway.keys.secret_file", "gateway.keys.secret_env");
+                let secret =
+                    read_secret(fields, k.secret_file.as_deref(), k.secret_env.as_deref())?
+                        .ok_or_else(|| {
+                            invalid("gateway.keys", format!("key `{}` has no secret", k.key_id))
+                        })?;
+                Ok((k.key_id.clone(), secret, k.key_prefixes.clone()))
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_url;
+
+    #[test]
+    fn passwords_are_redacted_in_every_url_form() {
+        assert_eq!(
+            redact_url("postgres://fencer:s3cret@db:5432/fencer"),
+            "postgres://fencer:REDACTED@db:5432/fencer"
+        );
+        assert_eq!(
+            redact_url("redis://:hunter2@127.0.0.1:6379/0"),
+            "redis://:REDACTED@127.0.0.1:6379/0"
+        );
+        let q = redact_url("postgres://db/fencer?user=u&password=p%40ss&sslmode=require");
+        assert!(
+            !q.contains("p%40ss") && q.contains("sslmode=require"),
+            "{q}"
+        );
+        assert_eq!(
+            redact_url("host=db user=u password='a b' dbname=x"),
+            "host=db user=u password=REDACTED dbname=x"
+        );
+        assert_eq!(
+            redact_url("redis://127.0.0.1:6379/0"),
+            "redis://127.0.0.1:6379/0"
+        );
+    }
+}

@@ -1,0 +1,267 @@
+//! `[sidecar]` (the lock API and lease rules) and `[proxy]` (the egress
+//! proxy that injects tokens).
+
+use std::net::SocketAddr;
+
+use serde::Deserialize;
+
+use crate::settings::limits::*;
+use crate::settings::{
+    check_http_url, check_methods, check_range, default_write_methods, invalid, ConfigError,
+};
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SidecarSettings {
+    /// Lock API listener. Keep it on loopback: the API is unauthenticated
+    /// by design (it is reachable only from the application's pod/host).
+    pub listen: SocketAddr,
+    /// The lock API on a Unix socket as well (empty = off), e.g. in a volume
+    /// shared with the application container. Cheaper than loopback TCP:
+    /// no TCP/IP stack per message (docs/performance.md).
+    pub listen_unix: String,
+    pub default_ttl_ms: u64,
+    pub default_wait_ms: u64,
+    /// Local deadline = send time + ttl * (1 - clock_drift_ratio) - safety_margin_ms.
+    pub safety_margin_ms: u64,
+    pub clock_drift_ratio: f64,
+    /// Upper bound on leases one sidecar tracks (memory bound).
+    pub max_leases: usize,
+    /// Upper bound on requests queued waiting for locks.
+    pub max_waiters: usize,
+    /// Cap on the fallback re-check interval of a waiter (used when a lock
+    /// expires without a release, which publishes nothing).
+    pub max_fallback_ms: u64,
+    /// How long SIGTERM waits for leases to be released before exiting.
+    pub shutdown_release_timeout_ms: u64,
+    /// How long a lost lease stays visible in `GET /v1/locks/{key}`.
+    pub lost_lease_retention_ms: u64,
+    /// Gateway base URL (`http://gateway:8080`) at which each new token is
+    /// registered before the acquire returns, so no earlier holder's write
+    /// can land after the new holder's first read. Empty: off.
+    pub preregister_url: String,
+    pub preregister_timeout_ms: u64,
+    /// Auto-renewed leases stop being renewed after this much silence from
+    /// the application (default for `keepalive_ms` in acquire).
+    pub keepalive_ms: u64,
+    /// Cap on every lease's life however it is renewed; 0 = no cap.
+    pub max_hold_ms: u64,
+    /// How often a hold stream sends a heartbeat line.
+    pub hold_heartbeat_ms: u64,
+    /// After a lease ends without a release (expired or lost), nobody can
+    /// acquire the key for this long (Chubby's lock-delay); 0 = off.
+    /// Enforced by the backend, so it holds across sidecars.
+    pub lock_delay_ms: u64,
+    /// POSTed a JSON body for every lease lost without a release. Empty: off.
+    pub lost_lease_webhook: String,
+    pub webhook_timeout_ms: u64,
+}
+
+impl Default for SidecarSettings {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:7411".parse().expect("static addr"),
+            listen_unix: String::new(),
+            default_ttl_ms: 10_000,
+            default_wait_ms: 0,
+            safety_margin_ms: 20,
+            clock_drift_ratio: 0.01,
+            max_leases: 200_000,
+            max_waiters: 10_000,
+            max_fallback_ms: 30_000,
+            shutdown_release_timeout_ms: 5_000,
+            lost_lease_retention_ms: 60_000,
+            preregister_url: String::new(),
+            // Above the gateway's wait for a busy key (5 s by default).
+            preregister_timeout_ms: 7_000,
+            keepalive_ms: 30_000,
+            max_hold_ms: 0,
+            hold_heartbeat_ms: 1_000,
+            lock_delay_ms: 0,
+            lost_lease_webhook: String::new(),
+            webhook_timeout_ms: 2_000,
+        }
+    }
+}
+
+/// The sidecar's egress proxy: the application's storage writes go through
+/// it and leave with the lease's signed token.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProxySettings {
+    pub enabled: bool,
+    pub listen: SocketAddr,
+    /// Where requests go (normally the gateway): `http://host:port`.
+    pub upstream: String,
+    /// Writes that name no lock are refused with 428 instead of passed on.
+    pub require_lock_for_writes: bool,
+    /// A request under a lock must name the lease it was computed under
+    /// (`Fencing-Lease: <lease_id>`). Off, a request naming only the key
+    /// goes out with whatever lease holds the key *now* — with several
+    /// workers sharing a sidecar, a paused worker's write would go out with
+    /// another worker's token (issue 10 item 2).
+    pub require_lease: bool,
+    pub write_methods: Vec<String>,
+    /// Map request paths to lock keys when `Fencing-Lock` is absent.
+    pub routes: Vec<crate::routes::RouteSpec>,
+    pub connect_timeout_ms: u64,
+    pub upstream_timeout_ms: u64,
+}
+
+impl Default for ProxySettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            listen: "127.0.0.1:7412".parse().expect("static addr"),
+            upstream: "http://127.0.0.1:8080".into(),
+            require_lock_for_writes: false,
+            require_lease: true,
+            write_methods: default_write_methods(),
+            routes: Vec::new(),
+            connect_timeout_ms: 1_000,
+            // Above the gateway's whole budget (wait for the key 5 s +
+            // connect 1 s + storage 10 s): the proxy must not give up on a
+            // request the gateway is still working on.
+            upstream_timeout_ms: 20_000,
+        }
+    }
+}
+
+impl SidecarSettings {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        let s = self;
+        if !s.listen_unix.is_empty()
+            && (!s.listen_unix.starts_with('/') || s.listen_unix.len() > 100)
+        {
+            return Err(invalid(
+                "sidecar.listen_unix",
+                "must be an absolute path of at most 100 bytes (or empty)",
+            ));
+        }
+        if !(MIN_TTL_MS..=MAX_TTL_MS).contains(&s.default_ttl_ms) {
+            return Err(invalid(
+                "sidecar.default_ttl_ms",
+                format!("must be between {MIN_TTL_MS} and {MAX_TTL_MS}"),
+            ));
+        }
+        if s.default_wait_ms > MAX_WAIT_MS {
+            return Err(invalid(
+                "sidecar.default_wait_ms",
+                format!("must be between 0 and {MAX_WAIT_MS}"),
+            ));
+        }
+        if !(0.0..0.5).contains(&s.clock_drift_ratio) {
+            return Err(invalid(
+                "sidecar.clock_drift_ratio",
+                "must be at least 0.0 and below 0.5",
+            ));
+        }
+        // The margin must leave a usable lease even at the smallest TTL.
+        let min_lease = MIN_TTL_MS as f64 * (1.0 - s.clock_drift_ratio);
+        if s.safety_margin_ms as f64 >= min_lease / 2.0 {
+            return Err(invalid(
+                "sidecar.safety_margin_ms",
+                format!(
+                    "must be below {} (half the smallest lease after drift)",
+                    (min_lease / 2.0) as u64
+                ),
+            ));
+        }
+        if !(1..=10_000_000).contains(&s.max_leases) {
+            return Err(invalid(
+                "sidecar.max_leases",
+                "must be between 1 and 10000000",
+            ));
+        }
+        if !(1..=1_000_000).contains(&s.max_waiters) {
+            return Err(invalid(
+                "sidecar.max_waiters",
+                "must be between 1 and 1000000",
+            ));
+        }
+        if !(10..=600_000).contains(&s.max_fallback_ms) {
+            return Err(invalid(
+                "sidecar.max_fallback_ms",
+                "must be between 10 and 600000",
+            ));
+        }
+        if s.shutdown_release_timeout_ms > 600_000 {
+            return Err(invalid(
+                "sidecar.shutdown_release_timeout_ms",
+                "must be between 0 and 600000",
+            ));
+        }
+        if s.lost_lease_retention_ms > 86_400_000 {
+            return Err(invalid(
+                "sidecar.lost_lease_retention_ms",
+                "must be between 0 and 86400000",
+            ));
+        }
+        if !(100..=60_000).contains(&s.preregister_timeout_ms) {
+            return Err(invalid(
+                "sidecar.preregister_timeout_ms",
+                "must be between 100 and 60000",
+            ));
+        }
+        check_range(
+            "sidecar.keepalive_ms",
+            s.keepalive_ms,
+            MIN_TTL_MS,
+            MAX_TTL_MS,
+        )?;
+        check_range("sidecar.max_hold_ms", s.max_hold_ms, 0, 30 * 86_400_000)?;
+        check_range(
+            "sidecar.hold_heartbeat_ms",
+            s.hold_heartbeat_ms,
+            10,
+            600_000,
+        )?;
+        check_range("sidecar.lock_delay_ms", s.lock_delay_ms, 0, MAX_TTL_MS)?;
+        check_range(
+            "sidecar.webhook_timeout_ms",
+            s.webhook_timeout_ms,
+            10,
+            60_000,
+        )?;
+        if !s.lost_lease_webhook.is_empty() {
+            let ok = url::Url::parse(&s.lost_lease_webhook)
+                .is_ok_and(|u| u.scheme() == "http" && u.host_str().is_some());
+            if !ok {
+                return Err(invalid(
+                    "sidecar.lost_lease_webhook",
+                    "expected an http:// URL",
+                ));
+            }
+        }
+        if !s.preregister_url.is_empty() {
+            let ok = url::Url::parse(&s.preregister_url).is_ok_and(|u| {
+                u.scheme() == "http" && u.host_str().is_some() && u.path().ends_with('/')
+            });
+            if !ok {
+                return Err(invalid(
+                    "sidecar.preregister_url",
+                    "expected the gateway's fence API prefix, e.g. http://gateway:8080/_fencer/v1/fences/",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl ProxySettings {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        let p = self;
+        check_http_url("proxy.upstream", &p.upstream)?;
+        check_methods("proxy.write_methods", &p.write_methods)?;
+        crate::routes::Routes::compile(&p.routes)
+            .map_err(|e| invalid("proxy.routes", e.to_string()))?;
+        check_range("proxy.connect_timeout_ms", p.connect_timeout_ms, 10, 60_000)?;
+        check_range(
+            "proxy.upstream_timeout_ms",
+            p.upstream_timeout_ms,
+            10,
+            600_000,
+        )?;
+        Ok(())
+    }
+}

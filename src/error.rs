@@ -93,6 +93,9 @@ impl From<LockError> for ApiError {
                 ApiError::new(StatusCode::PRECONDITION_REQUIRED, "lock_not_held", message)
                     .with("key", key.as_str())
             }
+            LockError::Backend(crate::lock::BackendError::NotReplicated(_)) => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "not_replicated", message)
+            }
             LockError::Backend(_) => ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "backend_unavailable",

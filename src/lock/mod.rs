@@ -60,6 +60,10 @@ pub enum BackendError {
     /// The backend answered something fencer does not understand.
     #[error("unexpected backend reply: {0}")]
     Protocol(String),
+    /// The write reached the backend but not enough replicas
+    /// (`backend.redis.wait_replicas`); it was undone.
+    #[error("not replicated: {0}")]
+    NotReplicated(String),
 }
 
 /// Receives release notifications from a backend. The sidecar's wait queues
@@ -116,6 +120,27 @@ pub trait LockBackend: Send + Sync + 'static {
             out.push(self.renew(key, lease, *ttl).await?);
         }
         Ok(out)
+    }
+
+    /// Whether each lease still holds its key, changing nothing (after a
+    /// failover: does the new master have it?). Only backends that report
+    /// [`LockBackend::failovers`] need it.
+    async fn check_many(
+        &self,
+        items: &[(LockKey, LeaseId)],
+    ) -> Result<Vec<Ownership>, BackendError> {
+        let _ = items;
+        Err(BackendError::Protocol(format!(
+            "{} does not re-verify leases",
+            self.name()
+        )))
+    }
+
+    /// Bumped each time the backend switched to another server that may
+    /// not have every lock write (a Sentinel or Cluster failover). `None`:
+    /// the backend has no failovers of its own.
+    fn failovers(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        None
     }
 
     /// Compare-and-delete, then notify waiters.

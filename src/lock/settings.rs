@@ -3,7 +3,7 @@
 use serde::Deserialize;
 
 pub use super::postgres::settings::PostgresSettings;
-pub use super::redis::settings::{RedisSettings, TokenMode};
+pub use super::redis::settings::{RedisMode, RedisSettings, TokenMode};
 use crate::settings::{config_enum, ConfigError};
 
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]

@@ -10,6 +10,7 @@ use std::collections::HashSet;
 use std::sync::Mutex;
 
 pub mod gateway;
+pub mod redis;
 pub mod sidecar;
 
 use prometheus::{Encoder, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};

@@ -16,7 +16,7 @@ mod common;
 
 pub use crate::gateway::settings::{FenceStoreKind, GatewayKey, GatewaySettings, VerifyKey};
 pub use crate::lock::settings::{
-    BackendKind, BackendSettings, PostgresSettings, RedisSettings, TokenMode,
+    BackendKind, BackendSettings, PostgresSettings, RedisMode, RedisSettings, TokenMode,
 };
 pub use crate::sidecar::settings::{ProxySettings, SidecarSettings};
 pub use crate::storage::settings::StorageSettings;
@@ -104,7 +104,12 @@ impl Settings {
             config::Environment::with_prefix("FENCER")
                 .prefix_separator("__")
                 .separator("__")
-                .try_parsing(true),
+                .try_parsing(true)
+                // The few list settings an operator sets per environment:
+                // `FENCER__BACKEND__REDIS__SENTINELS=s1:26379,s2:26379`.
+                .list_separator(",")
+                .with_list_parse_key("backend.redis.sentinels")
+                .with_list_parse_key("backend.redis.nodes"),
         );
         let raw = builder
             .build()
@@ -134,6 +139,12 @@ impl Settings {
         let mut s = self.clone();
         s.signing_secret_override = None;
         s.backend.redis.url = redact_url(&s.backend.redis.url);
+        if s.backend.redis.sentinel_password.is_some() {
+            s.backend.redis.sentinel_password = Some("REDACTED".into());
+        }
+        for node in &mut s.backend.redis.nodes {
+            *node = redact_url(node);
+        }
         s.backend.postgres.url = redact_url(&s.backend.postgres.url);
         s.gateway.postgres_url = redact_url(&s.gateway.postgres_url);
         s.storage.postgres_url = redact_url(&s.storage.postgres_url);

@@ -33,6 +33,8 @@ pub enum LostReason {
     Deadline,
     /// The backend said the lease no longer holds the key.
     Backend,
+    /// After a failover, the new master did not have the lease.
+    Failover,
 }
 
 impl LostReason {
@@ -40,6 +42,7 @@ impl LostReason {
         match self {
             LostReason::Deadline => "deadline",
             LostReason::Backend => "backend",
+            LostReason::Failover => "failover",
         }
     }
 }
@@ -508,6 +511,16 @@ impl LeaseTable {
         t.current.clear();
         t.by_lease.clear();
         held
+    }
+
+    /// `(key, lease, token)` of every held lease.
+    pub fn held(&self) -> Vec<(LockKey, LeaseId, u64)> {
+        self.lock()
+            .current
+            .values()
+            .filter(|r| r.is_held())
+            .map(|r| (r.key.clone(), r.lease_id.clone(), r.token))
+            .collect()
     }
 
     /// The record of `lease` on `key`, whatever its state.

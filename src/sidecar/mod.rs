@@ -38,6 +38,7 @@ use crate::token::Signer;
 pub fn build_backend(
     settings: &Settings,
     wake: Arc<dyn WakeSink>,
+    registry: &prometheus::Registry,
 ) -> Result<DynBackend, StartError> {
     let delay = Duration::from_millis(settings.sidecar.lock_delay_ms);
     Ok(match settings.backend.kind {
@@ -49,7 +50,12 @@ pub fn build_backend(
         }
         Some(BackendKind::Memory) => Arc::new(MemoryBackend::new(delay, wake)),
         Some(BackendKind::Redis) => {
-            Arc::new(RedisBackend::new(&settings.backend.redis, delay, wake)?)
+            Arc::new(RedisBackend::new(
+                &settings.backend.redis,
+                delay,
+                wake,
+                registry,
+            )?)
         }
         Some(BackendKind::Postgres) => {
             Arc::new(PgBackend::new(&settings.backend.postgres, delay, wake)?)
@@ -136,9 +142,9 @@ impl Sidecar {
         settings.validate_sidecar()?;
         let s = &settings.sidecar;
         let waiters = Arc::new(WaitQueues::new(s.max_waiters));
-        let backend = build_backend(&settings, waiters.clone())?;
-        let registry =
-            registry.unwrap_or_else(|| crate::metrics::registry("sidecar", backend.name()));
+        let kind = settings.backend.kind.map_or("none", |k| k.as_str());
+        let registry = registry.unwrap_or_else(|| crate::metrics::registry("sidecar", kind));
+        let backend = build_backend(&settings, waiters.clone(), &registry)?;
         let groups = Arc::new(crate::metrics::Groups::new(&settings.metrics));
         let metrics = Arc::new(Metrics::new(&registry, groups));
         metrics.init_known(backend.name());
@@ -238,6 +244,30 @@ impl Sidecar {
             require_lease: p.require_lease,
             metrics: self.metrics.clone(),
         })))
+    }
+
+    /// Re-verifies every lease each time the backend fails over (Redis
+    /// Sentinel and Cluster; the other backends have no failovers of their
+    /// own).
+    pub fn spawn_failover_watch(&self) {
+        let Some(mut failovers) = self.locks.backend().failovers() else {
+            return;
+        };
+        let locks = self.locks.clone();
+        let shutdown = self.shutdown.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    changed = failovers.changed() => {
+                        if changed.is_err() {
+                            return;
+                        }
+                        locks.reverify_after_failover().await;
+                    }
+                    _ = shutdown.cancelled() => return,
+                }
+            }
+        });
     }
 
     /// Renews sidecar-renewed leases (auto-renew, hold) as they come due.
@@ -378,6 +408,7 @@ pub async fn run_with(
     );
     sidecar.spawn_sweeper();
     sidecar.spawn_renewer();
+    sidecar.spawn_failover_watch();
     let api_task = tokio::spawn(serve("api", api, sidecar.api_router(), shutdown.clone()));
     let unix_task = listeners.api_unix.map(|socket| {
         tracing::info!(api_unix = %sidecar.settings.sidecar.listen_unix, "lock API on unix socket");

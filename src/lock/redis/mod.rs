@@ -1,39 +1,77 @@
-//! The Redis lock backend (single instance; `redis://` or `rediss://`).
+//! The Redis lock backend: one server, a Sentinel-managed master, or a
+//! Cluster (`backend.redis.mode`).
 //!
-//! Each operation is one `EVALSHA` of a preloaded script over a multiplexed,
-//! auto-reconnecting connection (redis-rs `ConnectionManager`, which
-//! pipelines concurrent requests from all API handlers onto one socket).
-//! The connection manager does not retry a command whose reply was lost;
-//! the sidecar retries acquires itself, which is safe because the acquire
-//! script is idempotent per lease id.
+//! Each operation is one `EVALSHA` of a preloaded script ([`scripts`]) on
+//! the Redis that owns the key ([`topology`], [`conn`]), optionally
+//! followed by `WAIT` on the same connection. Connections are multiplexed
+//! and reconnect by themselves; a command whose reply was lost is not
+//! retried here — the sidecar retries acquires itself, which is safe
+//! because the acquire script is idempotent per lease id (and so is the
+//! cluster client's own retry of a network error).
+//!
+//! Failovers (sentinel, cluster) are published by [`LockBackend::failovers`];
+//! the sidecar then re-verifies its leases with [`LockBackend::check_many`].
 
+pub mod client;
+pub mod cluster;
+pub mod conn;
 pub mod keys;
 pub mod scripts;
+pub mod sentinel;
 pub mod settings;
+pub mod sharded_subscriber;
 pub mod subscriber;
+pub mod topology;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use tokio::sync::watch;
 
+use self::client::{open_client, sentinel_url, ClientTls};
+use self::cluster::{ClusterConfig, ClusterTopology};
+use self::conn::{Call, Reply, Wait};
 use self::keys::RedisKeys;
-use self::scripts::Scripts;
-use self::subscriber::Subscriber;
+use self::scripts::{Lua, Scripts};
+use self::sentinel::{SentinelConfig, SentinelMaster};
+use self::settings::{RedisMode, RedisSettings, TokenMode};
+use self::sharded_subscriber::ShardedSubscriber;
+use self::subscriber::{Source, Subscriber};
+use self::topology::Topology;
 use super::{
     Attempt, BackendError, LeaseId, LockBackend, LockKey, Ownership, WakeSink, WatchGuard,
 };
-use crate::settings::{RedisSettings, TokenMode};
+use crate::metrics::redis::RedisMetrics;
+
+/// Release notifications, by mode.
+enum Watcher {
+    Node(Subscriber),
+    Sharded(ShardedSubscriber),
+}
 
 pub struct RedisBackend {
-    conn: ConnectionManager,
+    topology: Topology,
     scripts: Arc<Scripts>,
     prefix: String,
     timeout: Duration,
     token_mode: &'static str,
     lock_delay_ms: u64,
-    subscriber: Subscriber,
+    /// `WAIT` after acquires and renewals (`backend.redis.wait_replicas`).
+    wait: Option<Wait>,
+    /// `PUBLISH`, or `SPUBLISH` in cluster mode.
+    publish: &'static str,
+    watcher: Watcher,
+    metrics: Arc<RedisMetrics>,
+}
+
+/// Which writes `WAIT` follows.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Replicated {
+    Required(&'static str),
+    No,
 }
 
 impl RedisBackend {
@@ -43,35 +81,99 @@ impl RedisBackend {
         settings: &RedisSettings,
         lock_delay: Duration,
         wake: Arc<dyn WakeSink>,
+        registry: &prometheus::Registry,
     ) -> Result<RedisBackend, BackendError> {
-        let client = match &settings.ca_file {
-            None => redis::Client::open(settings.url.as_str()),
-            Some(path) => {
-                let pem = std::fs::read(path)
-                    .map_err(|e| BackendError::Unavailable(format!("CA file {path}: {e}")))?;
-                redis::Client::build_with_tls(
-                    settings.url.as_str(),
-                    redis::TlsCertificates {
-                        client_tls: None,
-                        root_cert: Some(pem),
-                    },
-                )
-            }
-        }
-        .map_err(|e| BackendError::Unavailable(format!("invalid redis url: {e}")))?;
+        let tls = ClientTls::from_file(settings.ca_file.as_deref())?;
+        let metrics = Arc::new(RedisMetrics::new(registry));
         let timeout = Duration::from_millis(settings.request_timeout_ms);
         let connect_timeout = Duration::from_millis(settings.connect_timeout_ms);
-        let config = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(timeout))
-            .set_connection_timeout(Some(connect_timeout))
-            .set_min_delay(Duration::from_millis(20))
-            .set_max_delay(Duration::from_secs(1));
-        let conn = ConnectionManager::new_lazy_with_config(client.clone(), config)
-            .map_err(|e| BackendError::Unavailable(e.to_string()))?;
-        let subscriber =
-            Subscriber::start(client, settings.key_prefix.clone(), connect_timeout, wake);
+        let check_interval = Duration::from_millis(settings.topology_check_interval_ms);
+        let bad_url =
+            |e: redis::RedisError| BackendError::Unavailable(format!("invalid redis url: {e}"));
+        let (topology, watcher) = match settings.mode {
+            RedisMode::Single => {
+                let client = open_client(&settings.url, &tls).map_err(bad_url)?;
+                let config = ConnectionManagerConfig::new()
+                    .set_response_timeout(Some(timeout))
+                    .set_connection_timeout(Some(connect_timeout))
+                    .set_min_delay(Duration::from_millis(20))
+                    .set_max_delay(Duration::from_secs(1));
+                let conn = ConnectionManager::new_lazy_with_config(client.clone(), config)
+                    .map_err(|e| BackendError::Unavailable(e.to_string()))?;
+                let subscriber = Subscriber::start(
+                    Source::Fixed(Box::new(client)),
+                    settings.key_prefix.clone(),
+                    connect_timeout,
+                    wake,
+                );
+                (Topology::Single(conn), Watcher::Node(subscriber))
+            }
+            RedisMode::Sentinel => {
+                let sentinels = settings
+                    .sentinels
+                    .iter()
+                    .map(|s| {
+                        sentinel_url(
+                            s,
+                            settings.sentinel_tls,
+                            settings.sentinel_username.as_deref(),
+                            settings.sentinel_password.as_deref(),
+                        )
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                let node_url = url::Url::parse(&settings.url)
+                    .map_err(|e| BackendError::Unavailable(format!("invalid redis url: {e}")))?;
+                let master = SentinelMaster::start(
+                    SentinelConfig {
+                        sentinels,
+                        master_name: settings.master_name.clone(),
+                        node_url,
+                        tls,
+                        request_timeout: timeout,
+                        connect_timeout,
+                        check_interval,
+                    },
+                    metrics.clone(),
+                );
+                let subscriber = Subscriber::start(
+                    Source::Master(master.clone()),
+                    settings.key_prefix.clone(),
+                    connect_timeout,
+                    wake,
+                );
+                (Topology::Sentinel(master), Watcher::Node(subscriber))
+            }
+            RedisMode::Cluster => {
+                let (pushes, received) = tokio::sync::mpsc::unbounded_channel();
+                let cluster = ClusterTopology::start(
+                    ClusterConfig {
+                        nodes: settings.nodes.clone(),
+                        tls,
+                        request_timeout: timeout,
+                        connect_timeout,
+                        check_interval,
+                    },
+                    metrics.clone(),
+                    pushes,
+                )
+                .map_err(bad_url)?;
+                let subscriber = ShardedSubscriber::start(
+                    cluster.clone(),
+                    received,
+                    settings.key_prefix.clone(),
+                    connect_timeout,
+                    wake,
+                );
+                (Topology::Cluster(cluster), Watcher::Sharded(subscriber))
+            }
+        };
         let backend = RedisBackend {
-            conn,
+            publish: if topology.is_cluster() {
+                "SPUBLISH"
+            } else {
+                "PUBLISH"
+            },
+            topology,
             scripts: Arc::new(Scripts::new()),
             prefix: settings.key_prefix.clone(),
             timeout,
@@ -80,24 +182,35 @@ impl RedisBackend {
                 TokenMode::Counter => "counter",
             },
             lock_delay_ms: lock_delay.as_millis() as u64,
-            subscriber,
+            wait: (settings.wait_replicas > 0).then_some(Wait {
+                replicas: settings.wait_replicas,
+                timeout_ms: settings.wait_timeout_ms,
+            }),
+            watcher,
+            metrics,
         };
-        backend.spawn_preload();
+        if let RedisMode::Single = settings.mode {
+            backend.spawn_preload();
+        }
         Ok(backend)
     }
 
     /// Loads the scripts as soon as Redis answers, so the first acquire is a
-    /// plain `EVALSHA`. (A Redis restart flushes the script cache; calls then
-    /// reload on `NOSCRIPT`.)
+    /// plain `EVALSHA`. (A restarted or newly promoted server does not have
+    /// them; calls then fall back to `EVAL` once, which caches them.)
     fn spawn_preload(&self) {
-        let mut conn = self.conn.clone();
+        let Ok(mut target) = self.topology.target() else {
+            return;
+        };
         let scripts = self.scripts.clone();
         tokio::spawn(async move {
             let mut delay = Duration::from_millis(50);
             loop {
                 let mut ok = true;
-                for script in scripts.all() {
-                    if let Err(e) = script.load_async(&mut conn).await {
+                for lua in scripts.all() {
+                    let mut cmd = redis::cmd("SCRIPT");
+                    cmd.arg("LOAD").arg(lua.body);
+                    if let Err(e) = target.command::<String>(&cmd).await {
                         tracing::debug!(error = %e, "script preload failed; retrying");
                         ok = false;
                         break;
@@ -117,17 +230,69 @@ impl RedisBackend {
         RedisKeys::new(&self.prefix, key)
     }
 
-    async fn invoke(
+    /// Runs one script on the key's Redis, with `WAIT` when `replicated`
+    /// requires it and `backend.redis.wait_replicas` is set.
+    async fn exec(
         &self,
-        inv: redis::ScriptInvocation<'_>,
-    ) -> Result<(i64, String), BackendError> {
-        let mut conn = self.conn.clone();
-        match tokio::time::timeout(self.timeout, inv.invoke_async::<(i64, String)>(&mut conn)).await
-        {
+        lua: &Lua,
+        call: &Call,
+        replicated: Replicated,
+    ) -> Result<Reply, BackendError> {
+        let mut target = self.topology.target()?;
+        let wait = match replicated {
+            Replicated::Required(_) => self.wait,
+            Replicated::No => None,
+        };
+        let budget = self.timeout + Duration::from_millis(wait.map_or(0, |w| w.timeout_ms));
+        match tokio::time::timeout(budget, conn::run(&mut target, lua, call, wait)).await {
             Err(_) => Err(BackendError::Unavailable("redis request timed out".into())),
-            Ok(Err(e)) => Err(classify(e)),
-            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => {
+                self.topology.saw_error(&e);
+                Err(classify(e))
+            }
+            Ok(Ok(reply)) => Ok(reply),
         }
+    }
+
+    /// `true` when `WAIT` counted fewer replicas than required (counted in
+    /// `fencer_redis_wait_shortfalls_total`).
+    fn short(&self, reply: &Reply, replicated: Replicated) -> bool {
+        let (Some(wait), Some(acked), Replicated::Required(op)) =
+            (self.wait, reply.replicas, replicated)
+        else {
+            return false;
+        };
+        if acked >= i64::from(wait.replicas) {
+            return false;
+        }
+        self.metrics.wait_shortfalls.with_label_values(&[op]).inc();
+        tracing::warn!(
+            op,
+            acked,
+            wanted = wait.replicas,
+            "redis replicas did not confirm the lock write in time; not granted, releasing"
+        );
+        true
+    }
+
+    /// Releases after a replication shortfall. `Err` when the release itself
+    /// failed: the caller then reports an unknown outcome, and the sidecar
+    /// releases the lease again later.
+    async fn undo(&self, key: &LockKey, lease: &LeaseId) -> Result<(), BackendError> {
+        self.release(key, lease).await.map(|_| ())
+    }
+
+    /// Indices of `items` grouped so each group's keys share a Cluster slot
+    /// (one script may only touch one slot); a single group otherwise.
+    fn slot_groups(&self, locks: &[String]) -> Vec<Vec<usize>> {
+        if !self.topology.is_cluster() {
+            return vec![(0..locks.len()).collect()];
+        }
+        let mut groups: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+        for (i, name) in locks.iter().enumerate() {
+            groups.entry(cluster::slot(name)).or_default().push(i);
+        }
+        groups.into_values().collect()
     }
 }
 
@@ -149,6 +314,10 @@ fn parse_token(raw: &str) -> Result<u64, BackendError> {
         .ok_or_else(|| BackendError::Protocol(format!("bad token {raw:?} in lock entry")))
 }
 
+fn pair(value: redis::Value) -> Result<(i64, String), BackendError> {
+    redis::from_redis_value(value).map_err(|e| BackendError::Protocol(e.to_string()))
+}
+
 fn ownership(status: i64, value: &str) -> Result<Ownership, BackendError> {
     match status {
         1 => Ok(Ownership::Owned {
@@ -158,6 +327,28 @@ fn ownership(status: i64, value: &str) -> Result<Ownership, BackendError> {
         -1 => Ok(Ownership::OtherHolder),
         other => Err(BackendError::Protocol(format!("unknown status {other}"))),
     }
+}
+
+/// `{status, token, status, token, …}` → one [`Ownership`] per item.
+fn ownerships(value: redis::Value, items: usize) -> Result<Vec<Ownership>, BackendError> {
+    let reply: Vec<redis::Value> =
+        redis::from_redis_value(value).map_err(|e| BackendError::Protocol(e.to_string()))?;
+    if reply.len() != items * 2 {
+        return Err(BackendError::Protocol(format!(
+            "batch script returned {} values for {items} items",
+            reply.len()
+        )));
+    }
+    reply
+        .chunks(2)
+        .map(|pair| {
+            let status: i64 = redis::from_redis_value(pair[0].clone())
+                .map_err(|e| BackendError::Protocol(e.to_string()))?;
+            let token: String = redis::from_redis_value(pair[1].clone())
+                .map_err(|e| BackendError::Protocol(e.to_string()))?;
+            ownership(status, &token)
+        })
+        .collect()
 }
 
 #[async_trait]
@@ -173,16 +364,27 @@ impl LockBackend for RedisBackend {
         ttl: Duration,
     ) -> Result<Attempt, BackendError> {
         let k = self.keys(key);
-        let mut inv = self.scripts.acquire.prepare_invoke();
-        inv.key(k.lock())
+        let mut call = Call::default();
+        call.key(k.lock())
             .key(k.counter())
             .key(k.delay())
             .arg(lease.as_str())
             .arg(ttl.as_millis() as u64)
             .arg(self.token_mode)
             .arg(self.lock_delay_ms);
-        let (status, value) = self.invoke(inv).await?;
+        let replicated = Replicated::Required("acquire");
+        let reply = self.exec(&self.scripts.acquire, &call, replicated).await?;
+        let short = self.short(&reply, replicated);
+        let (status, value) = pair(reply.value)?;
         match status {
+            1 if short => {
+                self.undo(key, lease).await?;
+                Err(BackendError::NotReplicated(format!(
+                    "fewer than {} replicas confirmed the acquire within {} ms",
+                    self.wait.map_or(0, |w| w.replicas),
+                    self.wait.map_or(0, |w| w.timeout_ms)
+                )))
+            }
             1 => Ok(Attempt::Acquired {
                 token: parse_token(&value)?,
             }),
@@ -206,24 +408,38 @@ impl LockBackend for RedisBackend {
         ttl: Duration,
     ) -> Result<Ownership, BackendError> {
         let k = self.keys(key);
-        let mut inv = self.scripts.renew.prepare_invoke();
-        inv.key(k.lock())
+        let mut call = Call::default();
+        call.key(k.lock())
             .key(k.delay())
             .arg(lease.as_str())
             .arg(ttl.as_millis() as u64)
             .arg(self.lock_delay_ms);
-        let (status, value) = self.invoke(inv).await?;
-        ownership(status, &value)
+        let replicated = Replicated::Required("renew");
+        let reply = self.exec(&self.scripts.renew, &call, replicated).await?;
+        let short = self.short(&reply, replicated);
+        let (status, value) = pair(reply.value)?;
+        let found = ownership(status, &value)?;
+        if short && matches!(found, Ownership::Owned { .. }) {
+            // Not granted: the lease ends here rather than live on a write
+            // a failover could lose.
+            self.undo(key, lease).await?;
+            return Ok(Ownership::Free);
+        }
+        Ok(found)
     }
 
     async fn release(&self, key: &LockKey, lease: &LeaseId) -> Result<Ownership, BackendError> {
         let k = self.keys(key);
-        let mut inv = self.scripts.release.prepare_invoke();
-        inv.key(k.lock())
+        let mut call = Call::default();
+        call.key(k.lock())
             .key(k.delay())
             .arg(lease.as_str())
-            .arg(k.channel());
-        let (status, value) = self.invoke(inv).await?;
+            .arg(k.channel())
+            .arg(self.publish);
+        let reply = self
+            .exec(&self.scripts.release, &call, Replicated::No)
+            .await?;
+        let (status, value) = pair(reply.value)?;
         ownership(status, &value)
     }
 
@@ -231,66 +447,104 @@ impl LockBackend for RedisBackend {
         &self,
         items: &[(LockKey, LeaseId, Duration)],
     ) -> Result<Vec<Ownership>, BackendError> {
-        let mut inv = self.scripts.renew_many.prepare_invoke();
-        for (key, lease, ttl) in items {
-            let k = self.keys(key);
-            inv.key(k.lock())
-                .key(k.delay())
-                .arg(lease.as_str())
-                .arg(ttl.as_millis() as u64);
+        let locks: Vec<String> = items.iter().map(|(k, _, _)| self.keys(k).lock()).collect();
+        let groups = self.slot_groups(&locks);
+        let runs = groups.iter().map(|group| async move {
+            let mut call = Call::default();
+            for &i in group {
+                let (key, lease, ttl) = &items[i];
+                call.key(self.keys(key).lock())
+                    .key(self.keys(key).delay())
+                    .arg(lease.as_str())
+                    .arg(ttl.as_millis() as u64);
+            }
+            call.arg(self.lock_delay_ms);
+            let replicated = Replicated::Required("renew");
+            let reply = self
+                .exec(&self.scripts.renew_many, &call, replicated)
+                .await?;
+            let short = self.short(&reply, replicated);
+            let mut found = ownerships(reply.value, group.len())?;
+            if short {
+                for (slot, &i) in found.iter_mut().zip(group) {
+                    if matches!(slot, Ownership::Owned { .. }) {
+                        self.undo(&items[i].0, &items[i].1).await?;
+                        *slot = Ownership::Free;
+                    }
+                }
+            }
+            Ok::<_, BackendError>(found)
+        });
+        let results = futures_util::future::join_all(runs).await;
+        let mut out = vec![Ownership::Free; items.len()];
+        for (group, result) in groups.iter().zip(results) {
+            for (&i, found) in group.iter().zip(result?) {
+                out[i] = found;
+            }
         }
-        inv.arg(self.lock_delay_ms);
-        let mut conn = self.conn.clone();
-        let reply = tokio::time::timeout(
-            self.timeout,
-            inv.invoke_async::<Vec<redis::Value>>(&mut conn),
-        )
-        .await
-        .map_err(|_| BackendError::Unavailable("redis request timed out".into()))?
-        .map_err(classify)?;
-        if reply.len() != items.len() * 2 {
-            return Err(BackendError::Protocol(format!(
-                "renew_many returned {} values",
-                reply.len()
-            )));
+        Ok(out)
+    }
+
+    async fn check_many(
+        &self,
+        items: &[(LockKey, LeaseId)],
+    ) -> Result<Vec<Ownership>, BackendError> {
+        let locks: Vec<String> = items.iter().map(|(k, _)| self.keys(k).lock()).collect();
+        let groups = self.slot_groups(&locks);
+        let runs = groups.iter().map(|group| {
+            let locks = &locks;
+            async move {
+                let mut call = Call::default();
+                for &i in group {
+                    call.key(locks[i].clone()).arg(items[i].1.as_str());
+                }
+                let reply = self
+                    .exec(&self.scripts.check_many, &call, Replicated::No)
+                    .await?;
+                ownerships(reply.value, group.len())
+            }
+        });
+        let results = futures_util::future::join_all(runs).await;
+        let mut out = vec![Ownership::Free; items.len()];
+        for (group, result) in groups.iter().zip(results) {
+            for (&i, found) in group.iter().zip(result?) {
+                out[i] = found;
+            }
         }
-        reply
-            .chunks(2)
-            .map(|pair| {
-                let status: i64 = redis::from_redis_value(pair[0].clone())
-                    .map_err(|e| BackendError::Protocol(e.to_string()))?;
-                let token: String = redis::from_redis_value(pair[1].clone())
-                    .map_err(|e| BackendError::Protocol(e.to_string()))?;
-                ownership(status, &token)
-            })
-            .collect()
+        Ok(out)
+    }
+
+    fn failovers(&self) -> Option<watch::Receiver<u64>> {
+        self.topology.failovers()
     }
 
     async fn raise_token_floor(&self, key: &LockKey, floor: u64) -> Result<(), BackendError> {
         let k = self.keys(key);
-        let mut inv = self.scripts.raise_floor.prepare_invoke();
-        inv.key(k.counter()).arg(floor.to_string());
-        self.invoke(inv).await.map(|_| ())
+        let mut call = Call::default();
+        call.key(k.counter()).arg(floor);
+        self.exec(&self.scripts.raise_floor, &call, Replicated::No)
+            .await
+            .map(|_| ())
     }
 
     async fn watch(&self, key: &LockKey, timeout: Duration) -> WatchGuard {
-        WatchGuard::new(
-            self.subscriber
-                .watch(self.keys(key).channel(), key.as_str(), timeout)
-                .await,
-        )
+        let channel = self.keys(key).channel();
+        match &self.watcher {
+            Watcher::Node(s) => WatchGuard::new(s.watch(channel, key.as_str(), timeout).await),
+            Watcher::Sharded(s) => WatchGuard::new(s.watch(channel, key.as_str(), timeout).await),
+        }
     }
 
     async fn ping(&self) -> Result<(), BackendError> {
-        let mut conn = self.conn.clone();
-        let reply = tokio::time::timeout(
-            self.timeout,
-            redis::cmd("PING").query_async::<String>(&mut conn),
-        )
-        .await;
+        let mut target = self.topology.target()?;
+        let reply =
+            tokio::time::timeout(self.timeout, target.command::<String>(&redis::cmd("PING"))).await;
         match reply {
             Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(BackendError::Unavailable(e.to_string())),
+            Ok(Err(e)) => {
+                self.topology.saw_error(&e);
+                Err(BackendError::Unavailable(e.to_string()))
+            }
             Err(_) => Err(BackendError::Unavailable("redis ping timed out".into())),
         }
     }

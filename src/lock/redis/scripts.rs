@@ -76,8 +76,10 @@ end
 return {1, string.sub(cur, sep + 1)}
 "#;
 
-/// KEYS: lock, delay marker. ARGV: lease id, release channel.
-/// The PUBLISH wakes waiters in every sidecar subscribed to this key; a
+/// KEYS: lock, delay marker. ARGV: lease id, release channel, publish
+/// command (`PUBLISH`, or `SPUBLISH` in cluster mode: the channel shares
+/// the lock's hash tag, so the message stays on its shard).
+/// The message wakes waiters in every sidecar subscribed to this key; a
 /// release (unlike an expiry) clears the lock-delay.
 pub const RELEASE: &str = r#"
 local cur = redis.call('GET', KEYS[1])
@@ -85,15 +87,36 @@ if not cur then return {0, ''} end
 local sep = string.find(cur, ' ', 1, true)
 if not sep or string.sub(cur, 1, sep - 1) ~= ARGV[1] then return {-1, ''} end
 redis.call('DEL', KEYS[1], KEYS[2])
-redis.call('PUBLISH', ARGV[2], '1')
+redis.call(ARGV[3], ARGV[2], '1')
 return {1, string.sub(cur, sep + 1)}
+"#;
+
+/// KEYS: one lock key per lease. ARGV: the lease ids, in order.
+/// Returns `{status, token}` per key, flattened, changing nothing: after a
+/// failover, whether the new master still has each lease.
+pub const CHECK_MANY: &str = r#"
+local out = {}
+for i = 1, #KEYS do
+  local cur = redis.call('GET', KEYS[i])
+  out[2 * i - 1] = -1
+  out[2 * i] = ''
+  if not cur then
+    out[2 * i - 1] = 0
+  else
+    local sep = string.find(cur, ' ', 1, true)
+    if sep and string.sub(cur, 1, sep - 1) == ARGV[i] then
+      out[2 * i - 1] = 1
+      out[2 * i] = string.sub(cur, sep + 1)
+    end
+  end
+end
+return out
 "#;
 
 /// KEYS: lock key and delay marker for each lease. ARGV: lease id and ttl
 /// ms for each, in order, then the lock-delay ms.
 /// Returns `{status, token}` per key, flattened. Sidecar-driven renewal of
-/// many leases in one round trip (all keys of one instance; a Cluster
-/// deployment would group them by slot).
+/// many leases in one round trip (in cluster mode, one call per slot).
 pub const RENEW_MANY: &str = r#"
 local out = {}
 local delay = tonumber(ARGV[#ARGV])
@@ -134,33 +157,51 @@ end
 return {1, ''}
 "#;
 
-/// The scripts, hashed once; `EVALSHA` with a `NOSCRIPT` reload.
+/// A script and its body (for `EVAL` when a node answers `NOSCRIPT`).
+pub struct Lua {
+    pub script: Script,
+    pub body: &'static str,
+}
+
+impl Lua {
+    fn new(body: &'static str) -> Lua {
+        Lua {
+            script: Script::new(body),
+            body,
+        }
+    }
+}
+
+/// The scripts, hashed once; `EVALSHA`, with `EVAL` on `NOSCRIPT`.
 pub struct Scripts {
-    pub acquire: Script,
-    pub renew: Script,
-    pub release: Script,
-    pub raise_floor: Script,
-    pub renew_many: Script,
+    pub acquire: Lua,
+    pub renew: Lua,
+    pub release: Lua,
+    pub raise_floor: Lua,
+    pub renew_many: Lua,
+    pub check_many: Lua,
 }
 
 impl Scripts {
     pub fn new() -> Scripts {
         Scripts {
-            acquire: Script::new(ACQUIRE),
-            renew: Script::new(RENEW),
-            release: Script::new(RELEASE),
-            raise_floor: Script::new(RAISE_FLOOR),
-            renew_many: Script::new(RENEW_MANY),
+            acquire: Lua::new(ACQUIRE),
+            renew: Lua::new(RENEW),
+            release: Lua::new(RELEASE),
+            raise_floor: Lua::new(RAISE_FLOOR),
+            renew_many: Lua::new(RENEW_MANY),
+            check_many: Lua::new(CHECK_MANY),
         }
     }
 
-    pub fn all(&self) -> [&Script; 5] {
+    pub fn all(&self) -> [&Lua; 6] {
         [
             &self.acquire,
             &self.renew,
             &self.release,
             &self.raise_floor,
             &self.renew_many,
+            &self.check_many,
         ]
     }
 }

@@ -1,8 +1,10 @@
-//! `[backend.redis]`: where the Redis is and how tokens are minted there.
+//! `[backend.redis]`: where the Redis is (one server, a Sentinel-managed
+//! master, or a Cluster), how tokens are minted there, and how many
+//! replicas must have a lock write before it counts.
 
 use serde::Deserialize;
 
-use crate::settings::{config_enum, invalid, ConfigError};
+use crate::settings::{check_range, config_enum, invalid, ConfigError};
 
 /// How Redis mints fencing tokens.
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
@@ -19,11 +21,48 @@ pub enum TokenMode {
 }
 config_enum!(TokenMode { Counter => "counter", HybridClock => "hybrid_clock" });
 
+/// Which Redis topology fencer talks to.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(try_from = "String")]
+pub enum RedisMode {
+    /// One server at `url`.
+    Single,
+    /// The master that `sentinels` name for `master_name`, followed through
+    /// failovers.
+    Sentinel,
+    /// A Redis Cluster reached through any of `nodes`.
+    Cluster,
+}
+config_enum!(RedisMode { Single => "single", Sentinel => "sentinel", Cluster => "cluster" });
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RedisSettings {
-    /// `redis://[:password@]host:port/db` or `rediss://` for TLS.
+    pub mode: RedisMode,
+    /// `redis://[user:password@]host:port/db` or `rediss://` for TLS. In
+    /// sentinel mode its scheme, credentials and database are used on the
+    /// master the sentinels name (its host and port are not used).
     pub url: String,
+    /// Sentinel mode: `host:port` of each sentinel.
+    pub sentinels: Vec<String>,
+    /// Sentinel mode: the name the sentinels monitor the master under.
+    pub master_name: String,
+    /// Sentinel mode: credentials and TLS for the sentinels themselves
+    /// (they are often configured apart from the data nodes).
+    pub sentinel_username: Option<String>,
+    pub sentinel_password: Option<String>,
+    pub sentinel_tls: bool,
+    /// Cluster mode: `redis://[user:password@]host:port` (or `rediss://`)
+    /// of some nodes; the rest are discovered.
+    pub nodes: Vec<String>,
+    /// When above 0: an acquire or renew is granted only after `WAIT`
+    /// confirms this many replicas have the write, within `wait_timeout_ms`;
+    /// otherwise the lock is released and the call fails. 0 = off.
+    pub wait_replicas: u32,
+    pub wait_timeout_ms: u64,
+    /// How often the master's role (sentinel) or the slot map (cluster) is
+    /// checked, besides the push events that normally announce a failover.
+    pub topology_check_interval_ms: u64,
     pub key_prefix: String,
     pub request_timeout_ms: u64,
     pub connect_timeout_ms: u64,
@@ -36,7 +75,17 @@ pub struct RedisSettings {
 impl Default for RedisSettings {
     fn default() -> Self {
         Self {
+            mode: RedisMode::Single,
             url: "redis://127.0.0.1:6379/0".into(),
+            sentinels: Vec::new(),
+            master_name: String::new(),
+            sentinel_username: None,
+            sentinel_password: None,
+            sentinel_tls: false,
+            nodes: Vec::new(),
+            wait_replicas: 0,
+            wait_timeout_ms: 100,
+            topology_check_interval_ms: 1_000,
             key_prefix: "fencer:".into(),
             request_timeout_ms: 1_000,
             connect_timeout_ms: 1_000,
@@ -46,45 +95,149 @@ impl Default for RedisSettings {
     }
 }
 
+/// `redis://` or `rediss://` with a host.
+fn check_redis_url(field: &'static str, raw: &str) -> Result<url::Url, ConfigError> {
+    let url = url::Url::parse(raw).map_err(|e| {
+        invalid(
+            field,
+            format!("not a URL ({e}); expected redis://host:port/db or rediss://…"),
+        )
+    })?;
+    if !matches!(url.scheme(), "redis" | "rediss") {
+        return Err(invalid(
+            field,
+            format!(
+                "scheme `{}` not allowed; allowed: redis, rediss",
+                url.scheme()
+            ),
+        ));
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(invalid(field, "needs a host"));
+    }
+    Ok(url)
+}
+
+/// `host:port` with a port.
+fn check_host_port(field: &'static str, raw: &str) -> Result<(), ConfigError> {
+    let ok = raw
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0));
+    if ok {
+        Ok(())
+    } else {
+        Err(invalid(
+            field,
+            format!("`{raw}`: expected host:port, e.g. redis-sentinel-0.redis:26379"),
+        ))
+    }
+}
+
 impl RedisSettings {
-    /// `selected`: this is the configured backend, so its URL must parse
-    /// (an unused section keeps its default and is not checked).
+    /// `selected`: this is the configured backend, so its topology must be
+    /// complete (an unused section keeps its defaults and is not checked).
     pub(crate) fn validate(&self, selected: bool) -> Result<(), ConfigError> {
         if selected {
-            let url = url::Url::parse(&self.url).map_err(|e| {
-                invalid(
-                    "backend.redis.url",
-                    format!("not a URL ({e}); expected redis://host:port/db or rediss://…"),
-                )
-            })?;
-            if !matches!(url.scheme(), "redis" | "rediss") {
-                return Err(invalid(
-                    "backend.redis.url",
-                    format!(
-                        "scheme `{}` not allowed; allowed: redis, rediss",
-                        url.scheme()
-                    ),
-                ));
+            match self.mode {
+                RedisMode::Single | RedisMode::Sentinel => {
+                    check_redis_url("backend.redis.url", &self.url)?;
+                }
+                RedisMode::Cluster => {}
+            }
+            match self.mode {
+                RedisMode::Single => {}
+                RedisMode::Sentinel => {
+                    if self.sentinels.is_empty() {
+                        return Err(invalid(
+                            "backend.redis.sentinels",
+                            "sentinel mode needs at least one sentinel (host:port); list all of them",
+                        ));
+                    }
+                    for s in &self.sentinels {
+                        check_host_port("backend.redis.sentinels", s)?;
+                    }
+                    if self.master_name.is_empty()
+                        || self.master_name.len() > 256
+                        || self.master_name.chars().any(char::is_whitespace)
+                    {
+                        return Err(invalid(
+                            "backend.redis.master_name",
+                            "sentinel mode needs the monitored master's name (1 to 256 characters, no spaces)",
+                        ));
+                    }
+                }
+                RedisMode::Cluster => {
+                    if self.nodes.is_empty() {
+                        return Err(invalid(
+                            "backend.redis.nodes",
+                            "cluster mode needs at least one node URL (redis://host:port)",
+                        ));
+                    }
+                    for n in &self.nodes {
+                        let url = check_redis_url("backend.redis.nodes", n)?;
+                        if url
+                            .path()
+                            .trim_matches('/')
+                            .parse::<u32>()
+                            .is_ok_and(|db| db != 0)
+                        {
+                            return Err(invalid(
+                                "backend.redis.nodes",
+                                "Redis Cluster has only database 0",
+                            ));
+                        }
+                    }
+                }
             }
         }
+        check_range(
+            "backend.redis.sentinels (count)",
+            self.sentinels.len() as u64,
+            0,
+            64,
+        )?;
+        check_range(
+            "backend.redis.nodes (count)",
+            self.nodes.len() as u64,
+            0,
+            1000,
+        )?;
+        check_range(
+            "backend.redis.wait_replicas",
+            self.wait_replicas.into(),
+            0,
+            64,
+        )?;
+        check_range(
+            "backend.redis.wait_timeout_ms",
+            self.wait_timeout_ms,
+            1,
+            10_000,
+        )?;
+        check_range(
+            "backend.redis.topology_check_interval_ms",
+            self.topology_check_interval_ms,
+            50,
+            60_000,
+        )?;
         if self.key_prefix.len() > 64 || self.key_prefix.contains(['{', '}']) {
             return Err(invalid(
                 "backend.redis.key_prefix",
                 "at most 64 bytes and no `{` or `}` (they would break the Cluster hash tag)",
             ));
         }
-        if !(10..=60_000).contains(&self.request_timeout_ms) {
-            return Err(invalid(
-                "backend.redis.request_timeout_ms",
-                "must be between 10 and 60000",
-            ));
-        }
-        if !(10..=60_000).contains(&self.connect_timeout_ms) {
-            return Err(invalid(
-                "backend.redis.connect_timeout_ms",
-                "must be between 10 and 60000",
-            ));
-        }
+        check_range(
+            "backend.redis.request_timeout_ms",
+            self.request_timeout_ms,
+            10,
+            60_000,
+        )?;
+        check_range(
+            "backend.redis.connect_timeout_ms",
+            self.connect_timeout_ms,
+            10,
+            60_000,
+        )?;
         Ok(())
     }
 }

@@ -7,6 +7,10 @@
 //! re-subscribed and every queue is told to re-check
 //! ([`WakeSink::resync`]). While disconnected, waiters keep working on
 //! their fallback timers.
+//!
+//! In sentinel mode the connection follows the master: when the master
+//! changes, the subscriber reconnects to the new one (a release runs there,
+//! and a demoted master cut off from it would never relay the message).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,8 +19,43 @@ use futures_util::StreamExt;
 use redis::aio::PubSubSink;
 
 use super::keys::RedisKeys;
+use super::sentinel::SentinelMaster;
 use crate::lock::channels::{ChannelWatch, Channels};
 use crate::lock::WakeSink;
+
+/// Where the pub/sub connection goes.
+pub enum Source {
+    Fixed(Box<redis::Client>),
+    Master(Arc<SentinelMaster>),
+}
+
+impl Source {
+    fn client(&self) -> Option<redis::Client> {
+        match self {
+            Source::Fixed(c) => Some((**c).clone()),
+            Source::Master(m) => m.current().map(|m| m.client),
+        }
+    }
+
+    /// Resolves when the master changes (never for a fixed server).
+    async fn moved(&self, seen: &mut Option<tokio::sync::watch::Receiver<u64>>) {
+        match seen {
+            Some(rx) => {
+                if rx.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+            None => std::future::pending::<()>().await,
+        }
+    }
+
+    fn failovers(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        match self {
+            Source::Fixed(_) => None,
+            Source::Master(m) => Some(m.failovers()),
+        }
+    }
+}
 
 const PING_INTERVAL: Duration = Duration::from_secs(5);
 const JANITOR_INTERVAL: Duration = Duration::from_secs(10);
@@ -37,13 +76,13 @@ async fn unsubscribe(mut sink: PubSubSink, channel: String) -> Result<(), String
 
 impl Subscriber {
     pub fn start(
-        client: redis::Client,
+        source: Source,
         prefix: String,
         connect_timeout: Duration,
         wake: Arc<dyn WakeSink>,
     ) -> Subscriber {
         let channels = Channels::new();
-        tokio::spawn(run(client, prefix, connect_timeout, wake, channels.clone()));
+        tokio::spawn(run(source, prefix, connect_timeout, wake, channels.clone()));
         Subscriber {
             channels,
             call_timeout: connect_timeout,
@@ -65,14 +104,24 @@ impl Subscriber {
 }
 
 async fn run(
-    client: redis::Client,
+    source: Source,
     prefix: String,
     connect_timeout: Duration,
     wake: Arc<dyn WakeSink>,
     channels: Channels<PubSubSink>,
 ) {
     let mut backoff = Duration::from_millis(50);
+    let mut failovers = source.failovers();
     loop {
+        if let Some(rx) = &mut failovers {
+            rx.mark_unchanged();
+        }
+        let Some(client) = source.client() else {
+            // Sentinel mode before the first master is known.
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(2));
+            continue;
+        };
         let pubsub = match tokio::time::timeout(connect_timeout, client.get_async_pubsub()).await {
             Ok(Ok(p)) => p,
             failed => {
@@ -119,6 +168,10 @@ async fn run(
                         tracing::warn!("pub/sub ping failed; reconnecting");
                         break;
                     }
+                }
+                _ = source.moved(&mut failovers) => {
+                    tracing::info!("redis master changed; moving the pub/sub connection");
+                    break;
                 }
                 _ = janitor.tick() => {
                     for key in channels.sweep_idle(unsubscribe, subscribe, connect_timeout).await {

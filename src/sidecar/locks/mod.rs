@@ -9,6 +9,7 @@
 //! - [`release`] — release, shutdown, and releasing leases nobody owns.
 
 mod acquire;
+mod failover;
 mod release;
 mod renew;
 

@@ -1,0 +1,97 @@
+//! Building redis-rs clients from fencer's settings, and the start-up check
+//! of the masters' `min-replicas-to-write`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::conn::Target;
+use crate::lock::BackendError;
+use crate::metrics::redis::RedisMetrics;
+
+/// The CA certificates trusted for `rediss://` (none: the public web roots).
+#[derive(Clone, Default)]
+pub struct ClientTls {
+    pub ca_pem: Option<Vec<u8>>,
+}
+
+impl ClientTls {
+    pub fn from_file(path: Option<&str>) -> Result<ClientTls, BackendError> {
+        let ca_pem = path
+            .map(|p| {
+                std::fs::read(p).map_err(|e| BackendError::Unavailable(format!("CA file {p}: {e}")))
+            })
+            .transpose()?;
+        Ok(ClientTls { ca_pem })
+    }
+
+    pub fn certificates(&self) -> Option<redis::TlsCertificates> {
+        self.ca_pem.as_ref().map(|pem| redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(pem.clone()),
+        })
+    }
+}
+
+pub fn open_client(url: &str, tls: &ClientTls) -> redis::RedisResult<redis::Client> {
+    match tls.certificates() {
+        None => redis::Client::open(url),
+        Some(certs) => redis::Client::build_with_tls(url, certs),
+    }
+}
+
+/// `redis[s]://[user:password@]host:port` for one sentinel.
+pub fn sentinel_url(
+    address: &str,
+    tls: bool,
+    username: Option<&str>,
+    password: Option<&str>,
+) -> Result<String, BackendError> {
+    let scheme = if tls { "rediss" } else { "redis" };
+    let mut url = url::Url::parse(&format!("{scheme}://{address}"))
+        .map_err(|e| BackendError::Unavailable(format!("sentinel {address}: {e}")))?;
+    if let Some(u) = username {
+        let _ = url.set_username(u);
+    }
+    if let Some(p) = password {
+        let _ = url.set_password(Some(p));
+    }
+    Ok(url.into())
+}
+
+/// Reads `min-replicas-to-write` from each master and warns when one is 0:
+/// after a failover such a master, demoted but not yet told, keeps
+/// accepting lock writes (and minting tokens) that the new master never
+/// sees. Sets `fencer_redis_min_replicas_to_write` to the smallest value.
+pub async fn check_min_replicas(
+    targets: Vec<Target>,
+    metrics: Arc<RedisMetrics>,
+    timeout: Duration,
+) {
+    let mut smallest: Option<i64> = None;
+    for mut target in targets {
+        let mut cmd = redis::cmd("CONFIG");
+        cmd.arg("GET").arg("min-replicas-to-write");
+        let reply = tokio::time::timeout(timeout, target.command::<Vec<String>>(&cmd)).await;
+        match reply {
+            Ok(Ok(pair)) => {
+                if let Some(v) = pair.get(1).and_then(|v| v.parse::<i64>().ok()) {
+                    smallest = Some(smallest.map_or(v, |s| s.min(v)));
+                }
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "cannot read min-replicas-to-write (CONFIG may be renamed or denied)");
+            }
+            Err(_) => tracing::warn!("reading min-replicas-to-write timed out"),
+        }
+    }
+    match smallest {
+        Some(0) => {
+            metrics.min_replicas_to_write.set(0);
+            tracing::warn!(
+                "redis master has min-replicas-to-write 0: after a failover the old master may accept lock writes for seconds; set min-replicas-to-write 1 and min-replicas-max-lag 1 (README, Redis topologies)"
+            );
+        }
+        Some(v) => metrics.min_replicas_to_write.set(v),
+        None => metrics.min_replicas_to_write.set(-1),
+    }
+}

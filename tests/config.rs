@@ -207,3 +207,115 @@ fn a_proxy_timeout_below_the_gateways_budget_is_refused() {
         stderr(&pre)
     );
 }
+
+#[test]
+fn sentinel_mode_needs_sentinels_and_a_master_name() {
+    let base = "[backend]\nkind = \"redis\"\n[backend.redis]\nmode = \"sentinel\"\n";
+    let out = check_file(base, &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("backend.redis.sentinels"),
+        "{}",
+        stderr(&out)
+    );
+    let out = check_file(&format!("{base}sentinels = [\"127.0.0.1:26379\"]\n"), &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("backend.redis.master_name"),
+        "{}",
+        stderr(&out)
+    );
+    let out = check_file(
+        &format!("{base}sentinels = [\"127.0.0.1\"]\nmaster_name = \"m\"\n"),
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(2), "a sentinel without a port");
+    assert!(stderr(&out).contains("host:port"), "{}", stderr(&out));
+    let out = check_file(
+        &format!("{base}sentinels = [\"10.0.0.1:26379\", \"s2:26379\"]\nmaster_name = \"m\"\n"),
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+#[test]
+fn cluster_mode_needs_node_urls_on_database_0() {
+    let base = "[backend]\nkind = \"redis\"\n[backend.redis]\nmode = \"cluster\"\n";
+    let out = check_file(base, &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("backend.redis.nodes"),
+        "{}",
+        stderr(&out)
+    );
+    let out = check_file(&format!("{base}nodes = [\"redis://n1:6379/2\"]\n"), &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("database 0"), "{}", stderr(&out));
+    let out = check_file(&format!("{base}nodes = [\"http://n1:6379\"]\n"), &[]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = check_file(
+        &format!("{base}nodes = [\"redis://n1:6379\", \"rediss://n2:6380\"]\n"),
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+#[test]
+fn unknown_redis_mode_lists_the_allowed_ones() {
+    let out = check_file("[backend.redis]\nmode = \"redlock\"\n", &[]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(
+        err.contains("single") && err.contains("sentinel") && err.contains("cluster"),
+        "{err}"
+    );
+}
+
+#[test]
+fn wait_settings_are_bounded() {
+    for (field, value) in [
+        ("WAIT_REPLICAS", "65"),
+        ("WAIT_TIMEOUT_MS", "0"),
+        ("WAIT_TIMEOUT_MS", "10001"),
+    ] {
+        let var = format!("FENCER__BACKEND__REDIS__{field}");
+        let out = fencer(&["check-config"], &[(var.as_str(), value)]);
+        assert_eq!(out.status.code(), Some(2), "{field}={value}");
+        assert!(
+            stderr(&out).contains(&format!("backend.redis.{}", field.to_lowercase())),
+            "{}",
+            stderr(&out)
+        );
+    }
+}
+
+/// Sentinels and nodes are lists; an operator sets them per environment
+/// as comma-separated values. Passwords in them never reach the output.
+#[test]
+fn topology_lists_come_from_the_environment_and_are_redacted() {
+    let out = fencer(
+        &["check-config"],
+        &[
+            ("FENCER__BACKEND__KIND", "redis"),
+            ("FENCER__BACKEND__REDIS__MODE", "sentinel"),
+            (
+                "FENCER__BACKEND__REDIS__SENTINELS",
+                "10.0.0.1:26379,10.0.0.2:26379",
+            ),
+            ("FENCER__BACKEND__REDIS__MASTER_NAME", "locks"),
+            ("FENCER__BACKEND__REDIS__SENTINEL_PASSWORD", "hunter2"),
+            (
+                "FENCER__BACKEND__REDIS__NODES",
+                "redis://:s3cret@n1:6379,redis://n2:6379",
+            ),
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("\"10.0.0.2:26379\""), "{text}");
+    assert!(text.contains("redis://n2:6379"), "{text}");
+    assert!(
+        !text.contains("hunter2") && !text.contains("s3cret"),
+        "{text}"
+    );
+}

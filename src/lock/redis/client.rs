@@ -71,10 +71,17 @@ pub async fn check_min_replicas(
     for mut target in targets {
         let mut cmd = redis::cmd("CONFIG");
         cmd.arg("GET").arg("min-replicas-to-write");
-        let reply = tokio::time::timeout(timeout, target.command::<Vec<String>>(&cmd)).await;
+        let reply = tokio::time::timeout(
+            timeout,
+            target.command::<std::collections::HashMap<String, String>>(&cmd),
+        )
+        .await;
         match reply {
             Ok(Ok(pair)) => {
-                if let Some(v) = pair.get(1).and_then(|v| v.parse::<i64>().ok()) {
+                if let Some(v) = pair
+                    .get("min-replicas-to-write")
+                    .and_then(|v| v.parse::<i64>().ok())
+                {
                     smallest = Some(smallest.map_or(v, |s| s.min(v)));
                 }
             }

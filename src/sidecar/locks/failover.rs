@@ -25,8 +25,10 @@ use crate::sidecar::leases::LostReason;
 
 /// Leases checked per backend call.
 const CHECK_BATCH: usize = 500;
-/// Attempts per batch while the new master settles.
-const CHECK_ATTEMPTS: u32 = 3;
+/// Attempts per batch while the new master settles (a Cluster answers
+/// `CLUSTERDOWN` until every node has the new slot map): 100 ms doubling,
+/// about 3 s in all.
+const CHECK_ATTEMPTS: u32 = 6;
 
 impl LockManager {
     /// Re-verifies every held lease on the backend's new master.
@@ -49,9 +51,12 @@ impl LockManager {
                         found = Some(f);
                         break;
                     }
-                    Err(e) => {
-                        tracing::warn!(error = %e, attempt, "re-verifying leases after a failover failed");
+                    Err(e) if attempt + 1 < CHECK_ATTEMPTS => {
+                        tracing::debug!(error = %e, attempt, "re-verifying leases after a failover failed; retrying");
                         tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "re-verifying leases after a failover failed; their renewals decide");
                     }
                 }
             }

@@ -93,6 +93,14 @@ impl RedisBackend {
         let (topology, watcher) = match settings.mode {
             RedisMode::Single => {
                 let client = open_client(&settings.url, &tls).map_err(bad_url)?;
+                if let Ok(url) = url::Url::parse(&settings.url) {
+                    let address = format!(
+                        "{}:{}",
+                        url.host_str().unwrap_or_default(),
+                        url.port().unwrap_or(6379)
+                    );
+                    metrics.master.with_label_values(&[&address]).set(1);
+                }
                 let config = ConnectionManagerConfig::new()
                     .set_response_timeout(Some(timeout))
                     .set_connection_timeout(Some(connect_timeout))

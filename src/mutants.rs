@@ -24,6 +24,9 @@ pub const ALL: &[(&str, &str)] = &[
     ("no_repair", "the sidecar hands out a token the gateway reported stale instead of repairing forward"),
     ("keep_orphans", "an acquire that does not hand its lease over leaves it in the backend"),
     ("subscribe_without_timeout", "a waiter's subscribe has no timeout"),
+    ("no_failover_reverify", "after a Redis failover the sidecar keeps every lease without checking the new master"),
+    ("sentinel_resolve_once", "sentinel mode resolves the master once and never follows a failover (redis-rs's own behaviour)"),
+    ("ignore_wait_shortfall", "an acquire or renewal is granted however few replicas WAIT counted"),
     ("fresh_send_time", "as before issue 10: one lease id for every try of an acquire, each try counting the deadline from its own send time, and PostgreSQL statements whose caller gave up neither bounded by the server, cancelled nor compensated"),
 ];
 

@@ -2,7 +2,8 @@
 //!
 //! Each scenario is a plain async function taking a [`Backend`]; the
 //! `suite!` macro at the bottom instantiates all of them once per backend,
-//! so a new backend plugs in with one line.
+//! so a new backend plugs in with one line. Redis runs in all three
+//! topologies: single, Sentinel and Cluster.
 
 mod common;
 
@@ -11,31 +12,88 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::postgres::PgServer;
+use common::redis_topology::{ClusterSet, SentinelOpts, SentinelSet};
 use common::*;
 use redis::Commands;
 use serde_json::json;
 
 /// A sidecar on `backend`, plus a Redis the test owns (the lock backend when
-/// `backend` is Redis; otherwise just the shared data store of the test).
+/// `backend` is single Redis; otherwise just the shared data store of the
+/// test), and the Sentinel set or Cluster behind a topology backend.
 struct Harness {
     redis: RedisServer,
     pg: Option<PgServer>,
+    sentinel: Option<SentinelSet>,
+    cluster: Option<ClusterSet>,
     sidecar: Fencer,
 }
 
 fn harness(backend: Backend, extra: &[(&str, &str)]) -> Harness {
     let redis = RedisServer::start(Persistence::Off);
     let pg = (backend == Backend::Postgres).then(PgServer::start);
-    let url = match &pg {
-        Some(pg) => pg.url(),
-        None => redis.url(),
+    // The behavioural suite needs the topology, not its redundancy: one
+    // replica and one sentinel, three masters without replicas.
+    let sentinel = (backend == Backend::RedisSentinel).then(|| {
+        SentinelSet::start(SentinelOpts {
+            replicas: 1,
+            sentinels: 1,
+            ..SentinelOpts::default()
+        })
+    });
+    let cluster = (backend == Backend::RedisCluster).then(|| ClusterSet::start(3, 0));
+    let url = match (&pg, backend) {
+        (Some(pg), _) => Some(pg.url()),
+        (None, Backend::Redis) => Some(redis.url()),
+        _ => None,
     };
-    let sidecar = Fencer::sidecar(backend, Some(&url), extra);
-    if backend == Backend::Postgres {
-        // The schema is created in the background; wait for readiness.
+    let mut settings: Vec<(String, String)> = Vec::new();
+    if let Some(set) = &sentinel {
+        settings.push(("backend.redis.mode".into(), "sentinel".into()));
+        settings.push((
+            "backend.redis.sentinels".into(),
+            set.sentinel_addrs().join(","),
+        ));
+        settings.push(("backend.redis.master_name".into(), set.master_name().into()));
+    }
+    if let Some(c) = &cluster {
+        settings.push(("backend.redis.mode".into(), "cluster".into()));
+        settings.push(("backend.redis.nodes".into(), c.node_urls().join(",")));
+    }
+    let mut all: Vec<(&str, &str)> = settings
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    all.extend_from_slice(extra);
+    let sidecar = Fencer::sidecar(backend, url.as_deref(), &all);
+    if !matches!(backend, Backend::Memory | Backend::Redis) {
+        // The schema is created, or the topology found, in the background.
         wait_ready(&sidecar);
     }
-    Harness { redis, pg, sidecar }
+    Harness {
+        redis,
+        pg,
+        sentinel,
+        cluster,
+        sidecar,
+    }
+}
+
+/// Lock entries left in the lock backend (Redis in any mode).
+fn redis_locks_left(h: &Harness) -> Vec<String> {
+    let mut conns = Vec::new();
+    if let Some(set) = &h.sentinel {
+        conns.push(set.node_conn(set.master_port()));
+    } else if let Some(c) = &h.cluster {
+        for port in c.node_ports() {
+            conns.push(c.conn(port));
+        }
+    } else {
+        conns.push(h.redis.conn());
+    }
+    conns
+        .iter_mut()
+        .flat_map(|c| c.keys::<_, Vec<String>>("fencer:*:lock").unwrap())
+        .collect()
 }
 
 fn wait_ready(s: &Fencer) {
@@ -453,9 +511,8 @@ async fn shutdown_releases_leases(backend: Backend) {
         leases.insert(r.lease());
     }
     assert_eq!(h.sidecar.terminate(), Some(0));
-    if backend == Backend::Redis {
-        let mut conn = h.redis.conn();
-        let keys: Vec<String> = conn.keys("fencer:*:lock").unwrap();
+    if backend.name() == "redis" {
+        let keys = redis_locks_left(&h);
         assert!(keys.is_empty(), "locks left after shutdown: {keys:?}");
     }
     if let Some(pg) = &h.pg {
@@ -697,6 +754,18 @@ macro_rules! suite {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() { super::$name(super::Backend::Redis).await }
+            )*
+        }
+        mod redis_sentinel {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() { super::$name(super::Backend::RedisSentinel).await }
+            )*
+        }
+        mod redis_cluster {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() { super::$name(super::Backend::RedisCluster).await }
             )*
         }
         mod postgres {

@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod postgres;
+pub mod redis_topology;
 pub mod tcp_fault;
 pub mod upstream;
 use std::io::{Read, Write};
@@ -33,7 +34,7 @@ pub fn free_port() -> u16 {
     fencer::bench::local::free_port().unwrap()
 }
 
-fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+pub fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
     let start = Instant::now();
     while start.elapsed() < timeout {
         if f() {
@@ -265,14 +266,21 @@ pub fn make_certs() -> tempfile::TempDir {
 pub enum Backend {
     Memory,
     Redis,
+    /// Redis through Sentinel (`backend.redis.mode = "sentinel"`); the test
+    /// passes the sentinels and master name as settings.
+    RedisSentinel,
+    /// Redis Cluster (`backend.redis.mode = "cluster"`); the test passes the
+    /// nodes as a setting.
+    RedisCluster,
     Postgres,
 }
 
 impl Backend {
+    /// `backend.kind`.
     pub fn name(self) -> &'static str {
         match self {
             Backend::Memory => "memory",
-            Backend::Redis => "redis",
+            Backend::Redis | Backend::RedisSentinel | Backend::RedisCluster => "redis",
             Backend::Postgres => "postgres",
         }
     }

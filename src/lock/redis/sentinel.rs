@@ -126,6 +126,9 @@ impl SentinelMaster {
                 }
             };
             checks = checks.wrapping_add(1);
+            if resolved && crate::mutants::active("sentinel_resolve_once") {
+                return;
+            }
             let pause = if resolved {
                 backoff = Duration::from_millis(50);
                 self.config.check_interval

@@ -33,6 +33,9 @@ const CHECK_ATTEMPTS: u32 = 6;
 impl LockManager {
     /// Re-verifies every held lease on the backend's new master.
     pub async fn reverify_after_failover(&self) {
+        if crate::mutants::active("no_failover_reverify") {
+            return;
+        }
         WakeSink::resync(&*self.waiters);
         let held = self.leases.held();
         let (mut kept, mut lost, mut unchecked) = (0usize, 0usize, 0usize);

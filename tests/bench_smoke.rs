@@ -93,3 +93,59 @@ async fn every_benchmark_scenario_runs_without_lost_updates() {
     assert_eq!(number_after(held, "still held"), 2000.0, "{text}");
     assert_eq!(number_after(held, "lost"), 0.0, "{text}");
 }
+
+/// `redis-topologies` for one second: sidecars in Redis single, sentinel
+/// and cluster mode each run both lock scenarios, without lost updates.
+#[test]
+fn redis_topologies_scenario_runs_without_lost_updates() {
+    for tool in ["redis-server", "redis-cli"] {
+        if Command::new(tool).arg("--version").output().is_err() {
+            eprintln!("skipping redis_topologies_scenario_runs_without_lost_updates: `{tool}` is not installed");
+            return;
+        }
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_fencer"))
+        .args([
+            "bench",
+            "--local",
+            "--scenario",
+            "redis-topologies",
+            "--seconds",
+            "1",
+            "--runs",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for scenario in ["uncontended-16", "contended-16"] {
+        assert!(
+            text.contains(&format!("redis-topologies: {scenario} (")),
+            "{scenario} missing:\n{text}"
+        );
+    }
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| {
+            ["  single ", "  sentinel ", "  cluster "]
+                .iter()
+                .any(|p| l.starts_with(p))
+                && l.contains("cycles/s")
+        })
+        .collect();
+    assert_eq!(lines.len(), 6, "{text}");
+    for l in lines {
+        assert!(l.contains("lost 0 "), "lost updates: {l}");
+        assert!(number_after(l, "cycles/s") > 0.0, "did not run: {l}");
+    }
+    assert_eq!(
+        text.lines().filter(|l| l.contains("/single ")).count(),
+        4,
+        "sentinel/single and cluster/single per scenario:\n{text}"
+    );
+}

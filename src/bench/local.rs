@@ -20,6 +20,11 @@ impl Proc {
         self.child.id()
     }
 
+    /// `Some(status)` once the process has exited.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
     /// The last lines of the process's log, for error messages.
     pub fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(self.dir.join("out.log")).unwrap_or_default();
@@ -33,6 +38,15 @@ impl Drop for Proc {
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A file removed on drop (a Unix socket a child process leaves behind).
+pub struct RemoveOnDrop(pub PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
     }
 }
 
@@ -57,7 +71,7 @@ pub fn free_port() -> Result<u16, String> {
         .map_err(|e| format!("no free port: {e}"))
 }
 
-fn temp_dir(name: &str) -> Result<PathBuf, String> {
+pub(super) fn temp_dir(name: &str) -> Result<PathBuf, String> {
     let dir = std::env::temp_dir().join(format!(
         "fencer-bench-{name}-{}-{}",
         std::process::id(),
@@ -67,14 +81,23 @@ fn temp_dir(name: &str) -> Result<PathBuf, String> {
     Ok(dir)
 }
 
-fn spawn(name: &str, mut cmd: Command, dir: PathBuf) -> Result<Proc, String> {
-    let log = std::fs::File::create(dir.join("out.log")).map_err(|e| e.to_string())?;
-    let child = cmd
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().map_err(|e| e.to_string())?)
-        .stderr(log)
-        .spawn()
-        .map_err(|e| format!("cannot start {name} ({:?}): {e}", cmd.get_program()))?;
+pub(super) fn spawn(name: &str, mut cmd: Command, dir: PathBuf) -> Result<Proc, String> {
+    let started = std::fs::File::create(dir.join("out.log"))
+        .and_then(|log| {
+            cmd.stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log)
+                .spawn()
+        })
+        .map_err(|e| format!("cannot start {name} ({:?}): {e}", cmd.get_program()));
+    let child = match started {
+        Ok(child) => child,
+        Err(e) => {
+            // Nothing will drop a Proc for it: remove the directory here.
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(e);
+        }
+    };
     Ok(Proc {
         name: name.to_owned(),
         child,
@@ -83,7 +106,7 @@ fn spawn(name: &str, mut cmd: Command, dir: PathBuf) -> Result<Proc, String> {
 }
 
 /// Waits until `addr` accepts TCP connections (or the process died).
-async fn wait_tcp(proc: &mut Proc, addr: &str) -> Result<(), String> {
+pub(super) async fn wait_tcp(proc: &mut Proc, addr: &str) -> Result<(), String> {
     for _ in 0..300 {
         if tokio::net::TcpStream::connect(addr).await.is_ok() {
             return Ok(());

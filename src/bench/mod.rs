@@ -10,7 +10,10 @@
 //! - `fence-store-pg` ([`fence_store`]): fenced writes/s with marks in
 //!   PostgreSQL vs. the same writes sent straight to the storage;
 //! - `leases` ([`leases`]): memory, CPU and Redis commands of one sidecar
-//!   keeping many auto-renewed leases alive.
+//!   keeping many auto-renewed leases alive;
+//! - `redis-topologies` ([`topologies`], `--local` only): two lock scenarios
+//!   through sidecars in Redis `single`, `sentinel` and `cluster` mode, each
+//!   topology started here ([`redis_topology`]), with the ratio to `single`.
 //!
 //! With `--local` the tool starts everything it needs itself (Redis,
 //! fencer processes from this binary, nginx) on free loopback ports.
@@ -20,7 +23,9 @@ mod fence_store;
 mod leases;
 pub mod local;
 mod locks;
+pub mod redis_topology;
 pub mod stats;
+pub mod topologies;
 mod write_path;
 
 use self::locks::{Side, SCENARIOS};
@@ -29,6 +34,7 @@ use self::stats::{cpu_line, lock_line, median, median_run, Report};
 const WRITE_PATH: &str = "write-path";
 const FENCE_STORE: &str = "fence-store-pg";
 const LEASES: &str = "leases";
+const TOPOLOGIES: &str = topologies::NAME;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
@@ -52,8 +58,8 @@ pub struct BenchArgs {
     #[arg(long)]
     pub postgres: Option<String>,
     /// Comma-separated: uncontended-1, uncontended-16, contended-16,
-    /// spread-64x8, write-path, fence-store-pg, leases; or `all`, or
-    /// `locks` (the four lock scenarios).
+    /// spread-64x8, write-path, fence-store-pg, leases, redis-topologies
+    /// (--local only); or `all`, or `locks` (the four lock scenarios).
     #[arg(long, default_value = "all")]
     pub scenario: String,
     /// Seconds per scenario, side and run.
@@ -84,21 +90,28 @@ pub struct Results {
     /// (direct, fenced) writes.
     pub fence_store: Option<(Report, Report)>,
     pub leases: Option<leases::LeaseReport>,
+    /// `redis-topologies`: per lock scenario, single vs sentinel vs cluster.
+    pub redis_topologies: Vec<topologies::ScenarioResult>,
 }
 
 fn selected(args: &BenchArgs) -> Result<Vec<&'static str>, String> {
     let all: Vec<&'static str> = SCENARIOS
         .iter()
         .map(|s| s.name)
-        .chain([WRITE_PATH, FENCE_STORE, LEASES])
+        .chain([WRITE_PATH, FENCE_STORE, LEASES, TOPOLOGIES])
         .collect();
     let mut out = Vec::new();
     for name in args.scenario.split(',').map(str::trim) {
         match name {
             // `leases` writes one never-expiring token counter per lease
             // into the Redis it runs on: part of `all` only in a Redis this
-            // tool started and throws away.
-            "all" => out.extend(all.iter().copied().filter(|n| args.local || *n != LEASES)),
+            // tool started and throws away. `redis-topologies` starts its
+            // own Sentinel set and Cluster: part of `all` only with --local.
+            "all" => out.extend(
+                all.iter()
+                    .copied()
+                    .filter(|n| args.local || (*n != LEASES && *n != TOPOLOGIES)),
+            ),
             "locks" => out.extend(SCENARIOS.iter().map(|s| s.name)),
             n => match all.iter().find(|a| **a == n) {
                 Some(a) => out.push(*a),
@@ -118,6 +131,11 @@ fn selected(args: &BenchArgs) -> Result<Vec<&'static str>, String> {
             args.leases
         ));
     }
+    if !args.local && out.contains(&TOPOLOGIES) {
+        return Err(format!(
+            "`{TOPOLOGIES}` starts its own Redis servers (a single one, a Sentinel set, a Cluster) and a sidecar on each; run it with --local"
+        ));
+    }
     Ok(out)
 }
 
@@ -127,6 +145,8 @@ pub async fn measure(args: &BenchArgs) -> Result<Results, String> {
     let mut results = Results::default();
     // Redis and a sidecar for the lock scenarios (and Redis for `leases`).
     let mut _local_procs = Vec::new();
+    // The sidecar's Unix socket file, removed when this returns.
+    let mut _socket_file = None;
     // (sidecar, redis) when started here: their CPU is measured per cycle.
     let mut pids: Option<(u32, u32)> = None;
     let (mut api, mut redis_url) = (args.api.clone(), args.redis.clone());
@@ -141,6 +161,7 @@ pub async fn measure(args: &BenchArgs) -> Result<Results, String> {
             std::process::id(),
             rand::random::<u32>()
         ));
+        _socket_file = Some(local::RemoveOnDrop(socket.clone()));
         let socket = socket.display().to_string();
         let sidecar = local::fencer(
             "sidecar",
@@ -317,6 +338,17 @@ pub async fn measure(args: &BenchArgs) -> Result<Results, String> {
             );
             println!("{}", r.lines());
             results.leases = Some(r);
+        } else if name == TOPOLOGIES {
+            if !redis_topology::redis_cli_available() {
+                let named = args.scenario.split(',').any(|n| n.trim() == TOPOLOGIES);
+                let why = "needs `redis-cli` (to create the Redis Cluster), which cannot be run";
+                if named {
+                    return Err(format!("{TOPOLOGIES} {why}"));
+                }
+                println!("{TOPOLOGIES}: skipped ({why})");
+                continue;
+            }
+            results.redis_topologies = topologies::run(args.seconds, runs).await?;
         }
     }
     Ok(results)

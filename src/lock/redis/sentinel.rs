@@ -6,11 +6,15 @@
 //! 1 → 45 on it while the promoted replica held 2, measured). So fencer
 //! follows the master itself:
 //!
-//! - **Resolution** asks every sentinel `SENTINEL MASTER <name>` at once and
-//!   believes the answer with the highest `config-epoch` (a sentinel cut off
+//! - **Resolution** asks every sentinel `SENTINEL MASTER <name>` at once
+//!   and tries the addresses newest `config-epoch` first (a sentinel cut off
 //!   from the others keeps reporting the master it knew; the failover that
-//!   replaced it carries a newer epoch), then checks with `ROLE` that the
-//!   server named really is a master before sending it lock writes.
+//!   replaced it carries a newer epoch), most-named first within an epoch,
+//!   after the address a `+switch-master` message announced; the first that
+//!   says `ROLE` master is used. The epoch alone is not enough: while it
+//!   reconfigures the replicas, the sentinel that led a failover already
+//!   reports the new epoch with the old master's address (measured by the
+//!   fault suite: sidecars ~1.1 s late on every failover it led).
 //! - **Triggers**: a `+switch-master` message on any sentinel's pub/sub
 //!   (the normal path, within milliseconds of the promotion); an error that
 //!   says "not the master" or "gone" (`READONLY`, `NOREPLICAS`,
@@ -23,7 +27,7 @@
 //!   new master does not have are lost) and waiters re-check.
 
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -59,6 +63,9 @@ pub struct SentinelMaster {
     current: RwLock<Option<Master>>,
     epoch: watch::Sender<u64>,
     refresh: Notify,
+    /// The new master's address from the last `+switch-master` message,
+    /// tried first by the next resolution.
+    hint: Mutex<Option<String>>,
     metrics: Arc<RedisMetrics>,
 }
 
@@ -73,6 +80,7 @@ impl SentinelMaster {
             current: RwLock::new(None),
             epoch,
             refresh: Notify::new(),
+            hint: Mutex::new(None),
             metrics,
         });
         tokio::spawn(me.clone().follow());
@@ -164,35 +172,44 @@ impl SentinelMaster {
     /// Asks the sentinels, verifies the answer, adopts it. `false` when no
     /// master could be confirmed (the current one, if any, is kept).
     async fn resolve(&self) -> bool {
-        let answers = futures_util::future::join_all(
+        let answers: Vec<(u64, String)> = futures_util::future::join_all(
             self.config.sentinels.iter().map(|s| self.ask_sentinel(s)),
         )
-        .await;
-        let best = answers
-            .into_iter()
-            .flatten()
-            .max_by_key(|(epoch, _)| *epoch)
-            .map(|(_, address)| address);
-        let Some(address) = best else {
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+        let hint = self.hint.lock().expect("hint lock").take();
+        let candidates = candidates(hint, &answers);
+        if candidates.is_empty() {
             tracing::warn!(
                 master = %self.config.master_name,
                 "no sentinel named a master; keeping the current one"
             );
             return false;
-        };
-        if self.current().is_some_and(|m| m.address == address) {
-            return true;
         }
-        match self.connect_master(&address).await {
-            Ok(master) => {
-                self.adopt(master);
-                true
+        for address in candidates {
+            if self.current().is_some_and(|m| m.address == address) {
+                if self.role_of_current().await == Some(true) {
+                    return true;
+                }
+                continue;
             }
-            Err(e) => {
-                tracing::warn!(address, error = %e, "the server the sentinels name is not (yet) a master");
-                false
+            match self.connect_master(&address).await {
+                Ok(master) => {
+                    self.adopt(master);
+                    return true;
+                }
+                Err(e) => {
+                    tracing::debug!(address, error = %e, "a server a sentinel names is not (yet) a master");
+                }
             }
         }
+        tracing::warn!(
+            master = %self.config.master_name,
+            "no server the sentinels name says it is the master; keeping the current one"
+        );
+        false
     }
 
     /// `(config-epoch, "host:port")` from one sentinel.
@@ -326,7 +343,12 @@ impl SentinelMaster {
                     while let Some(msg) = stream.next().await {
                         let payload: String = msg.get_payload().unwrap_or_default();
                         // "<name> <old ip> <old port> <new ip> <new port>"
-                        if payload.split(' ').next() == Some(self.config.master_name.as_str()) {
+                        let f: Vec<&str> = payload.split(' ').collect();
+                        if f.first() == Some(&self.config.master_name.as_str()) {
+                            if let [_, _, _, ip, port] = f[..] {
+                                *self.hint.lock().expect("hint lock") =
+                                    Some(format!("{ip}:{port}"));
+                            }
                             tracing::info!(event = %payload, "sentinel announced a failover");
                             self.metrics
                                 .topology_refreshes
@@ -347,6 +369,34 @@ impl SentinelMaster {
     }
 }
 
+/// The addresses to try, in order: the `+switch-master` hint, then the
+/// sentinels' answers by config epoch (newest first) and, within one epoch,
+/// by how many sentinels give that address. During a failover the leading
+/// sentinel already reports the new epoch while it still names the old
+/// master (until it has reconfigured the replicas), so neither the epoch
+/// nor one sentinel decides alone: each candidate must also say `ROLE`
+/// master before it is used.
+fn candidates(hint: Option<String>, answers: &[(u64, String)]) -> Vec<String> {
+    let mut ranked: Vec<(u64, usize, &str)> = Vec::new();
+    for (epoch, address) in answers {
+        match ranked
+            .iter_mut()
+            .find(|(e, _, a)| e == epoch && a == address)
+        {
+            Some(r) => r.1 += 1,
+            None => ranked.push((*epoch, 1, address)),
+        }
+    }
+    ranked.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)));
+    let mut out: Vec<String> = hint.into_iter().collect();
+    for (_, _, address) in ranked {
+        if !out.iter().any(|o| o == address) {
+            out.push(address.to_owned());
+        }
+    }
+    out
+}
+
 fn role_is_master(role: &[redis::Value]) -> bool {
     role.first()
         .and_then(|v| redis::from_redis_value::<String>(v.clone()).ok())
@@ -355,4 +405,26 @@ fn role_is_master(role: &[redis::Value]) -> bool {
 
 fn redact(url: &str) -> String {
     crate::settings::redact_url(url)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::candidates;
+
+    #[test]
+    fn the_hint_then_newest_epoch_then_most_sentinels() {
+        let answers = vec![
+            (3, "old:1".to_owned()),
+            (4, "old:1".to_owned()),
+            (4, "new:2".to_owned()),
+            (4, "new:2".to_owned()),
+            (2, "older:3".to_owned()),
+        ];
+        assert_eq!(candidates(None, &answers), ["new:2", "old:1", "older:3"]);
+        assert_eq!(
+            candidates(Some("hint:9".into()), &answers),
+            ["hint:9", "new:2", "old:1", "older:3"]
+        );
+        assert!(candidates(None, &[]).is_empty());
+    }
 }

@@ -110,7 +110,13 @@ async fn workload(
                     received,
                 });
                 tokio::time::sleep(Duration::from_millis(5)).await;
-                s.release(key, &r.lease()).await;
+                // As an application would: a release that failed during the
+                // failover (503) is retried, or the key stays taken for
+                // its TTL.
+                let until = Instant::now() + Duration::from_secs(10);
+                while s.release(key, &r.lease()).await.status == 503 && Instant::now() < until {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
             }
         }));
     }
@@ -164,7 +170,17 @@ async fn sentinel_failover_under_load() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let old = set.kill_master();
     let kill = Instant::now();
+    let followed = {
+        let s = s.clone();
+        tokio::spawn(async move {
+            while s.metric("fencer_redis_failovers_total", &[]).await < 1.0 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            kill.elapsed()
+        })
+    };
     let new = set.wait_new_master(old, Duration::from_secs(20));
+    let promoted = kill.elapsed();
     // Run on until acquisitions have resumed for a while.
     tokio::time::sleep(Duration::from_secs(3)).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -189,8 +205,11 @@ async fn sentinel_failover_under_load() {
     let lost = s
         .metric("fencer_lost_leases_total", &[("reason", "failover")])
         .await;
+    let followed = followed.await.unwrap();
     eprintln!(
-        "sentinel failover: unavailable {} ms (kill -9 -> first successful acquire), {} grants, {} failed acquires, {} leases lost by failover",
+        "sentinel failover: promoted after ~{} ms (as the test polled it), sidecar switched at {} ms, unavailable {} ms (kill -9 -> first successful acquire), {} grants, {} failed acquires, {} leases lost by failover",
+        promoted.as_millis(),
+        followed.as_millis(),
         (first_after - kill).as_millis(),
         grants.len(),
         failures,

@@ -246,13 +246,32 @@ impl RedisBackend {
         call: &Call,
         replicated: Replicated,
     ) -> Result<Reply, BackendError> {
+        // Subscribed before the target is read, so a switch between the two
+        // is noticed.
+        let mut moved = self.topology.master_changes();
         let mut target = self.topology.target()?;
         let wait = match replicated {
             Replicated::Required(_) => self.wait,
             Replicated::No => None,
         };
         let budget = self.timeout + Duration::from_millis(wait.map_or(0, |w| w.timeout_ms));
-        match tokio::time::timeout(budget, conn::run(&mut target, lua, call, wait)).await {
+        let call = tokio::time::timeout(budget, conn::run(&mut target, lua, call, wait));
+        let outcome = match &mut moved {
+            // A request to a master that has just been replaced gives up at
+            // once instead of waiting out its timeout on a dead server: the
+            // caller retries (acquire) or reports 503 (release, renew) and
+            // the next try goes to the new master.
+            Some(moved) => tokio::select! {
+                outcome = call => outcome,
+                _ = moved.changed() => {
+                    return Err(BackendError::Unavailable(
+                        "redis master changed during the request".into(),
+                    ))
+                }
+            },
+            None => call.await,
+        };
+        match outcome {
             Err(_) => Err(BackendError::Unavailable("redis request timed out".into())),
             Ok(Err(e)) => {
                 self.topology.saw_error(&e);

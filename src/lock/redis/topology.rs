@@ -49,6 +49,16 @@ impl Topology {
         }
     }
 
+    /// Sentinel mode: resolves when the master is replaced (requests in
+    /// flight to the old one are abandoned). Not in cluster mode, where one
+    /// shard's failover must not fail requests to the others.
+    pub fn master_changes(&self) -> Option<watch::Receiver<u64>> {
+        match self {
+            Topology::Sentinel(s) => Some(s.failovers()),
+            _ => None,
+        }
+    }
+
     pub fn is_cluster(&self) -> bool {
         matches!(self, Topology::Cluster(_))
     }

@@ -6,6 +6,8 @@ seeded faults; histories checked for S1–S7 (docs/faults.md).
   python3 tests/faults/run.py --tier long --minutes 30   # per backend, mixed faults
   python3 tests/faults/run.py --only pause-short --seed 7 --keep
   python3 tests/faults/run.py --mutant check_then_forward --repeat 20
+  python3 tests/faults/run.py --only redis-lossy-failover --seed 3 --keep
+  python3 tests/faults/run.py --mutant counter_tokens     # M4: must FAIL (S2)
 
 Exit status 0 when every safety run is PASS and every mutant run FAILs.
 Histories, logs and the report of every run that is not a clean PASS are
@@ -68,7 +70,25 @@ FAMILIES = [
        interval=(1.0, 3.0), bite={"stale_at_gateway": 5, "faults": 5}),
     sc("forgery", nemesis=PAUSES, forge_p=0.3, replay_p=0.3, self_pause_p=0.3,
        bite={"stale_at_gateway": 5}),
+] + [
+    # Redis Sentinel failovers (FAULT-SUITE: "≥ 3 failovers incl. ≥ 1 lossy").
+    # A failover takes 5–8 s of nemesis time (promotion ~2.5 s after the
+    # kill, the old node back 1–3 s later, then the set must be healthy
+    # again), so these runs are longer and the failover is listed twice (2 in
+    # 3 faults) to reach 3 in the run. Only the lossy one is in the PR tier.
+    sc("redis-lossy-failover", backend="redis-sentinel", duration_s=50, self_pause_p=0.3,
+       nemesis=["lossy_failover", "lossy_failover", "pause_worker"], interval=(0.5, 1.5),
+       bite={"failovers": 3, "lossy_failovers": 1, "stale_at_gateway": 3}),
+    sc("redis-failover", backend="redis-sentinel", duration_s=50, self_pause_p=0.3, long_only=True,
+       nemesis=["failover", "failover", "pause_worker"], interval=(0.5, 1.5),
+       bite={"failovers": 3, "stale_at_gateway": 3}),
+    # wait_replicas 1: acquires during the frozen replication are refused
+    # (503 not_replicated), but their counter increments are still lost.
+    sc("redis-lossy-failover-wait", backend="redis-sentinel", duration_s=50, self_pause_p=0.3, long_only=True,
+       nemesis=["lossy_failover", "lossy_failover", "pause_worker"], interval=(0.5, 1.5), wait_replicas=1,
+       bite={"failovers": 3, "lossy_failovers": 1, "stale_at_gateway": 3}),
 ]
+SENTINEL_FAMILIES = [f for f in FAMILIES if f["backend"] == "redis-sentinel"]
 
 # No faults: the throughput the fault runs are compared with.
 BASELINE = sc("baseline", nemesis=[], self_pause_p=0.0)
@@ -78,6 +98,12 @@ MIXED = sc("mixed", nemesis=PAUSES + ["pause_sidecar", "pause_gateway", "kill_ga
                                       "net_storage", "expire", "slow_storage"],
            self_pause_p=0.35, forge_p=0.05, replay_p=0.1, client_timeout_ms=2500,
            bite={"stale_at_gateway": 30, "expiries_while_paused": 10})
+
+# The long tier's mixed schedule for the sentinel backend: failovers (plain
+# and lossy) among pauses; the single-backend faults do not apply there.
+MIXED_SENTINEL = sc("mixed-sentinel", backend="redis-sentinel",
+                    nemesis=PAUSES + ["pause_sidecar", "failover", "lossy_failover"],
+                    self_pause_p=0.35, forge_p=0.05, replay_p=0.1, client_timeout_ms=2500)
 
 # Mutants killed by a random schedule of this suite: mutant → (scenario
 # overrides, mutants by role).
@@ -89,6 +115,16 @@ RANDOM_MUTANTS = {
                         {"gateway": ["ignore_sequence"]}),
     "check_then_forward": (dict(name="m-check-then-forward", nemesis=["slow_storage"], client_timeout_ms=1500,
                                 self_pause_p=0.4, interval=(1.0, 2.0)), {"gateway": ["check_then_forward"]}),
+}
+
+# Configuration mutants on a sentinel set: a scenario whose settings switch
+# a mechanism off (no FENCER_MUTANT). counter_tokens is FAULT-SUITE's M4,
+# "Redis-minted token, no WAIT, async failover": plain INCR tokens and no
+# pre-registration, so a lossy failover reissues token numbers (S2). Not in
+# the PR tier (one sentinel run there already); run with --mutant.
+SENTINEL_MUTANTS = {
+    "counter_tokens": dict(name="m-counter-tokens", token_mode="counter", preregister=False,
+                           nemesis=["lossy_failover"], duration_s=30, bite={}),
 }
 
 # Mutants killed by a directed test (deterministic, seconds each): the
@@ -109,6 +145,9 @@ DIRECTED_MUTANTS = {
     "keep_orphans": ("safety_regressions", "an_acquire_whose_client_leaves_during_preregistration_is_released"),
     "subscribe_without_timeout": ("safety_regressions", "a_half_open_subscriber_does_not_hold_waiters_past_wait_ms"),
     "fresh_send_time": ("safety_regressions", "a_stuck_postgres_acquire_never_leaves_two_holders"),
+    "no_failover_reverify": ("redis_topologies", "lossy_sentinel_failover_loses_the_lease_but_never_reuses_its_token"),
+    "sentinel_resolve_once": ("redis_topologies", "sentinel_failover_under_load"),
+    "ignore_wait_shortfall": ("redis_topologies", "wait_replicas_grants_only_what_replicas_confirmed"),
 }
 
 
@@ -144,7 +183,7 @@ def main():
     ap.add_argument("--tier", choices=["pr", "long"], default=None)
     ap.add_argument("--minutes", type=float, default=30, help="long tier: minutes per backend")
     ap.add_argument("--only", help="run one family (by name)")
-    ap.add_argument("--backend", choices=["redis", "postgres"])
+    ap.add_argument("--backend", choices=["redis", "postgres", "redis-sentinel"])
     ap.add_argument("--mutant", help="run one mutant's kill test(s)")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--seed", type=int, default=None)
@@ -165,6 +204,14 @@ def main():
         results.append(r)
         v = "; ".join(f"{x['property']}: {x['message']}" for x in r.get("violations", [])[:3])
         bites = " ".join(f"{k}={v}" for k, v in r.get("bites", {}).items())
+        if r.get("unavailability_ms"):
+            u = r["unavailability_ms"]
+            bites += f" unavail_ms={u['min']}/{u['median']}/{u['max']}"
+        fm = r.get("failover_metrics")
+        if fm:
+            bites += f" lost_by_failover={fm['leases_lost_failover']} switches={fm['sentinel_switches']}"
+            if fm["not_following"]:
+                bites += f" NOT_FOLLOWING={','.join(fm['not_following'])}"
         print(f"[{'ok' if ok else 'BAD'}] {r['name']:<44} {r['verdict']:<12} expect {expect:<4} "
               f"{r.get('seconds', 0):>5}s  {bites}  {v or r.get('error', '')}", flush=True)
         if not ok and r.get("dir"):
@@ -177,15 +224,28 @@ def main():
 
     schedules = []
     if a.tier == "pr" or a.only:
-        schedules = [f for f in FAMILIES if not a.only or f["name"] == a.only]
+        schedules = [f for f in FAMILIES if (f["name"] == a.only if a.only else not f.get("long_only"))]
         if a.backend:
-            schedules = [dict(f, backend=a.backend) for f in schedules]
+            # A failover family needs its sentinel set: kept as it is, and
+            # only when that backend is asked for.
+            schedules = [f if f in SENTINEL_FAMILIES else dict(f, backend=a.backend) for f in schedules
+                         if f not in SENTINEL_FAMILIES or a.backend == "redis-sentinel" or a.only]
     if a.tier in ("pr", "long"):
+        # The sentinel backend's long run is asked for explicitly
+        # (--backend redis-sentinel): the default long tier is the issue's
+        # 30 minutes per backend for Redis and PostgreSQL.
         for backend in ([a.backend] if a.backend else ["redis", "postgres"]):
             schedules.append(dict(BASELINE, backend=backend, duration_s=30 if a.tier == "pr" else 120))
     if a.tier == "long":
         n = max(1, int(a.minutes * 60 // 300))
         for backend in ([a.backend] if a.backend else ["redis", "postgres"]):
+            if backend == "redis-sentinel":
+                schedules += SENTINEL_FAMILIES
+                for i in range(n):
+                    schedules.append(dict(MIXED_SENTINEL, duration_s=300, name=f"mixed-sentinel-{i}",
+                                          bite={"stale_at_gateway": 50, "expiries_while_paused": 10,
+                                                "failovers": 10, "lossy_failovers": 3}))
+                continue
             for i in range(n):
                 schedules.append(dict(MIXED, backend=backend, duration_s=300, name=f"mixed-{i}",
                                       bite={"stale_at_gateway": 100, "expiries_while_paused": 30}))
@@ -201,6 +261,9 @@ def main():
     for m in mutants:
         for rep in range(a.repeat):
             s_seed = seed + 7 * rep + hash(m) % 1000
+            if m in SENTINEL_MUTANTS:
+                base = next(f for f in FAMILIES if f["name"] == "redis-lossy-failover")
+                record(scenario.run(dict(base, **SENTINEL_MUTANTS[m]), s_seed, a.bin, a.out, a.keep), "FAIL")
             if m in RANDOM_MUTANTS:
                 overrides, roles = RANDOM_MUTANTS[m]
                 base = next((f for f in FAMILIES if f["name"] == "pause-short"), BASE)
@@ -241,7 +304,10 @@ def main():
     with open(os.path.join(a.out, "summary.json"), "w") as f:
         json.dump({"summary": summary, "results": results}, f, indent=1, default=str)
     print(json.dumps(summary))
-    need = {"pr": 300, "long": 3000}.get(a.tier)
+    # Stale attempts a tier must reach: 300 in the PR tier (bound ≈ 1 %),
+    # 3 000 in the long tier over both backends (≈ 0.1 %), pro rata for one
+    # backend or fewer minutes.
+    need = {"pr": 300, "long": int(3000 * (0.5 if a.backend else 1.0) * min(1.0, a.minutes / 30))}.get(a.tier)
     if need and stale < need:
         print(f"INCONCLUSIVE: only {stale} stale attempts reached a gateway (need {need})")
         sys.exit(1)

@@ -5,6 +5,7 @@ Inputs: worker history events, the storage's commit log (the authoritative
 order of applied writes), the sidecars' "token injected" log lines, samples
 of the gateway's marks, and the nemesis events.
 """
+import statistics
 from collections import defaultdict
 
 from .worker import lease_tag
@@ -144,8 +145,15 @@ def check(events, commits, injections, marks, nemesis, cfg):
         "acked": len(writes_ok),
         "faults": sum(1 for n in nemesis if n.get("kind") not in ("heal",)),
     }
+    if any(n.get("kind") in FAILOVER_KINDS for n in nemesis) or cfg.get("backend") == "redis-sentinel":
+        # FAULT-SUITE: "failovers that actually lost state" — a promotion
+        # counts as lossy when a key's counter on the promoted replica was
+        # below the old master's just before the kill (nemesis.py).
+        promoted = [n for n in nemesis if n.get("kind") == "promoted"]
+        r.bites["failovers"] = len(promoted)
+        r.bites["lossy_failovers"] = sum(1 for n in promoted if n.get("lost_state"))
     tags = {lease_tag(l) for toks in issued.values() for ls in toks.values() for l in ls}
-    r.stats = {"leases": len(tags)}
+    r.stats = {"leases": len(tags), "unavailability_ms": unavailability(events, nemesis)}
     return r
 
 
@@ -217,3 +225,37 @@ def overlaps(events):
                 if pa != pb:
                     n += 1
     return n
+
+
+FAILOVER_KINDS = ("failover", "lossy_failover")
+
+
+def unavailability(events, nemesis):
+    """Per failover (kill -9 of the master), ms from the kill to the first
+    acquire granted after it, by any worker. Only calls invoked after the
+    kill count: one invoked before may have been granted by the old master
+    with its answer still on the way (or held by a paused worker). None
+    when no such acquire succeeded before the next kill."""
+    kills = sorted(n["t"] for n in nemesis if n.get("kind") in FAILOVER_KINDS)
+    invoked, grants = {}, []
+    for e in events:
+        if e["f"] != "acquire":
+            continue
+        if e["kind"] == "invoke":
+            invoked[e["proc"]] = e["t"]
+        elif e["kind"] == "ok" and e["proc"] in invoked:
+            grants.append((invoked.pop(e["proc"]), e["t"]))
+    out = []
+    for i, k in enumerate(kills):
+        nxt = kills[i + 1] if i + 1 < len(kills) else float("inf")
+        oks = [t for t_inv, t in grants if k < t_inv < nxt]
+        out.append(round((min(oks) - k) / 1e6) if oks else None)
+    return out
+
+
+def spread(values):
+    """min / median / max (and n) of the numbers in `values`; None if none."""
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return None
+    return {"min": min(vals), "median": round(statistics.median(vals)), "max": max(vals), "n": len(vals)}

@@ -1,6 +1,9 @@
 """One run's topology, started from a scenario:
 
     worker_i ──> sidecar_i ──[lockp]──> Redis or PostgreSQL (locks)
+                   (backend "redis-sentinel": no lockp; the sidecars ask the
+                   sentinels for the master, and each replica replicates
+                   through a [link] of its own: RedisSentinelSet)
                    └─[gwp_i]──> gateway_a / gateway_b ──[stp_x]──> storage
     (direct workers carry their token to a gateway themselves)
     gateways ──> PostgreSQL (fence store, shared)
@@ -17,7 +20,8 @@ import threading
 import time
 
 from .faultproxy import FaultProxy
-from .procs import Fencer, Postgres, Proc, Redis, free_port, http_ok, proc_state, wait_for
+from .procs import (Fencer, Postgres, Proc, Redis, RedisSentinelSet, free_port, http_ok, metric_sum,
+                    proc_state, wait_for)
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -33,7 +37,9 @@ class Cluster:
         self._build()
 
     def event(self, **kv):
-        kv["t"] = time.monotonic_ns()
+        """A nemesis event, at `t` (monotonic ns) if given (a kill records
+        when the signal went out), else now."""
+        kv.setdefault("t", time.monotonic_ns())
         with self.lock:
             self.nemesis_events.append(kv)
 
@@ -49,8 +55,13 @@ class Cluster:
         sc = self.sc
         self.pg = Postgres(self.run_dir, "pg", settings=sc.get("pg_settings", ()),
                            faketime=sc.get("pg_faketime"))
-        self.redis = None
-        if sc["backend"] == "redis":
+        self.redis = self.rset = self.lockp = None
+        if sc["backend"] == "redis-sentinel":
+            # The sentinels announce the nodes' own addresses, so a proxy in
+            # front of "the" lock backend has nothing to stand in front of.
+            self.rset = RedisSentinelSet(self.run_dir, node_args=sc.get("redis_node_args", ()),
+                                         down_after_ms=sc.get("sentinel_down_after_ms", 1000)).start()
+        elif sc["backend"] == "redis":
             self.redis = Redis(self.run_dir, aof=sc.get("redis_aof", True))
             self.lockp = self.proxy("lock-backend", self.redis.port)
             lock_url = self.redis.url(self.lockp.port)
@@ -90,7 +101,7 @@ class Cluster:
             g = self.gateways[i % len(self.gateways)]
             gwp = self.proxy(f"sidecar-{i}->{g.name}", g.api_port)
             settings = {
-                "backend.kind": sc["backend"],
+                "backend.kind": "redis" if self.rset else sc["backend"],
                 "sidecar.default_ttl_ms": sc["ttl_ms"],
                 "sidecar.safety_margin_ms": 20,
                 "proxy.upstream": f"http://127.0.0.1:{gwp.port}",
@@ -104,7 +115,9 @@ class Cluster:
             }
             if sc.get("preregister", True):
                 settings["sidecar.preregister_url"] = f"http://127.0.0.1:{gwp.port}/_fencer/v1/fences/"
-            if sc["backend"] == "redis":
+            if self.rset:
+                settings.update(self._sentinel_settings())
+            elif sc["backend"] == "redis":
                 settings["backend.redis.url"] = lock_url
                 settings["backend.redis.token_mode"] = sc.get("token_mode", "hybrid_clock")
                 settings["backend.redis.request_timeout_ms"] = 500
@@ -117,6 +130,38 @@ class Cluster:
             self.sidecars.append(s)
             mode = "direct" if i < direct else "proxy"
             self.workers.append(self._worker(i, s, g, mode))
+
+    def _sentinel_settings(self):
+        """A sidecar's `backend.redis` for the sentinel set (lists go to the
+        environment comma-separated)."""
+        sc = self.sc
+        out = {
+            "backend.redis.mode": "sentinel",
+            "backend.redis.sentinels": ",".join(self.rset.sentinel_addrs),
+            "backend.redis.master_name": self.rset.NAME,
+            "backend.redis.token_mode": sc.get("token_mode", "hybrid_clock"),
+            "backend.redis.request_timeout_ms": 500,
+        }
+        if sc.get("wait_replicas"):
+            out["backend.redis.wait_replicas"] = sc["wait_replicas"]
+            out["backend.redis.wait_timeout_ms"] = sc.get("wait_timeout_ms", 100)
+        return out
+
+    def failover_metrics(self):
+        """What the sidecars counted about failovers, scraped from their
+        admin /metrics at the end of the run (a sidecar restarted during the
+        run counts from its restart), beside the switches the sentinels
+        made: a sidecar that counted fewer did not follow one."""
+        texts = [s.metrics() for s in self.sidecars]
+        seen = [int(metric_sum(t, "fencer_redis_failovers_total")) for t in texts]
+        switches = self.rset.switches()
+        return {
+            "leases_lost_failover": int(sum(metric_sum(t, "fencer_lost_leases_total", {"reason": "failover"})
+                                            for t in texts)),
+            "redis_failovers_seen": seen,
+            "sentinel_switches": switches,
+            "not_following": [s.name for s, n in zip(self.sidecars, seen) if n < switches],
+        }
 
     def _worker(self, i, sidecar, gateway, mode):
         sc = self.sc
@@ -205,6 +250,8 @@ class Cluster:
             g.proc.resume()
         if self.redis:
             self.redis.proc.resume()
+        if self.rset:
+            self.rset.thaw_links()
         self.pg.resume()
         self.storage.resume()
         try:
@@ -226,4 +273,6 @@ class Cluster:
             p.close()
         if self.redis:
             self.redis.stop()
+        if self.rset:
+            self.rset.stop()
         self.pg.stop()

@@ -9,7 +9,8 @@ Each proxy forwards bytes both ways until the nemesis sets a mode:
                   request arrives, its answer never does)
   freeze_unscripted  hold connections that never sent a Redis script command
                   (the pub/sub connection: a half-open subscriber)
-and `reset_all()` closes every open connection with a TCP RST.
+and `reset_all()` closes every open connection with a TCP RST (bytes a
+held connection was holding are dropped, never delivered later).
 
 All proxies of a run live in one background thread running an asyncio loop.
 """
@@ -74,6 +75,7 @@ class FaultProxy:
 
         async def go():
             for c in list(self.conns):
+                c["dead"] = True
                 for w in c["writers"]:
                     _rst(w)
             self.conns.clear()
@@ -83,6 +85,7 @@ class FaultProxy:
         async def go():
             self.server.close()
             for c in list(self.conns):
+                c["dead"] = True
                 for w in c["writers"]:
                     _rst(w)
         try:
@@ -132,8 +135,10 @@ class FaultProxy:
                 u = chunk.upper()
                 if b"EVAL" in u or b"SCRIPT" in u:
                     conn["scripted"] = True
-            while self._held(conn):
+            while self._held(conn) and not conn.get("dead"):
                 await asyncio.sleep(0.005)
+            if conn.get("dead"):
+                return  # reset while held: the bytes die with the connection
             m = self.mode
             if m["mode"] == "delay" and m.get("direction", "both") in ("both", "up" if up else "down"):
                 await asyncio.sleep(m.get("ms", 0) / 1000)

@@ -22,6 +22,15 @@ to the histories. Families:
   expire          premature expiry: the lock entry deleted / expired in the
                   backend (a backend wall-clock step)
   slow_storage    the storage holds writes longer than the clients wait
+  failover        kill -9 the Redis master of a sentinel set; a replica is
+                  promoted; the old node rejoins as a replica 1–3 s later
+  lossy_failover  the same, after freezing replication for 0.3–0.8 s while
+                  the workload mints tokens (FAULT-SUITE's lossy failover):
+                  the promoted replica lacks the last counter increments
+
+Backend "redis-sentinel" has no single lock-backend process or link, so
+net_lock, pause_backend and kill_backend are skipped there (one "skipped"
+event); failover and lossy_failover exist only there.
 """
 import random
 import subprocess
@@ -29,13 +38,34 @@ import threading
 import time
 
 
+# Families that need one lock-backend process / one link to it (lockp), or
+# a sentinel set, by backend.
+NEEDS_SINGLE_BACKEND = {"net_lock", "pause_backend", "kill_backend"}
+NEEDS_SENTINELS = {"failover", "lossy_failover"}
+# Nemesis time one failover takes: promotion (~2.3–3.4 s after the kill),
+# the old node back 1–3 s later, and margin. One that could not finish
+# before the heal would eat the quiet phase (L2 would see no writes).
+FAILOVER_BUDGET_S = 8
+
+
+def available(family, backend):
+    if backend == "redis-sentinel":
+        return family not in NEEDS_SINGLE_BACKEND
+    return family not in NEEDS_SENTINELS
+
+
 class Nemesis:
     def __init__(self, cluster, families, seed, ttl_ms, interval=(0.3, 1.5)):
         self.c = cluster
-        self.families = families
+        backend = cluster.sc["backend"]
+        self.families = [f for f in families if available(f, backend)]
+        skipped = sorted(set(families) - set(self.families))
+        if skipped:
+            cluster.event(kind="skipped", families=skipped, backend=backend)
         self.rng = random.Random(seed)
         self.ttl = ttl_ms / 1000
         self.interval = interval
+        self.end = None
         self.thread = None
         self.stop = threading.Event()
 
@@ -48,11 +78,13 @@ class Nemesis:
             self.thread.join()
 
     def _loop(self, seconds):
-        end = time.monotonic() + seconds
+        end = self.end = time.monotonic() + seconds
         while time.monotonic() < end and not self.stop.is_set():
             time.sleep(self.rng.uniform(*self.interval))
             if time.monotonic() >= end:
                 break
+            if not self.families:
+                continue
             fam = self.rng.choice(self.families)
             try:
                 getattr(self, fam)()
@@ -157,7 +189,9 @@ class Nemesis:
     def expire(self):
         key = self.rng.choice(self.c.sc["keys"])
         self.c.event(kind="expire", key=key)
-        if self.c.redis:
+        if self.c.rset:
+            self.c.rset.cmd("DEL", "fencer:{" + key + "}:lock")
+        elif self.c.redis:
             self.c.redis.cmd("DEL", "fencer:{" + key + "}:lock")
         else:
             self.c.pg.psql(f"UPDATE fencer_locks SET expires_at = clock_timestamp() WHERE key = '{key}'")
@@ -171,3 +205,75 @@ class Nemesis:
             subprocess.run(["curl", "-s", "-XPOST", url, "-d", f'{{"delay_ms": {ms}}}'],
                            capture_output=True, timeout=5)
         self.hold("slow_storage", d, lambda: set_delay(delay), lambda: set_delay(0), delay_ms=delay)
+
+    # ------------------------------------------------------------ sentinel failovers
+
+    def failover(self):
+        self._fail_over(lossy=False)
+
+    def lossy_failover(self):
+        self._fail_over(lossy=True)
+
+    def _fail_over(self, lossy):
+        """kill -9 the master of a healthy set, wait for the promotion, let
+        the old node rejoin as a replica 1–3 s later.
+
+        Lossy: every replica is first routed through a fresh link, then the
+        links freeze for 0.3–0.8 s while the workload mints tokens on the
+        master, and the links are reset (their held bytes dropped) right
+        after the kill. Whether state was really lost is measured, not
+        assumed: each key's counter on the master just before the kill
+        against the promoted replica's (read before the promotion: once
+        promoted, new acquires move it)."""
+        rs = self.c.rset
+        family = "lossy_failover" if lossy else "failover"
+        left = self.end - time.monotonic() - FAILOVER_BUDGET_S
+        try:
+            if left <= 0:
+                raise RuntimeError("no time left to finish it before the heal")
+            # A failover the sentinels started on their own, or a node still
+            # syncing, must settle first: a kill now would be a different fault.
+            rs.wait_healthy(min(15, left))
+        except RuntimeError as e:
+            self.c.event(kind="skipped", families=[family], reason=str(e))
+            return
+        frozen_ms = None
+        keys = self.c.sc["keys"]
+        try:
+            if lossy:
+                rs.route_links()
+                rs.freeze_links()
+                frozen = self.rng.uniform(0.3, 0.8)
+                frozen_ms = int(frozen * 1000)
+                time.sleep(frozen)
+            before = rs.counters(keys)
+            old, t_kill = rs.kill_master()
+        except Exception:
+            rs.thaw_links()
+            raise
+        if lossy:
+            rs.reset_links()
+        self.c.event(kind=family, target=f"redis:{old}", t=t_kill,
+                     frozen_ms=frozen_ms, counters_before=before)
+        try:
+            # Bytes already in a replica's socket are still applied after the
+            # kill; the sentinels cannot promote before down-after (1 s).
+            time.sleep(0.2)
+            snap = {}
+            for p in rs.replicas_of(old):
+                try:
+                    snap[p] = rs.counters(keys, port=p)
+                except Exception:  # a replica not answering cannot be promoted either
+                    pass
+            new = rs.wait_new_master(old, 20)
+            elapsed = (time.monotonic_ns() - t_kill) / 1e6
+            after = snap.get(new) or {}
+            lost = {k: before[k] - after[k] for k in keys if k in after and after[k] < before[k]}
+            self.c.event(kind="promoted", old=old, new=new, elapsed_ms=round(elapsed), counters_after=after,
+                         lost_state=bool(lost), lost=lost, lossy_attempt=lossy)
+        finally:
+            rs.thaw_links()
+            time.sleep(self.rng.uniform(1.0, 3.0))
+            rs.restart_node(old)
+            self.c.event(kind="restarted", target=f"redis:{old}")
+

@@ -16,7 +16,10 @@ import subprocess
 import time
 import urllib.request
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+# The repository root (binary, cargo tests, default --out). FENCER_ROOT
+# overrides it for a copy of the suite kept outside the repository.
+ROOT = os.environ.get("FENCER_ROOT") or os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 SECRET = "fault-suite-secret-0123456789-abcdefghijklmnop"
 FAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 
@@ -46,7 +49,7 @@ def free_port():
     raise RuntimeError("no free port")
 
 
-def wait_for(what, timeout, check):
+def wait_for(what, timeout, check, poll=0.02):
     end = time.time() + timeout
     while time.time() < end:
         try:
@@ -54,7 +57,7 @@ def wait_for(what, timeout, check):
                 return
         except Exception:
             pass
-        time.sleep(0.02)
+        time.sleep(poll)
     raise RuntimeError(f"timed out waiting for {what}")
 
 
@@ -187,6 +190,362 @@ class Redis:
 
     def stop(self):
         self.proc.kill()
+
+
+class RespError(Exception):
+    """An error reply (`-ERR …`, `-READONLY …`) from Redis."""
+
+
+def _read_reply(f):
+    line = f.readline()
+    if not line.endswith(b"\r\n"):
+        raise ConnectionError("connection closed mid-reply")
+    kind, rest = line[:1], line[1:-2].decode(errors="replace")
+    if kind == b"+":
+        return rest
+    if kind == b"-":
+        raise RespError(rest)
+    if kind == b":":
+        return int(rest)
+    if kind == b"$":
+        n = int(rest)
+        return None if n < 0 else f.read(n + 2)[:-2].decode(errors="replace")
+    if kind == b"*":
+        n = int(rest)
+        return None if n < 0 else [_read_reply(f) for _ in range(n)]
+    raise ConnectionError(f"unexpected RESP reply {line[:40]!r}")
+
+
+def resp(port, *args, timeout=1.0):
+    """One command on a fresh connection, its whole reply parsed (RESP2):
+    sentinels answer with nested arrays, which `Redis.cmd`'s first line
+    cannot carry."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    try:
+        req = f"*{len(args)}\r\n" + "".join(f"${len(str(a).encode())}\r\n{a}\r\n" for a in args)
+        s.sendall(req.encode())
+        with s.makefile("rb") as f:
+            return _read_reply(f)
+    finally:
+        s.close()
+
+
+def pairs(flat):
+    """A flat `[k1, v1, k2, v2, …]` reply (SENTINEL MASTER) as a dict."""
+    return dict(zip(flat[0::2], flat[1::2])) if flat else {}
+
+
+def info(port, section="replication"):
+    """`INFO <section>` as a dict of its `field:value` lines."""
+    out = {}
+    for line in (resp(port, "INFO", section) or "").splitlines():
+        if ":" in line and not line.startswith("#"):
+            k, v = line.split(":", 1)
+            out[k] = v.strip()
+    return out
+
+
+def counter_key(key, prefix="fencer:"):
+    """fencer's token counter of a lock key (src/lock/redis/keys.rs):
+    `<prefix>{<key with %, { and } percent-escaped>}:token`."""
+    esc = key.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
+    return f"{prefix}{{{esc}}}:token"
+
+
+class RedisSentinelSet:
+    """One master, two replicas and three sentinels (quorum 2) on free
+    loopback ports in the run dir: the topology of `backend.redis.mode =
+    "sentinel"`, which the nemesis fails over with kill -9.
+
+    Data nodes keep nothing on disk (`--save ''`, no AOF) and sync diskless,
+    so a restarted node is empty and a full sync is immediate. Sentinels
+    use `down-after-milliseconds 1000` and `failover-timeout 5000`
+    (FAULT-SUITE: promotion ~2.3 s after kill -9).
+
+    Replication links: each replica replicates through a FaultProxy of its
+    own (`REPLICAOF 127.0.0.1 <link port>`), so the nemesis can freeze
+    replication (bytes held both ways, sockets open) while clients and
+    sentinels talk to the master directly — the lossy failover recipe.
+    A sentinel "fixes" a replica that points anywhere but the master's own
+    address (`+fix-slave-config`, `failover-timeout` after it noticed the
+    change), and after a failover it points replicas at the new master
+    directly; so `route_links()` re-routes every replica through a fresh
+    link (a port the sentinels never saw: the fix is then ≥ 5 s away) right
+    before each lossy failover, not just once at start.
+    """
+
+    NAME = "fencer"
+    FAILOVER_TIMEOUT_MS = 5000
+
+    def __init__(self, run_dir, name="redis-sentinel", replicas=2, sentinels=3, node_args=(), down_after_ms=1000):
+        """`down_after_ms` 1000 is FAULT-SUITE's recipe. It equals the
+        sentinels' ping period, so right after a switch a sentinel sometimes
+        declares the new master down before its first PONG and fails over
+        again on its own (measured: 1 in 6–7 kills; none in 6 with 1500,
+        promotion then ~2.7 s instead of ~2.3 s)."""
+        self.dir = os.path.join(run_dir, name)
+        os.makedirs(self.dir, exist_ok=True)
+        self.down_after_ms = down_after_ms
+        self.node_args = list(node_args)
+        self.nodes = {}      # port -> Proc (data nodes, dead or alive)
+        self.links = {}      # replica port -> its current replication-link FaultProxy
+        self.sentinels = []  # [(port, Proc)]
+        self.n_replicas, self.n_sentinels = replicas, sentinels
+
+    # ------------------------------------------------------------ start/stop
+
+    def _node_argv(self, port, replicaof=None):
+        d = os.path.join(self.dir, f"node-{port}")
+        os.makedirs(d, exist_ok=True)
+        argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                "--appendonly", "no", "--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0",
+                "--dir", d, "--logfile", os.path.join(d, "redis.log")] + self.node_args
+        if replicaof:
+            argv += ["--replicaof", "127.0.0.1", str(replicaof)]
+        return argv
+
+    def _start_node(self, port, replicaof=None):
+        p = Proc(f"redis-{port}", self._node_argv(port, replicaof), dict(os.environ),
+                 os.path.join(self.dir, f"node-{port}", "stdout.log"))
+        p.start()
+        self.nodes[port] = p
+        wait_for(f"redis {port}", 10, lambda: resp(port, "PING") == "PONG")
+        return p
+
+    def _link(self, replica, master):
+        """A fresh replication link replica → master (closing the old one)."""
+        from .faultproxy import FaultProxy  # faultproxy imports this module
+        old = self.links.pop(replica, None)
+        if old:
+            old.close()
+        link = FaultProxy(f"repl-link:{replica}", master)
+        self.links[replica] = link
+        return link
+
+    def start(self):
+        """Master, replicas through their links, then the sentinels; returns
+        once every sentinel knows the master, both replicas (link ok) and
+        the other sentinels."""
+        master = free_port()
+        self._start_node(master)
+        for _ in range(self.n_replicas):
+            port = free_port()
+            self._start_node(port, replicaof=self._link(port, master).port)
+        wait_for("replicas in sync", 20, lambda: self._synced(master))
+        for i in range(self.n_sentinels):
+            self._start_sentinel(i, master)
+        wait_for("sentinels ready", 30, lambda: all(self._sentinel_ready(p, master) for p, _ in self.sentinels))
+        return self
+
+    def _start_sentinel(self, i, master):
+        port = free_port()
+        d = os.path.join(self.dir, f"sentinel-{i}")
+        os.makedirs(d, exist_ok=True)
+        conf = os.path.join(d, "sentinel.conf")
+        with open(conf, "w") as f:
+            f.write(f"port {port}\nbind 127.0.0.1\nprotected-mode no\ndaemonize no\ndir {d}\n"
+                    f"logfile {os.path.join(d, 'sentinel.log')}\n"
+                    f"sentinel monitor {self.NAME} 127.0.0.1 {master} {self.n_sentinels // 2 + 1}\n"
+                    f"sentinel down-after-milliseconds {self.NAME} {self.down_after_ms}\n"
+                    f"sentinel failover-timeout {self.NAME} {self.FAILOVER_TIMEOUT_MS}\n"
+                    f"sentinel parallel-syncs {self.NAME} 1\n")
+        p = Proc(f"sentinel-{i}", ["redis-server", conf, "--sentinel"], dict(os.environ),
+                 os.path.join(d, "stdout.log"))
+        p.start()
+        self.sentinels.append((port, p))
+
+    def _sentinel_ready(self, port, master):
+        m = pairs(resp(port, "SENTINEL", "MASTER", self.NAME))
+        if int(m.get("port", 0)) != master or m.get("flags") != "master":
+            return False
+        reps = [pairs(r) for r in resp(port, "SENTINEL", "REPLICAS", self.NAME)]
+        ok = [r for r in reps if r.get("flags") == "slave" and r.get("master-link-status") == "ok"]
+        others = resp(port, "SENTINEL", "SENTINELS", self.NAME)
+        return len(ok) == self.n_replicas and len(others) == self.n_sentinels - 1
+
+    def stop(self):
+        for _, p in self.sentinels:
+            p.kill()
+        for p in self.nodes.values():
+            p.kill()
+        for link in self.links.values():
+            link.close()
+
+    # ------------------------------------------------------------ topology
+
+    @property
+    def sentinel_addrs(self):
+        return [f"127.0.0.1:{p}" for p, _ in self.sentinels]
+
+    def master_port(self):
+        """The master the sentinels name at the highest config-epoch; None
+        if no sentinel answers. Right after a promotion the sentinels share
+        the new epoch but the failover's leader still names the old master
+        until it has reconfigured every replica (its `+failover-end`, ~1 s
+        later), so between nodes named at that epoch the one that says ROLE
+        master wins."""
+        answers = []
+        for port, _ in self.sentinels:
+            try:
+                m = pairs(resp(port, "SENTINEL", "MASTER", self.NAME, timeout=0.5))
+                answers.append((int(m["config-epoch"]), int(m["port"])))
+            except (OSError, RespError, KeyError, ValueError, ConnectionError):
+                continue
+        if not answers:
+            return None
+        top = max(e for e, _ in answers)
+        named = sorted({p for e, p in answers if e == top})
+        return next((p for p in named if len(named) > 1 and self.role(p) == "master"), named[0])
+
+    def role(self, port):
+        try:
+            return resp(port, "ROLE", timeout=0.5)[0]
+        except (OSError, RespError, ConnectionError, TypeError, IndexError):
+            return None
+
+    def replicas_of(self, master):
+        return [p for p, proc in self.nodes.items() if p != master and proc.alive()]
+
+    def _synced(self, master):
+        """Every other live node replicates `master` with its link up and
+        has its whole replication stream (offsets equal)."""
+        m = info(master)
+        if m.get("role") != "master" or int(m.get("connected_slaves", 0)) < len(self.replicas_of(master)):
+            return False
+        for port in self.replicas_of(master):
+            r = info(port)
+            if r.get("master_link_status") != "up" or r.get("master_sync_in_progress") != "0":
+                return False
+            if int(r.get("slave_repl_offset", -1)) < int(m.get("master_repl_offset", 0)):
+                return False
+        return True
+
+    def healthy(self):
+        """The sentinels agree on a running master that every other node
+        replicates in sync, and no failover is in progress: the state a
+        failover fault should start from."""
+        master = self.master_port()
+        if master is None or self.role(master) != "master":
+            return False
+        for port, _ in self.sentinels:
+            m = pairs(resp(port, "SENTINEL", "MASTER", self.NAME, timeout=0.5))
+            if int(m.get("port", 0)) != master or m.get("flags") != "master":
+                return False
+        return len(self.replicas_of(master)) == self.n_replicas and self._synced(master)
+
+    def wait_healthy(self, timeout):
+        # Polled gently: the sentinels are what is being timed.
+        wait_for("a healthy sentinel set", timeout, self.healthy, poll=0.1)
+
+    def kill_master(self):
+        """SIGKILL the current master; returns (its port, monotonic ns of the kill)."""
+        port = self.master_port()
+        if port is None or port not in self.nodes:
+            raise RuntimeError(f"no known master to kill ({port})")
+        proc = self.nodes[port]
+        proc.resume()
+        proc.signal(signal.SIGKILL)
+        t = time.monotonic_ns()
+        proc.p.wait(timeout=10)
+        return port, t
+
+    def wait_new_master(self, old_port, timeout):
+        """Waits until the sentinels name another node and it says ROLE
+        master; returns its port."""
+        found = {}
+
+        def promoted():
+            p = self.master_port()
+            if p is not None and p != old_port and self.role(p) == "master":
+                found["port"] = p
+                return True
+            return False
+        wait_for(f"a master other than {old_port}", timeout, promoted, poll=0.05)
+        return found["port"]
+
+    def restart_node(self, port):
+        """Starts a killed node again on the same port and directory (empty).
+
+        It starts as a replica of the master the sentinels name: a node that
+        came back as an (empty) master would be converted by the sentinels
+        only after it has been up 8 s (their "no down for 4 × publish
+        period" rule), leaving the set one replica short that long."""
+        master = self.master_port()
+        old = self.links.pop(port, None)
+        if old:
+            old.close()
+        self._start_node(port, replicaof=master if master not in (None, port) else None)
+
+    # ------------------------------------------------------------ replication links
+
+    def route_links(self, timeout=10):
+        """Re-routes every replica of the current master through a fresh
+        link and waits until each is in sync through it."""
+        master = self.master_port()
+        for port in [p for p in self.links if p not in self.replicas_of(master)]:
+            self.links.pop(port).close()
+        for port in self.replicas_of(master):
+            link = self._link(port, master)
+            resp(port, "REPLICAOF", "127.0.0.1", link.port)
+        wait_for("replicas in sync through their links", timeout,
+                 lambda: self._synced(master) and all(
+                     info(p).get("master_port") == str(self.links[p].port) for p in self.replicas_of(master)))
+        return master
+
+    def freeze_links(self):
+        """Holds every replication byte (both ways, sockets open): the
+        master goes on accepting writes its replicas never see."""
+        for link in self.links.values():
+            link.set("blackhole")
+
+    def thaw_links(self):
+        for link in self.links.values():
+            link.set("pass")
+
+    def reset_links(self):
+        """RST every replication connection, dropping the bytes a frozen link
+        held: what a dead master's unsent stream amounts to."""
+        for link in self.links.values():
+            link.reset_all()
+
+    # ------------------------------------------------------------ data
+
+    def cmd(self, *args, port=None):
+        """One command on the current master (or `port`)."""
+        return resp(port or self.master_port(), *args)
+
+    def counter(self, key_name, port=None):
+        """A lock key's token counter on the current master (or `port`);
+        0 when absent."""
+        v = resp(port or self.master_port(), "GET", counter_key(key_name))
+        return int(v) if v is not None else 0
+
+    def counters(self, keys, port=None):
+        return {k: self.counter(k, port) for k in keys}
+
+    def switches(self):
+        """How many times the sentinels switched the master: `+switch-master`
+        lines, most of any one sentinel's log. More than the nemesis caused
+        means the sentinels failed over on their own (a new master slow to
+        answer a sentinel within down-after right after a switch)."""
+        most = 0
+        for i in range(len(self.sentinels)):
+            try:
+                with open(os.path.join(self.dir, f"sentinel-{i}", "sentinel.log"), errors="replace") as f:
+                    most = max(most, sum(1 for line in f if "+switch-master" in line))
+            except OSError:
+                pass
+        return most
+
+    def logs(self):
+        out = []
+        for port, p in self.nodes.items():
+            try:
+                with open(os.path.join(self.dir, f"node-{port}", "redis.log"), errors="replace") as f:
+                    out.append(f"--- node {port}\n" + f.read()[-1500:])
+            except OSError:
+                pass
+        return "\n".join(out)
 
 
 class Postgres:

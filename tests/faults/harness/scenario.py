@@ -67,6 +67,7 @@ def run(sc, seed, binary, out_dir, keep=False):
             commits = json.load(r)["log"]
         inj = injections(cluster.sidecars)
         report = checker.check(events, commits, inj, cluster.marks, cluster.nemesis_events, sc)
+        failover_metrics = cluster.failover_metrics() if cluster.rset else None
     except Exception as e:
         result = {"name": name, "verdict": "ERROR", "error": repr(e), "dir": run_dir,
                   "seconds": round(time.monotonic() - started, 1)}
@@ -88,7 +89,7 @@ def run(sc, seed, binary, out_dir, keep=False):
     for n in cluster.nemesis_events:
         if n.get("kind") == "proxy" and n.get("mode") != "reset":
             continue  # the proxy's own record of a mode the nemesis logged as "net"
-        if n.get("kind") not in ("start", "heal", "restarted", "nemesis_error"):
+        if n.get("kind") not in ("start", "heal", "restarted", "nemesis_error", "promoted", "skipped"):
             k = "net_" + n["mode"] if n.get("kind") in ("net", "proxy") else n.get("kind")
             faults_by_kind[k] = faults_by_kind.get(k, 0) + 1
     result = {
@@ -99,6 +100,12 @@ def run(sc, seed, binary, out_dir, keep=False):
         "violations": report.violations, "bites": report.bites, "below_threshold": short,
         "seconds": round(time.monotonic() - started, 1), "dir": run_dir,
     }
+    if any(n.get("kind") in checker.FAILOVER_KINDS for n in cluster.nemesis_events):
+        each = report.stats["unavailability_ms"]
+        result["unavailability_ms"] = checker.spread(each)
+        result["unavailability_each_ms"] = each
+    if failover_metrics is not None:
+        result["failover_metrics"] = failover_metrics
     with open(os.path.join(run_dir, "report.json"), "w") as f:
         json.dump(result, f, indent=1, default=str)
     with open(os.path.join(run_dir, "nemesis.jsonl"), "w") as f:

@@ -500,3 +500,155 @@ async fn cluster_release_wakes_a_waiter_in_another_sidecar() {
         b.metrics().await
     );
 }
+
+/// Moves `slot` from node `from` to node `to` the way `redis-cli --cluster
+/// reshard` does: IMPORTING/MIGRATING, `MIGRATE` key by key (clients meet
+/// `ASK` meanwhile), then `SETSLOT NODE` everywhere (clients meet `MOVED`).
+fn migrate_slot(c: &ClusterSet, slot: u16, from: u16, to: u16) {
+    let (from_id, to_id) = (c.node_id(from).unwrap(), c.node_id(to).unwrap());
+    let mut src = c.conn(from);
+    let mut dst = c.conn(to);
+    let _: () = redis::cmd("CLUSTER")
+        .arg("SETSLOT")
+        .arg(slot)
+        .arg("IMPORTING")
+        .arg(&from_id)
+        .query(&mut dst)
+        .unwrap();
+    let _: () = redis::cmd("CLUSTER")
+        .arg("SETSLOT")
+        .arg(slot)
+        .arg("MIGRATING")
+        .arg(&to_id)
+        .query(&mut src)
+        .unwrap();
+    loop {
+        let keys: Vec<String> = redis::cmd("CLUSTER")
+            .arg("GETKEYSINSLOT")
+            .arg(slot)
+            .arg(100)
+            .query(&mut src)
+            .unwrap();
+        if keys.is_empty() {
+            break;
+        }
+        for k in keys {
+            let _: () = redis::cmd("MIGRATE")
+                .arg("127.0.0.1")
+                .arg(to)
+                .arg(&k)
+                .arg(0)
+                .arg(5000)
+                .query(&mut src)
+                .unwrap();
+            // Let clients meet the half-moved slot.
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    for port in c.node_ports() {
+        let _: Result<(), _> = redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg("NODE")
+            .arg(&to_id)
+            .query(&mut c.conn(port));
+    }
+}
+
+/// A resharding under held locks: the slot of a held lock moves to another
+/// master (ASK while its keys move one by one, MOVED after). Renewal,
+/// release, the next acquire (its token above the last: the counter moved
+/// with the slot) and a waiter's wake-up in another sidecar keep working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_resharding_under_held_locks() {
+    let c = ClusterSet::start(3, 0);
+    let a = cluster_sidecar(&c, &[]);
+    let b = Arc::new(cluster_sidecar(&c, &[]));
+    let slot = ClusterSet::slot_of("fencer:{moving}:lock");
+    let from = c.master_port_for_slot(slot);
+    let to = c.node_ports().into_iter().find(|p| *p != from).unwrap();
+    let held = a.acquire("moving", 30_000, 0).await;
+    assert_eq!(held.status, 200, "{}", held.body);
+    // Another lock in the same slot is acquired and released all the while
+    // the slot moves: its scripts meet ASK (and TRYAGAIN while its keys are
+    // split between the nodes).
+    let neighbour = (0..)
+        .map(|i| format!("neighbour-{i}"))
+        .find(|k| ClusterSet::slot_of(&format!("fencer:{{{k}}}:lock")) == slot)
+        .unwrap();
+    let first = a.acquire(&neighbour, 5_000, 0).await;
+    assert_eq!(first.status, 200);
+    a.release(&neighbour, &first.lease()).await;
+    let moving = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let busy = {
+        let (b, neighbour, moving) = (b.clone(), neighbour.clone(), moving.clone());
+        tokio::spawn(async move {
+            let (mut cycles, mut errors, mut last) = (0, Vec::new(), 0u64);
+            while moving.load(std::sync::atomic::Ordering::Relaxed) {
+                let r = b.acquire(&neighbour, 5_000, 2_000).await;
+                if r.status != 200 {
+                    errors.push(r.body.to_string());
+                    continue;
+                }
+                assert!(
+                    r.token() > last,
+                    "token went back: {} after {last}",
+                    r.token()
+                );
+                last = r.token();
+                cycles += 1;
+                let released = b.release(&neighbour, &r.lease()).await;
+                if released.status != 200 {
+                    errors.push(released.body.to_string());
+                }
+            }
+            (cycles, errors)
+        })
+    };
+    let c = tokio::task::spawn_blocking(move || {
+        migrate_slot(&c, slot, from, to);
+        c
+    })
+    .await
+    .unwrap();
+    assert_eq!(c.master_port_for_slot(slot), to);
+    moving.store(false, std::sync::atomic::Ordering::Relaxed);
+    let (cycles, errors) = busy.await.unwrap();
+    eprintln!(
+        "{cycles} lock cycles on the moving slot, {} failed: {errors:?}",
+        errors.len()
+    );
+    assert!(cycles > 0);
+    assert!(
+        errors.is_empty(),
+        "ASK/TRYAGAIN reached the API: {errors:?}"
+    );
+    let renewed = a.renew("moving", &held.lease(), 30_000).await;
+    assert_eq!(renewed.status, 200, "renew after MOVED: {}", renewed.body);
+    let waiter = {
+        let b = b.clone();
+        tokio::spawn(async move { b.acquire("moving", 30_000, 20_000).await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let released = a.release("moving", &held.lease()).await;
+    assert_eq!(
+        released.status, 200,
+        "release after MOVED: {}",
+        released.body
+    );
+    let got = waiter.await.unwrap();
+    assert_eq!(got.status, 200, "{}", got.body);
+    assert!(
+        got.token() > held.token(),
+        "token {} after the move is not above {}",
+        got.token(),
+        held.token()
+    );
+    assert!(
+        b.metric("fencer_waiter_wakeups_total", &[("cause", "release")])
+            .await
+            >= 1.0,
+        "the waiter was not woken by the release after the slot moved: {}",
+        b.metrics().await
+    );
+}

@@ -1,12 +1,14 @@
 //! Running one lock script on the Redis that owns its key, optionally
 //! followed by `WAIT` on the same connection.
 //!
-//! The script and `WAIT` go out as one pipeline: `WAIT` counts the replicas
-//! that acknowledged every write sent on *its* connection before it, so it
-//! must follow the script on the same socket with nothing in between (a
-//! `WAIT` on another connection returns a meaningless count). A multiplexed
-//! connection keeps the order of one pipeline; in cluster mode the pipeline
-//! is routed by the script's first key, and `WAIT` (no key) goes with it.
+//! With `WAIT`, script and `WAIT` go out as one pipeline: `WAIT` counts the
+//! replicas that acknowledged every write sent on *its* connection before
+//! it, so it must follow the script on the same socket (a `WAIT` on another
+//! connection returns a meaningless count). A multiplexed connection keeps
+//! the order of one pipeline; in cluster mode the pipeline is routed by the
+//! script's first key, and `WAIT` (no key) goes with it. Without `WAIT` the
+//! script is a plain command, which the cluster client redirects (`MOVED`,
+//! `ASK`) and retries (`TRYAGAIN`) by itself.
 //!
 //! Scripts go as `EVALSHA`; a node that does not know the script (a
 //! restarted or freshly promoted one) answers `NOSCRIPT`, and the call is
@@ -15,9 +17,7 @@
 use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-use redis::{
-    Cmd, ErrorKind, FromRedisValue, Pipeline, RedisError, RedisResult, ServerErrorKind, Value,
-};
+use redis::{Cmd, ErrorKind, FromRedisValue, RedisError, RedisResult, ServerErrorKind, Value};
 
 use super::scripts::Lua;
 
@@ -34,22 +34,6 @@ pub enum Target {
 }
 
 impl Target {
-    async fn pipeline(&mut self, pipe: &Pipeline) -> RedisResult<Vec<RedisResult<Value>>> {
-        match self {
-            Target::Node(c) => pipe.query_async(c).await,
-            Target::Cluster(c) => pipe.query_async(c).await,
-            Target::ClusterNode(c, host, port) => {
-                let route = SingleNodeRoutingInfo::ByAddress {
-                    host: host.clone(),
-                    port: *port,
-                };
-                let n = pipe.len();
-                let values = c.route_pipeline(pipe.clone(), 0, n, route).await?;
-                Ok(values.into_iter().map(Ok).collect())
-            }
-        }
-    }
-
     /// One plain command (`PING`, `ROLE`, …) on this target.
     pub async fn command<T: FromRedisValue>(&mut self, cmd: &Cmd) -> RedisResult<T> {
         match self {
@@ -99,53 +83,77 @@ pub struct Reply {
     pub replicas: Option<i64>,
 }
 
-fn build(first: &str, head: &str, call: &Call, wait: Option<Wait>) -> Pipeline {
-    let mut pipe = redis::pipe();
-    pipe.ignore_errors();
-    let cmd = pipe.cmd(first).arg(head).arg(call.keys.len());
+fn command(first: &str, head: &str, call: &Call) -> Cmd {
+    let mut cmd = redis::cmd(first);
+    cmd.arg(head).arg(call.keys.len());
     for k in &call.keys {
         cmd.arg(k);
     }
     for a in &call.args {
         cmd.arg(a);
     }
-    if let Some(w) = wait {
-        pipe.cmd("WAIT").arg(w.replicas).arg(w.timeout_ms);
-    }
-    pipe
+    cmd
 }
 
-fn no_script(r: &RedisResult<Value>) -> bool {
-    matches!(r, Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript))
+fn no_script(e: &RedisError) -> bool {
+    e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
 }
 
-/// Runs `script` with `call` on `target`, then `WAIT` when asked.
+/// The script alone, or the script then `WAIT`, as one request. Without
+/// `WAIT` it is a plain command, which the cluster client redirects
+/// (`MOVED`, `ASK`) and retries (`TRYAGAIN`) by itself; a pipeline's
+/// per-command error replies would reach us instead.
+async fn send(
+    target: &mut Target,
+    cmd: Cmd,
+    wait: Option<Wait>,
+) -> Result<(Value, Option<i64>), RedisError> {
+    let Some(w) = wait else {
+        return Ok((target.command::<Value>(&cmd).await?, None));
+    };
+    let mut pipe = redis::pipe();
+    pipe.add_command(cmd);
+    pipe.cmd("WAIT").arg(w.replicas).arg(w.timeout_ms);
+    let (value, replicas): (Value, i64) = match target {
+        Target::Node(c) => pipe.query_async(c).await?,
+        Target::Cluster(c) => pipe.query_async(c).await?,
+        Target::ClusterNode(..) => {
+            return Err(RedisError::from((
+                ErrorKind::Client,
+                "lock scripts are routed by key, not to a chosen node",
+            )))
+        }
+    };
+    Ok((value, Some(replicas)))
+}
+
+/// An error reply after which the command did not run and may succeed
+/// soon: a slot moving or failing over (`ASK`, `MOVED`, `TRYAGAIN` — a
+/// multi-key script whose keys are split between two nodes mid-migration —
+/// `CLUSTERDOWN`), a replica being promoted (`MASTERDOWN`, `LOADING`).
+pub fn transient(e: &RedisError) -> bool {
+    matches!(
+        e.code(),
+        Some("ASK" | "MOVED" | "TRYAGAIN" | "CLUSTERDOWN" | "MASTERDOWN" | "LOADING")
+    )
+}
+
+/// Runs `lua` with `call` on `target`, then `WAIT` when asked.
 pub async fn run(
     target: &mut Target,
     lua: &Lua,
     call: &Call,
     wait: Option<Wait>,
 ) -> Result<Reply, RedisError> {
-    let mut replies = target
-        .pipeline(&build("EVALSHA", lua.script.get_hash(), call, wait))
-        .await?;
-    if replies.first().is_some_and(no_script) {
-        replies = target
-            .pipeline(&build("EVAL", lua.body, call, wait))
-            .await?;
-    }
-    let mut replies = replies.into_iter();
-    let value = replies
-        .next()
-        .ok_or_else(|| RedisError::from((ErrorKind::Parse, "empty pipeline reply")))??;
-    let replicas = match wait {
-        None => None,
-        Some(_) => {
-            let v = replies
-                .next()
-                .ok_or_else(|| RedisError::from((ErrorKind::Parse, "no WAIT reply")))??;
-            Some(i64::from_redis_value(v)?)
-        }
+    let sent = send(
+        target,
+        command("EVALSHA", lua.script.get_hash(), call),
+        wait,
+    )
+    .await;
+    let (value, replicas) = match sent {
+        Err(e) if no_script(&e) => send(target, command("EVAL", lua.body, call), wait).await?,
+        other => other?,
     };
     Ok(Reply { value, replicas })
 }

@@ -255,7 +255,25 @@ impl RedisBackend {
             Replicated::No => None,
         };
         let budget = self.timeout + Duration::from_millis(wait.map_or(0, |w| w.timeout_ms));
-        let call = tokio::time::timeout(budget, conn::run(&mut target, lua, call, wait));
+        let call = tokio::time::timeout(budget, async {
+            // A slot in migration or a shard mid-failover refuses for a
+            // moment; the scripts are idempotent, so try again within the
+            // budget rather than fail the lock call.
+            let mut pause = Duration::from_millis(10);
+            loop {
+                match conn::run(&mut target, lua, call, wait).await {
+                    Err(e) if conn::transient(&e) => {
+                        tracing::debug!(error = %e, "redis refused for now; retrying");
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(Duration::from_millis(100));
+                        if let Ok(t) = self.topology.target() {
+                            target = t;
+                        }
+                    }
+                    other => return other,
+                }
+            }
+        });
         let outcome = match &mut moved {
             // A request to a master that has just been replaced gives up at
             // once instead of waiting out its timeout on a dead server: the

@@ -127,14 +127,25 @@ async fn the_proxy_giving_up_first_does_not_let_the_next_holder_overtake() {
     let w = put(
         &sidecar.http,
         &url,
-        &[("Fencing-Lease", &a.lease()), ("x-delay-ms", "1500")],
+        // Fencing-Lock too, so the test runs against 7195c76's proxy, which
+        // knew no Fencing-Lease.
+        &[
+            ("Fencing-Lock", "acct:2"),
+            ("Fencing-Lease", &a.lease()),
+            ("x-delay-ms", "1500"),
+        ],
     )
     .await;
     assert_eq!(w.status, 504, "{}", w.body);
     sidecar.release("acct:2", &a.lease()).await;
     let b = sidecar.acquire("acct:2", 30_000, 5_000).await;
     assert_eq!(b.status, 200, "{}", b.body);
-    let w = put(&sidecar.http, &url, &[("Fencing-Lease", &b.lease())]).await;
+    let w = put(
+        &sidecar.http,
+        &url,
+        &[("Fencing-Lock", "acct:2"), ("Fencing-Lease", &b.lease())],
+    )
+    .await;
     assert_eq!(w.status, 200, "{}", w.body);
     assert!(eventually(Duration::from_secs(5), || storage.seen().len() >= 2).await);
     applied_in_token_order(&storage.seen(), a.token(), b.token());
@@ -450,13 +461,29 @@ async fn an_adopted_lease_writes_on_and_a_reused_sequence_is_refused() {
     let lease = sidecar.acquire("acct:7", 60_000, 0).await;
     let url = format!("{}/kv/acct-7", sidecar.proxy);
     for _ in 0..2 {
-        let w = put(&sidecar.http, &url, &[("Fencing-Lease", &lease.lease())]).await;
+        let w = put(
+            &sidecar.http,
+            &url,
+            &[
+                ("Fencing-Lock", "acct:7"),
+                ("Fencing-Lease", &lease.lease()),
+            ],
+        )
+        .await;
         assert_eq!(w.status, 200, "{}", w.body);
     }
     sidecar.crash_and_restart();
     let adopted = sidecar.renew("acct:7", &lease.lease(), 60_000).await;
     assert_eq!(adopted.status, 200, "{}", adopted.body);
-    let w = put(&sidecar.http, &url, &[("Fencing-Lease", &lease.lease())]).await;
+    let w = put(
+        &sidecar.http,
+        &url,
+        &[
+            ("Fencing-Lock", "acct:7"),
+            ("Fencing-Lease", &lease.lease()),
+        ],
+    )
+    .await;
     assert_eq!(w.status, 200, "the adopted lease cannot write: {}", w.body);
 
     let last = storage.seen().last().cloned().unwrap();

@@ -815,3 +815,61 @@ async fn the_proxy_numbers_a_leases_requests_in_order() {
     // A new lease's numbers start above everything numbered before.
     assert!(upstream.seen().last().unwrap().seq.unwrap() > *seqs.last().unwrap());
 }
+
+/// By default a read without a token goes through unchecked (documented);
+/// with `gateway.require_token_for_reads` every method needs one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_without_a_token_are_refused_when_the_gateway_requires_one() {
+    for (require, expected) in [("false", 404), ("true", 428)] {
+        let st = stack(&[("gateway.require_token_for_reads", require)], &[]);
+        let url = format!("{}/kv/accounts/5", st.gateway.api);
+        let r = send(&st.sidecar.http, "GET", &url, &[], None).await;
+        assert_eq!(r.status, expected, "require={require}: {}", r.body);
+        if expected == 428 {
+            assert_eq!(r.code(), "fencing_token_required", "{}", r.body);
+            let token = sign("account:5", 1, "lease-r");
+            let ok = send(
+                &st.sidecar.http,
+                "GET",
+                &url,
+                &[("Fencing-Token", &token)],
+                None,
+            )
+            .await;
+            assert_eq!(ok.status, 404, "a fenced read goes through: {}", ok.body);
+        }
+    }
+}
+
+/// A signing key bound to key prefixes (one per team or namespace) is
+/// accepted only for those keys: a team's leaked secret cannot write
+/// another team's keys through the gateway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_bound_to_prefixes_cannot_sign_for_other_keys() {
+    let storage = Fencer::storage(&[]);
+    let gateway = Fencer::gateway_with_config(
+        &storage.api,
+        "[[gateway.keys]]\nkey_id = \"k1\"\nsecret_env = \"FENCER_TEST_SECRET\"\nkey_prefixes = [\"team-a/\"]\n",
+        &[],
+    );
+    let http = reqwest::Client::new();
+    let own = send(
+        &http,
+        "PUT",
+        &format!("{}/kv/team-a/1", gateway.api),
+        &[("Fencing-Token", &sign("team-a/1", 1, "lease-a"))],
+        Some("{}"),
+    )
+    .await;
+    assert_eq!(own.status, 200, "{}", own.body);
+    let other = send(
+        &http,
+        "PUT",
+        &format!("{}/kv/team-b/1", gateway.api),
+        &[("Fencing-Token", &sign("team-b/1", 1, "lease-b"))],
+        Some("{}"),
+    )
+    .await;
+    assert_eq!(other.status, 403, "{}", other.body);
+    assert_eq!(other.code(), "invalid_fencing_token", "{}", other.body);
+}

@@ -652,3 +652,111 @@ async fn cluster_resharding_under_held_locks() {
         b.metrics().await
     );
 }
+
+/// A sentinel started by hand, for the credentials test (the shared
+/// `SentinelSet` speaks neither passwords nor TLS).
+struct AuthSentinel {
+    port: u16,
+    _dir: tempfile::TempDir,
+    child: std::process::Child,
+}
+
+impl Drop for AuthSentinel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Sentinel mode with credentials everywhere: data nodes with a password
+/// (given in `backend.redis.url`), a sentinel that speaks only TLS and has
+/// its own password (`sentinel_password`, `sentinel_tls`, `ca_file`). With
+/// the right settings locks work; with the sentinel's password missing the
+/// sidecar finds no master and answers 503 instead of hanging.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_with_passwords_and_tls() {
+    let certs = make_certs();
+    let path = |f: &str| certs.path().join(f).to_str().unwrap().to_owned();
+    let master = RedisServer::start_with(
+        Persistence::Off,
+        &["--masterauth".into(), "data-pw".into()],
+        Some("data-pw"),
+    );
+    let _replica = RedisServer::start_with(
+        Persistence::Off,
+        &[
+            "--replicaof".into(),
+            "127.0.0.1".into(),
+            master.port.to_string(),
+            "--masterauth".into(),
+            "data-pw".into(),
+        ],
+        Some("data-pw"),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let conf = dir.path().join("sentinel.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "port 0\ntls-port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {d}\n\
+             tls-cert-file {crt}\ntls-key-file {key}\ntls-ca-cert-file {ca}\ntls-auth-clients no\n\
+             requirepass sentinel-pw\n\
+             sentinel monitor locks 127.0.0.1 {m} 1\nsentinel auth-pass locks data-pw\n\
+             sentinel down-after-milliseconds locks 1000\n",
+            d = dir.path().display(),
+            crt = path("server.crt"),
+            key = path("server.key"),
+            ca = path("ca.crt"),
+            m = master.port,
+        ),
+    )
+    .unwrap();
+    let child = std::process::Command::new("redis-server")
+        .arg(&conf)
+        .arg("--sentinel")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let sentinel = AuthSentinel {
+        port,
+        _dir: dir,
+        child,
+    };
+    let addr = format!("127.0.0.1:{}", sentinel.port);
+    let ca = path("ca.crt");
+    let settings = |password: &'static str| {
+        vec![
+            ("backend.redis.mode", "sentinel".to_owned()),
+            ("backend.redis.sentinels", addr.clone()),
+            ("backend.redis.master_name", "locks".to_owned()),
+            (
+                "backend.redis.url",
+                "redis://:data-pw@unused:1/0".to_owned(),
+            ),
+            ("backend.redis.sentinel_tls", "true".to_owned()),
+            ("backend.redis.sentinel_password", password.to_owned()),
+            ("backend.redis.ca_file", ca.clone()),
+            ("backend.redis.request_timeout_ms", "300".to_owned()),
+            ("proxy.enabled", "false".to_owned()),
+        ]
+    };
+    let good = settings("sentinel-pw");
+    let good: Vec<(&str, &str)> = good.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let s = Fencer::sidecar(Backend::RedisSentinel, None, &good);
+    ready(&s);
+    let r = s.acquire("auth:1", 10_000, 0).await;
+    assert_eq!(r.status, 200, "{}\n{}", r.body, s.logs());
+    let mut conn = master.conn();
+    let held: bool = conn.exists("fencer:{auth:1}:lock").unwrap();
+    assert!(held, "the lock is on the password-protected master");
+
+    let bad = settings("wrong");
+    let bad: Vec<(&str, &str)> = bad.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let b = Fencer::sidecar(Backend::RedisSentinel, None, &bad);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let r = b.acquire("auth:2", 10_000, 0).await;
+    assert_eq!(r.code(), "backend_unavailable", "{}", r.body);
+    assert!(!http_ok(&format!("{}/readyz?backend=1", b.admin)));
+}

@@ -32,10 +32,13 @@ impl ClientTls {
     }
 }
 
+/// A client for `url`, trusting `tls`'s CA when the URL is `rediss://`. The
+/// CA is ignored for a plain `redis://` URL, so one `ca_file` can serve,
+/// say, TLS sentinels in front of plain data nodes.
 pub fn open_client(url: &str, tls: &ClientTls) -> redis::RedisResult<redis::Client> {
     match tls.certificates() {
-        None => redis::Client::open(url),
-        Some(certs) => redis::Client::build_with_tls(url, certs),
+        Some(certs) if url.starts_with("rediss://") => redis::Client::build_with_tls(url, certs),
+        _ => redis::Client::open(url),
     }
 }
 

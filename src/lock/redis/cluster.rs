@@ -65,7 +65,9 @@ impl ClusterTopology {
             .min_retry_wait(10)
             .max_retry_wait(100);
         if let Some(certs) = config.tls.certificates() {
-            builder = builder.certs(certs);
+            if config.nodes.iter().any(|n| n.starts_with("rediss://")) {
+                builder = builder.certs(certs);
+            }
         }
         let client = builder.build()?;
         let (epoch, _) = watch::channel(0);

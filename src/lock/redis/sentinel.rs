@@ -214,7 +214,7 @@ impl SentinelMaster {
 
     /// `(config-epoch, "host:port")` from one sentinel.
     async fn ask_sentinel(&self, sentinel: &str) -> Option<(u64, String)> {
-        let client = redis::Client::open(sentinel).ok()?;
+        let client = open_client(sentinel, &self.config.tls).ok()?;
         let reply = tokio::time::timeout(
             self.config.connect_timeout + self.config.request_timeout,
             async {
@@ -326,7 +326,7 @@ impl SentinelMaster {
         let mut backoff = Duration::from_millis(100);
         loop {
             let connected = async {
-                let client = redis::Client::open(sentinel.as_str())?;
+                let client = open_client(&sentinel, &self.config.tls)?;
                 let mut pubsub = client.get_async_pubsub().await?;
                 pubsub.subscribe("+switch-master").await?;
                 Ok::<_, redis::RedisError>(pubsub)

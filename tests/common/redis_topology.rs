@@ -1177,15 +1177,9 @@ impl ClusterSet {
     /// The Redis Cluster hash slot of `key`: CRC16-XMODEM of the key, or of
     /// the content of its first `{...}` when that is non-empty, mod 16384.
     pub fn slot_of(key: &str) -> u16 {
-        let b = key.as_bytes();
-        let hashed = match b.iter().position(|&c| c == b'{') {
-            Some(s) => match b[s + 1..].iter().position(|&c| c == b'}') {
-                Some(len) if len > 0 => &b[s + 1..s + 1 + len],
-                _ => b,
-            },
-            None => b,
-        };
-        crc16_xmodem(hashed) % 16384
+        // fencer's own computation: the self-test checks it against
+        // `CLUSTER KEYSLOT`.
+        fencer::lock::redis::cluster::slot(key)
     }
 
     /// SIGKILL; the node stays dead until `restart_node`.
@@ -1293,20 +1287,4 @@ impl Drop for ClusterSet {
             p.kill();
         }
     }
-}
-
-/// CRC16/XMODEM (poly 0x1021, init 0), the checksum Redis Cluster uses.
-fn crc16_xmodem(data: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &b in data {
-        crc ^= (b as u16) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc
 }

@@ -374,6 +374,21 @@ fn ownership(status: i64, value: &str) -> Result<Ownership, BackendError> {
     }
 }
 
+/// Puts each slot group's results back at its items' positions.
+fn scatter(
+    items: usize,
+    groups: &[Vec<usize>],
+    results: Vec<Result<Vec<Ownership>, BackendError>>,
+) -> Result<Vec<Ownership>, BackendError> {
+    let mut out = vec![Ownership::Free; items];
+    for (group, result) in groups.iter().zip(results) {
+        for (&i, found) in group.iter().zip(result?) {
+            out[i] = found;
+        }
+    }
+    Ok(out)
+}
+
 /// `{status, token, status, token, …}` → one [`Ownership`] per item.
 fn ownerships(value: redis::Value, items: usize) -> Result<Vec<Ownership>, BackendError> {
     let reply: Vec<redis::Value> =
@@ -520,14 +535,11 @@ impl LockBackend for RedisBackend {
             }
             Ok::<_, BackendError>(found)
         });
-        let results = futures_util::future::join_all(runs).await;
-        let mut out = vec![Ownership::Free; items.len()];
-        for (group, result) in groups.iter().zip(results) {
-            for (&i, found) in group.iter().zip(result?) {
-                out[i] = found;
-            }
-        }
-        Ok(out)
+        scatter(
+            items.len(),
+            &groups,
+            futures_util::future::join_all(runs).await,
+        )
     }
 
     async fn check_many(
@@ -549,14 +561,11 @@ impl LockBackend for RedisBackend {
                 ownerships(reply.value, group.len())
             }
         });
-        let results = futures_util::future::join_all(runs).await;
-        let mut out = vec![Ownership::Free; items.len()];
-        for (group, result) in groups.iter().zip(results) {
-            for (&i, found) in group.iter().zip(result?) {
-                out[i] = found;
-            }
-        }
-        Ok(out)
+        scatter(
+            items.len(),
+            &groups,
+            futures_util::future::join_all(runs).await,
+        )
     }
 
     fn failovers(&self) -> Option<watch::Receiver<u64>> {

@@ -25,6 +25,8 @@ struct Harness {
     pg: Option<PgServer>,
     sentinel: Option<SentinelSet>,
     cluster: Option<ClusterSet>,
+    /// RedLock's independent masters.
+    masters: Vec<RedisServer>,
     sidecar: Fencer,
 }
 
@@ -36,6 +38,13 @@ fn harness(backend: Backend, extra: &[(&str, &str)]) -> Harness {
     let sentinel =
         (backend == Backend::RedisSentinel).then(|| SentinelSet::start(SentinelOpts::default()));
     let cluster = (backend == Backend::RedisCluster).then(|| ClusterSet::start(3, 1));
+    let masters: Vec<RedisServer> = if backend == Backend::RedLock {
+        (0..5)
+            .map(|_| RedisServer::start(Persistence::Off))
+            .collect()
+    } else {
+        Vec::new()
+    };
     let url = match (&pg, backend) {
         (Some(pg), _) => Some(pg.url()),
         (None, Backend::Redis) => Some(redis.url()),
@@ -54,6 +63,10 @@ fn harness(backend: Backend, extra: &[(&str, &str)]) -> Harness {
         settings.push(("backend.redis.mode".into(), "cluster".into()));
         settings.push(("backend.redis.nodes".into(), c.node_urls().join(",")));
     }
+    if !masters.is_empty() {
+        let urls: Vec<String> = masters.iter().map(RedisServer::url).collect();
+        settings.push(("backend.redlock.urls".into(), urls.join(",")));
+    }
     let mut all: Vec<(&str, &str)> = settings
         .iter()
         .map(|(k, v)| (k.as_str(), v.as_str()))
@@ -69,6 +82,7 @@ fn harness(backend: Backend, extra: &[(&str, &str)]) -> Harness {
         pg,
         sentinel,
         cluster,
+        masters,
         sidecar,
     }
 }
@@ -85,6 +99,8 @@ fn redis_locks_left(h: &Harness) -> Vec<String> {
                 conns.push(c.conn(port));
             }
         }
+    } else if !h.masters.is_empty() {
+        conns.extend(h.masters.iter().map(RedisServer::conn));
     } else {
         conns.push(h.redis.conn());
     }
@@ -509,7 +525,7 @@ async fn shutdown_releases_leases(backend: Backend) {
         leases.insert(r.lease());
     }
     assert_eq!(h.sidecar.terminate(), Some(0));
-    if backend.name() == "redis" {
+    if matches!(backend.name(), "redis" | "redlock") {
         let keys = redis_locks_left(&h);
         assert!(keys.is_empty(), "locks left after shutdown: {keys:?}");
     }
@@ -764,6 +780,12 @@ macro_rules! suite {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() { super::$name(super::Backend::RedisCluster).await }
+            )*
+        }
+        mod redlock {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() { super::$name(super::Backend::RedLock).await }
             )*
         }
         mod postgres {

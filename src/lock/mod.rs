@@ -20,6 +20,7 @@ pub mod lease_id;
 pub mod memory;
 pub mod postgres;
 pub mod redis;
+pub mod redlock;
 pub mod settings;
 
 use std::sync::Arc;

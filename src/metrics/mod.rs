@@ -11,6 +11,7 @@ use std::sync::Mutex;
 
 pub mod gateway;
 pub mod redis;
+pub mod redlock;
 pub mod sidecar;
 
 use prometheus::{Encoder, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};

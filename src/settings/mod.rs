@@ -16,7 +16,8 @@ mod common;
 
 pub use crate::gateway::settings::{FenceStoreKind, GatewayKey, GatewaySettings, VerifyKey};
 pub use crate::lock::settings::{
-    BackendKind, BackendSettings, PostgresSettings, RedisMode, RedisSettings, TokenMode,
+    BackendKind, BackendSettings, PostgresSettings, RedLockSettings, RedisMode, RedisSettings,
+    TokenMode,
 };
 pub use crate::sidecar::settings::{ProxySettings, SidecarSettings};
 pub use crate::storage::settings::StorageSettings;
@@ -109,7 +110,8 @@ impl Settings {
                 // `FENCER__BACKEND__REDIS__SENTINELS=s1:26379,s2:26379`.
                 .list_separator(",")
                 .with_list_parse_key("backend.redis.sentinels")
-                .with_list_parse_key("backend.redis.nodes"),
+                .with_list_parse_key("backend.redis.nodes")
+                .with_list_parse_key("backend.redlock.urls"),
         );
         let raw = builder
             .build()
@@ -130,6 +132,20 @@ impl Settings {
         self.gateway.validate()?;
         self.storage.validate()?;
         self.metrics.validate()?;
+        let rl = &self.backend.redlock;
+        if self.backend.kind == Some(BackendKind::RedLock)
+            && rl.request_timeout_ms * 10 > self.sidecar.default_ttl_ms
+        {
+            // A round that may take the per-master timeout must leave most
+            // of the TTL as validity.
+            return Err(invalid(
+                "backend.redlock.request_timeout_ms",
+                format!(
+                    "must be at most a tenth of sidecar.default_ttl_ms ({} ms)",
+                    self.sidecar.default_ttl_ms
+                ),
+            ));
+        }
         Ok(())
     }
 
@@ -144,6 +160,9 @@ impl Settings {
         }
         for node in &mut s.backend.redis.nodes {
             *node = redact_url(node);
+        }
+        for url in &mut s.backend.redlock.urls {
+            *url = redact_url(url);
         }
         s.backend.postgres.url = redact_url(&s.backend.postgres.url);
         s.gateway.postgres_url = redact_url(&s.gateway.postgres_url);

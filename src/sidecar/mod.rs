@@ -27,6 +27,7 @@ use crate::http::listen::{bind, bind_unix, serve, serve_unix, UnixSocket};
 use crate::lock::memory::MemoryBackend;
 use crate::lock::postgres::PgBackend;
 use crate::lock::redis::RedisBackend;
+use crate::lock::redlock::RedLockBackend;
 use crate::lock::{DynBackend, WakeSink};
 use crate::metrics::Metrics;
 use crate::proxy::forward::Forwarder;
@@ -57,6 +58,12 @@ pub fn build_backend(
                 registry,
             )?)
         }
+        Some(BackendKind::RedLock) => Arc::new(RedLockBackend::new(
+            &settings.backend.redlock,
+            delay,
+            wake,
+            registry,
+        )?),
         Some(BackendKind::Postgres) => {
             Arc::new(PgBackend::new(&settings.backend.postgres, delay, wake)?)
         }
@@ -148,9 +155,20 @@ impl Sidecar {
         let groups = Arc::new(crate::metrics::Groups::new(&settings.metrics));
         let metrics = Arc::new(Metrics::new(&registry, groups));
         metrics.init_known(backend.name());
+        // With RedLock the deadline is the RedLock validity: TTL less the
+        // masters' possible drift (and 2 ms of their clock granularity),
+        // counted from the send time.
+        let (drift, margin) = match settings.backend.kind {
+            Some(BackendKind::RedLock) => (
+                s.clock_drift_ratio
+                    .max(settings.backend.redlock.clock_drift_ratio),
+                s.safety_margin_ms + 2,
+            ),
+            _ => (s.clock_drift_ratio, s.safety_margin_ms),
+        };
         let leases = LeaseTable::new(
-            s.clock_drift_ratio,
-            Duration::from_millis(s.safety_margin_ms),
+            drift,
+            Duration::from_millis(margin),
             s.max_leases,
             Duration::from_millis(s.lost_lease_retention_ms),
         );

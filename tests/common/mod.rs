@@ -272,6 +272,8 @@ pub enum Backend {
     /// Redis Cluster (`backend.redis.mode = "cluster"`); the test passes the
     /// nodes as a setting.
     RedisCluster,
+    /// RedLock over independent masters; the test passes their URLs.
+    RedLock,
     Postgres,
 }
 
@@ -281,6 +283,7 @@ impl Backend {
         match self {
             Backend::Memory => "memory",
             Backend::Redis | Backend::RedisSentinel | Backend::RedisCluster => "redis",
+            Backend::RedLock => "redlock",
             Backend::Postgres => "postgres",
         }
     }

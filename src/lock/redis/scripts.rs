@@ -164,7 +164,7 @@ pub struct Lua {
 }
 
 impl Lua {
-    fn new(body: &'static str) -> Lua {
+    pub fn new(body: &'static str) -> Lua {
         Lua {
             script: Script::new(body),
             body,

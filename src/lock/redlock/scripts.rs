@@ -1,0 +1,58 @@
+//! The two RedLock-specific scripts; renewal, release and the counter
+//! floor reuse the single-Redis scripts (`lock::redis::scripts`), which
+//! work per master unchanged.
+//!
+//! An acquisition is two rounds. `LOCK` takes the key on a master and
+//! reports that master's token counter and clock floor; once a majority
+//! granted, the sidecar mints a token above every counter of that majority
+//! and `STAMP` writes it back into the lock entry and the counter of a
+//! majority *before* the token is handed out. Any later majority shares at
+//! least one master with that one, so it sees the counter and mints higher.
+
+/// KEYS: lock, counter, delay marker. ARGV: lease id, ttl ms, lock-delay ms.
+///
+/// Returns `{1, counter, entry token, clock floor}` when this lease holds
+/// the key on this master (just taken, or already: a retry), where the
+/// entry token is `0` before the write-back; `{-1, pttl}` when another
+/// lease holds it (or the lock-delay marker lives).
+pub const LOCK: &str = r#"
+local t = redis.call('TIME')
+local floor = string.format('%.0f', tonumber(t[1]) * 1024000 + math.floor(tonumber(t[2]) / 1000) * 1024)
+local cur = redis.call('GET', KEYS[1])
+if cur then
+  local sep = string.find(cur, ' ', 1, true)
+  if sep and string.sub(cur, 1, sep - 1) == ARGV[1] then
+    return {1, redis.call('GET', KEYS[2]) or '0', string.sub(cur, sep + 1), floor}
+  end
+  return {-1, tostring(redis.call('PTTL', KEYS[1]))}
+end
+local delayed = redis.call('PTTL', KEYS[3])
+if delayed > 0 then
+  return {-1, tostring(delayed)}
+end
+redis.call('SET', KEYS[1], ARGV[1] .. ' 0', 'PX', ARGV[2])
+if tonumber(ARGV[3]) > 0 then
+  redis.call('SET', KEYS[3], '1', 'PX', tonumber(ARGV[2]) + tonumber(ARGV[3]))
+end
+return {1, redis.call('GET', KEYS[2]) or '0', '0', floor}
+"#;
+
+/// KEYS: lock, counter. ARGV: lease id, token (decimal digits).
+///
+/// If the lease still holds the key here: writes the token into the entry
+/// (keeping its TTL) and raises the counter to it (compared as decimal
+/// strings, not Lua doubles). Returns 1, or 0 when the lease does not hold
+/// the key here (expired meanwhile).
+pub const STAMP: &str = r#"
+local cur = redis.call('GET', KEYS[1])
+if not cur then return 0 end
+local sep = string.find(cur, ' ', 1, true)
+if not sep or string.sub(cur, 1, sep - 1) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. ARGV[2], 'KEEPTTL')
+local c = redis.call('GET', KEYS[2]) or '0'
+local f = ARGV[2]
+if string.len(c) < string.len(f) or (string.len(c) == string.len(f) and c < f) then
+  redis.call('SET', KEYS[2], f)
+end
+return 1
+"#;

@@ -1,0 +1,126 @@
+//! `[backend.redlock]`: the independent Redis masters a RedLock spans, and
+//! the timing rules that make a majority grant worth anything.
+
+use serde::Deserialize;
+
+use crate::settings::{check_range, invalid, ConfigError};
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RedLockSettings {
+    /// `redis://[user:password@]host:port/db` (or `rediss://`) of each
+    /// independent master: an odd number, at least 3 (5 is usual). Not
+    /// replicas of each other: RedLock's safety comes from independence.
+    pub urls: Vec<String>,
+    /// Bound on one call to one master. Far below the lease TTL: a grant
+    /// counts only if the majority answered with validity left
+    /// (`ttl − elapsed − drift`).
+    pub request_timeout_ms: u64,
+    pub connect_timeout_ms: u64,
+    /// The masters' clocks may run this much faster than ours: validity =
+    /// `ttl − elapsed − ttl × clock_drift_ratio − 2 ms`.
+    pub clock_drift_ratio: f64,
+    /// After a split vote (no contender got a majority) each contender
+    /// releases what it got and tries again after this delay plus up to
+    /// `retry_jitter_ms`, so they do not collide again in lockstep.
+    pub retry_delay_ms: u64,
+    pub retry_jitter_ms: u64,
+    pub key_prefix: String,
+    /// PEM CA for `rediss://` masters with a private CA.
+    pub ca_file: Option<String>,
+}
+
+impl Default for RedLockSettings {
+    fn default() -> Self {
+        Self {
+            urls: Vec::new(),
+            request_timeout_ms: 50,
+            connect_timeout_ms: 200,
+            clock_drift_ratio: 0.01,
+            retry_delay_ms: 50,
+            retry_jitter_ms: 50,
+            key_prefix: "fencer:".into(),
+            ca_file: None,
+        }
+    }
+}
+
+impl RedLockSettings {
+    /// `selected`: this is the configured backend, so it needs its masters.
+    pub(crate) fn validate(&self, selected: bool) -> Result<(), ConfigError> {
+        if selected && (self.urls.len() < 3 || self.urls.len() % 2 == 0) {
+            return Err(invalid(
+                "backend.redlock.urls",
+                format!(
+                    "RedLock needs an odd number of independent masters, at least 3 (got {})",
+                    self.urls.len()
+                ),
+            ));
+        }
+        check_range(
+            "backend.redlock.urls (count)",
+            self.urls.len() as u64,
+            0,
+            15,
+        )?;
+        for (i, u) in self.urls.iter().enumerate() {
+            let url = url::Url::parse(u)
+                .map_err(|e| invalid("backend.redlock.urls", format!("`{u}`: not a URL ({e})")))?;
+            if !matches!(url.scheme(), "redis" | "rediss")
+                || url.host_str().is_none_or(str::is_empty)
+            {
+                return Err(invalid(
+                    "backend.redlock.urls",
+                    format!("`{u}`: expected redis://host:port or rediss://host:port"),
+                ));
+            }
+            let same = |o: &String| {
+                url::Url::parse(o)
+                    .is_ok_and(|o| o.host_str() == url.host_str() && o.port() == url.port())
+            };
+            if self.urls[..i].iter().any(same) {
+                return Err(invalid(
+                    "backend.redlock.urls",
+                    format!("`{u}` is listed twice: each master must be a different server"),
+                ));
+            }
+        }
+        check_range(
+            "backend.redlock.request_timeout_ms",
+            self.request_timeout_ms,
+            1,
+            10_000,
+        )?;
+        check_range(
+            "backend.redlock.connect_timeout_ms",
+            self.connect_timeout_ms,
+            10,
+            60_000,
+        )?;
+        if !(0.0..0.5).contains(&self.clock_drift_ratio) {
+            return Err(invalid(
+                "backend.redlock.clock_drift_ratio",
+                "must be at least 0.0 and below 0.5",
+            ));
+        }
+        check_range(
+            "backend.redlock.retry_delay_ms",
+            self.retry_delay_ms,
+            0,
+            10_000,
+        )?;
+        check_range(
+            "backend.redlock.retry_jitter_ms",
+            self.retry_jitter_ms,
+            0,
+            10_000,
+        )?;
+        if self.key_prefix.len() > 64 || self.key_prefix.contains(['{', '}']) {
+            return Err(invalid(
+                "backend.redlock.key_prefix",
+                "at most 64 bytes and no `{` or `}`",
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,219 @@
+//! Counting a RedLock round: the majority, the validity left, the token.
+//!
+//! Pure functions, so the rules are tested apart from any Redis.
+
+use std::time::Duration;
+
+/// Masters that make a majority of `n`.
+pub fn quorum(n: usize) -> usize {
+    n / 2 + 1
+}
+
+/// What is left of a `ttl` lock taken in a round that took `elapsed`,
+/// after the masters' clocks may have run `drift_ratio` fast (plus 2 ms for
+/// their clocks' granularity): `None` when nothing is.
+pub fn validity(ttl: Duration, elapsed: Duration, drift_ratio: f64) -> Option<Duration> {
+    let drift = ttl.mul_f64(drift_ratio) + Duration::from_millis(2);
+    ttl.checked_sub(elapsed)?
+        .checked_sub(drift)
+        .filter(|v| !v.is_zero())
+}
+
+/// One master's answer to `LOCK`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Vote {
+    /// This lease holds the key there. `token`: already written back there
+    /// by an earlier try of the same lease (0: not yet).
+    Granted {
+        counter: u64,
+        token: u64,
+        floor: u64,
+    },
+    /// Another lease holds it there (for `pttl`, when known).
+    Held { pttl: Option<Duration> },
+    /// No answer in time, or an error: it may or may not hold it.
+    Unknown,
+}
+
+/// The outcome of a round.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Tally {
+    /// A majority granted: write `token` back to them (indices).
+    Majority { token: u64, granted: Vec<usize> },
+    /// A majority is held by another lease; look again after `remaining`.
+    Held { remaining: Option<Duration> },
+    /// Nobody has a majority for sure (split vote): release, retry later.
+    Split,
+    /// Too many masters did not answer to tell.
+    Undecided,
+}
+
+pub fn tally(votes: &[Vote], quorum: usize) -> Result<Tally, String> {
+    let granted: Vec<usize> = votes
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| matches!(v, Vote::Granted { .. }))
+        .map(|(i, _)| i)
+        .collect();
+    let held: Vec<Option<Duration>> = votes
+        .iter()
+        .filter_map(|v| match v {
+            Vote::Held { pttl } => Some(*pttl),
+            _ => None,
+        })
+        .collect();
+    let unknown = votes.iter().filter(|v| **v == Vote::Unknown).count();
+    if granted.len() >= quorum {
+        return Ok(Tally::Majority {
+            token: mint(votes, &granted)?,
+            granted,
+        });
+    }
+    if held.len() >= quorum {
+        // The earliest moment the key can be free on a majority.
+        let remaining = held.iter().flatten().min().copied();
+        return Ok(Tally::Held { remaining });
+    }
+    if granted.len() + unknown >= quorum || held.len() + unknown >= quorum {
+        return Ok(Tally::Undecided);
+    }
+    Ok(Tally::Split)
+}
+
+/// The token for a majority: above every counter of the granting masters
+/// and at least their clock floor — or, for a retry of the same lease, the
+/// token it already wrote back, if that is still above every counter.
+fn mint(votes: &[Vote], granted: &[usize]) -> Result<u64, String> {
+    let (mut counter, mut floor, mut earlier) = (0u64, 0u64, 0u64);
+    for &i in granted {
+        if let Vote::Granted {
+            counter: c,
+            token: t,
+            floor: f,
+        } = votes[i]
+        {
+            counter = counter.max(c);
+            floor = floor.max(f);
+            earlier = earlier.max(t);
+        }
+    }
+    if earlier > 0 && earlier >= counter {
+        return Ok(earlier);
+    }
+    let next = counter.checked_add(1).ok_or("token counter at u64::MAX")?;
+    Ok(next.max(floor))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn g(counter: u64, token: u64, floor: u64) -> Vote {
+        Vote::Granted {
+            counter,
+            token,
+            floor,
+        }
+    }
+
+    fn held(ms: u64) -> Vote {
+        Vote::Held {
+            pttl: Some(Duration::from_millis(ms)),
+        }
+    }
+
+    #[test]
+    fn quorum_is_a_strict_majority() {
+        assert_eq!(quorum(3), 2);
+        assert_eq!(quorum(5), 3);
+        assert_eq!(quorum(7), 4);
+    }
+
+    #[test]
+    fn validity_subtracts_elapsed_and_drift() {
+        let ttl = Duration::from_millis(1000);
+        assert_eq!(
+            validity(ttl, Duration::from_millis(100), 0.01),
+            Some(Duration::from_millis(888))
+        );
+        assert_eq!(validity(ttl, Duration::from_millis(988), 0.01), None);
+        assert_eq!(validity(ttl, Duration::from_secs(2), 0.01), None);
+    }
+
+    #[test]
+    fn a_majority_mints_above_every_counter_of_its_masters() {
+        let votes = [g(7, 0, 5), g(9, 0, 5), held(100), g(3, 0, 5), Vote::Unknown];
+        assert_eq!(
+            tally(&votes, 3),
+            Ok(Tally::Majority {
+                token: 10,
+                granted: vec![0, 1, 3]
+            })
+        );
+        // The clock floor wins over small counters.
+        let votes = [g(7, 0, 5000), g(9, 0, 4000), g(1, 0, 0)];
+        assert_eq!(
+            tally(&votes, 2),
+            Ok(Tally::Majority {
+                token: 5000,
+                granted: vec![0, 1, 2]
+            })
+        );
+    }
+
+    #[test]
+    fn a_retry_keeps_its_token_unless_a_counter_passed_it() {
+        // Written back to two masters (their counters are 12), not the third.
+        let votes = [g(12, 12, 0), g(12, 12, 0), g(4, 0, 0)];
+        assert_eq!(
+            tally(&votes, 2),
+            Ok(Tally::Majority {
+                token: 12,
+                granted: vec![0, 1, 2]
+            })
+        );
+        // A master minted past it meanwhile (restarted empty, say): mint anew.
+        let votes = [g(12, 12, 0), g(20, 0, 0), g(4, 0, 0)];
+        assert_eq!(
+            tally(&votes, 2),
+            Ok(Tally::Majority {
+                token: 21,
+                granted: vec![0, 1, 2]
+            })
+        );
+    }
+
+    #[test]
+    fn held_split_and_undecided() {
+        assert_eq!(
+            tally(&[held(300), held(200), g(1, 0, 0)], 2),
+            Ok(Tally::Held {
+                remaining: Some(Duration::from_millis(200))
+            })
+        );
+        assert_eq!(
+            tally(&[g(1, 0, 0), g(1, 0, 0), held(5), held(5), held(9)], 3),
+            Ok(Tally::Held {
+                remaining: Some(Duration::from_millis(5))
+            })
+        );
+        assert_eq!(
+            tally(
+                &[g(1, 0, 0), g(1, 0, 0), held(5), held(5), Vote::Unknown],
+                3
+            ),
+            Ok(Tally::Undecided)
+        );
+        assert_eq!(
+            tally(
+                &[g(1, 0, 0), g(1, 0, 0), held(5), held(5), g(1, 0, 0)][..4],
+                3
+            ),
+            Ok(Tally::Split)
+        );
+        assert_eq!(
+            tally(&[Vote::Unknown, Vote::Unknown, g(1, 0, 0)], 2),
+            Ok(Tally::Undecided)
+        );
+    }
+}

@@ -115,6 +115,13 @@ impl ClusterTopology {
             let Some((epoch, map)) = self.read_slots(&conn).await else {
                 continue;
             };
+            // A view with slots nobody serves (a master marked failing, the
+            // promotion not done yet) is not a new map: the failover counts,
+            // and leases are re-verified, once every slot has a live master
+            // again — the new one.
+            if !covers_every_slot(&map) {
+                continue;
+            }
             match &seen {
                 Some((old_epoch, _)) if epoch < *old_epoch => continue,
                 Some((_, old)) if *old == map => continue,
@@ -225,6 +232,18 @@ fn parse_nodes(text: &str) -> (u64, SlotMap) {
     (max_epoch, map)
 }
 
+/// Whether the ranges cover slots 0..=16383 without a gap.
+fn covers_every_slot(map: &SlotMap) -> bool {
+    let mut next: u32 = 0;
+    for &(a, b) in map.keys() {
+        if u32::from(a) > next {
+            return false;
+        }
+        next = next.max(u32::from(b) + 1);
+    }
+    next == 16384
+}
+
 /// The Redis Cluster slot of `key`: CRC16 (XMODEM) of its hash tag, mod
 /// 16384. Used to group batched renewals, since one script may only touch
 /// keys of one slot.
@@ -278,9 +297,16 @@ d4 127.0.0.1:7004@17004 master - 0 0 7 connected 10923-16383 [5->-x]
 e5 127.0.0.1:7005@17005 slave a1 0 0 1 connected
 ";
         let (epoch, map) = parse_nodes(text);
+        assert!(covers_every_slot(&map));
         assert_eq!(epoch, 7);
         assert_eq!(map.len(), 3);
         assert_eq!(map[&(10923, 16383)], "127.0.0.1:7004");
         assert_eq!(map[&(0, 5460)], "127.0.0.1:7001");
+        // The failing master's slots before the promotion: a gap.
+        let (_, gap) = parse_nodes(&text.replace(
+            "d4 127.0.0.1:7004@17004 master",
+            "d4 127.0.0.1:7004@17004 master,fail?",
+        ));
+        assert!(!covers_every_slot(&gap));
     }
 }

@@ -7,6 +7,8 @@ seeded faults; histories checked for S1–S7 (docs/faults.md).
   python3 tests/faults/run.py --only pause-short --seed 7 --keep
   python3 tests/faults/run.py --mutant check_then_forward --repeat 20
   python3 tests/faults/run.py --only redis-lossy-failover --seed 3 --keep
+  python3 tests/faults/run.py --only redis-cluster-failover --seed 5 --keep
+  python3 tests/faults/run.py --tier long --backend redis-cluster --minutes 10
   python3 tests/faults/run.py --mutant counter_tokens     # M4: must FAIL (S2)
 
 Exit status 0 when every safety run is PASS and every mutant run FAILs.
@@ -87,8 +89,21 @@ FAMILIES = [
     sc("redis-lossy-failover-wait", backend="redis-sentinel", duration_s=50, self_pause_p=0.3, long_only=True,
        nemesis=["lossy_failover", "lossy_failover", "pause_worker"], interval=(0.5, 1.5), wait_replicas=1,
        bite={"failovers": 3, "lossy_failovers": 1, "stale_at_gateway": 3}),
+] + [
+    # Redis Cluster shard failovers: kill -9 of the master serving one of
+    # the keys, its replica promoted (~2–3 s), the old node back 1–3 s later
+    # as a replica, the cluster healthy again before the next fault: 5–8 s
+    # each, so listed twice as for the sentinel set. Not in the PR tier
+    # (which must stay within 15 min): --tier long --backend redis-cluster,
+    # or --only.
+    sc("redis-cluster-failover", backend="redis-cluster", duration_s=50, self_pause_p=0.3, long_only=True,
+       nemesis=["shard_failover", "shard_failover", "pause_worker"], interval=(0.5, 1.5),
+       bite={"failovers": 3, "stale_at_gateway": 3}),
 ]
 SENTINEL_FAMILIES = [f for f in FAMILIES if f["backend"] == "redis-sentinel"]
+CLUSTER_FAMILIES = [f for f in FAMILIES if f["backend"] == "redis-cluster"]
+# Families bound to the topology they fail over: never re-targeted by --backend.
+TOPOLOGY_FAMILIES = SENTINEL_FAMILIES + CLUSTER_FAMILIES
 
 # No faults: the throughput the fault runs are compared with.
 BASELINE = sc("baseline", nemesis=[], self_pause_p=0.0)
@@ -104,6 +119,11 @@ MIXED = sc("mixed", nemesis=PAUSES + ["pause_sidecar", "pause_gateway", "kill_ga
 MIXED_SENTINEL = sc("mixed-sentinel", backend="redis-sentinel",
                     nemesis=PAUSES + ["pause_sidecar", "failover", "lossy_failover"],
                     self_pause_p=0.35, forge_p=0.05, replay_p=0.1, client_timeout_ms=2500)
+
+# The same for the cluster backend: shard failovers among pauses.
+MIXED_CLUSTER = sc("mixed-cluster", backend="redis-cluster",
+                   nemesis=PAUSES + ["pause_sidecar", "shard_failover", "shard_failover"],
+                   self_pause_p=0.35, forge_p=0.05, replay_p=0.1, client_timeout_ms=2500)
 
 # Mutants killed by a random schedule of this suite: mutant → (scenario
 # overrides, mutants by role).
@@ -183,7 +203,7 @@ def main():
     ap.add_argument("--tier", choices=["pr", "long"], default=None)
     ap.add_argument("--minutes", type=float, default=30, help="long tier: minutes per backend")
     ap.add_argument("--only", help="run one family (by name)")
-    ap.add_argument("--backend", choices=["redis", "postgres", "redis-sentinel"])
+    ap.add_argument("--backend", choices=["redis", "postgres", "redis-sentinel", "redis-cluster"])
     ap.add_argument("--mutant", help="run one mutant's kill test(s)")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--seed", type=int, default=None)
@@ -209,7 +229,12 @@ def main():
             bites += f" unavail_ms={u['min']}/{u['median']}/{u['max']}"
         fm = r.get("failover_metrics")
         if fm:
-            bites += f" lost_by_failover={fm['leases_lost_failover']} switches={fm['sentinel_switches']}"
+            bites += f" lost_by_failover={fm['leases_lost_failover']}"
+            if "sentinel_switches" in fm:
+                bites += f" switches={fm['sentinel_switches']}"
+            else:
+                bites += f" nemesis_failovers={fm['nemesis_failovers']}"
+            bites += f" sidecars_counted={','.join(str(n) for n in fm['redis_failovers_seen'])}"
             if fm["not_following"]:
                 bites += f" NOT_FOLLOWING={','.join(fm['not_following'])}"
         print(f"[{'ok' if ok else 'BAD'}] {r['name']:<44} {r['verdict']:<12} expect {expect:<4} "
@@ -226,14 +251,15 @@ def main():
     if a.tier == "pr" or a.only:
         schedules = [f for f in FAMILIES if (f["name"] == a.only if a.only else not f.get("long_only"))]
         if a.backend:
-            # A failover family needs its sentinel set: kept as it is, and
-            # only when that backend is asked for.
-            schedules = [f if f in SENTINEL_FAMILIES else dict(f, backend=a.backend) for f in schedules
-                         if f not in SENTINEL_FAMILIES or a.backend == "redis-sentinel" or a.only]
+            # A failover family needs its sentinel set or cluster: kept as
+            # it is, and only when that backend is asked for.
+            schedules = [f if f in TOPOLOGY_FAMILIES else dict(f, backend=a.backend) for f in schedules
+                         if f not in TOPOLOGY_FAMILIES or a.backend == f["backend"] or a.only]
     if a.tier in ("pr", "long"):
-        # The sentinel backend's long run is asked for explicitly
-        # (--backend redis-sentinel): the default long tier is the issue's
-        # 30 minutes per backend for Redis and PostgreSQL.
+        # The sentinel and cluster backends' long runs are asked for
+        # explicitly (--backend redis-sentinel / redis-cluster): the default
+        # long tier is the issue's 30 minutes per backend for Redis and
+        # PostgreSQL.
         for backend in ([a.backend] if a.backend else ["redis", "postgres"]):
             schedules.append(dict(BASELINE, backend=backend, duration_s=30 if a.tier == "pr" else 120))
     if a.tier == "long":
@@ -245,6 +271,13 @@ def main():
                     schedules.append(dict(MIXED_SENTINEL, duration_s=300, name=f"mixed-sentinel-{i}",
                                           bite={"stale_at_gateway": 50, "expiries_while_paused": 10,
                                                 "failovers": 10, "lossy_failovers": 3}))
+                continue
+            if backend == "redis-cluster":
+                schedules += CLUSTER_FAMILIES
+                for i in range(n):
+                    schedules.append(dict(MIXED_CLUSTER, duration_s=300, name=f"mixed-cluster-{i}",
+                                          bite={"stale_at_gateway": 50, "expiries_while_paused": 10,
+                                                "failovers": 10}))
                 continue
             for i in range(n):
                 schedules.append(dict(MIXED, backend=backend, duration_s=300, name=f"mixed-{i}",

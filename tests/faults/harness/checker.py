@@ -143,9 +143,10 @@ def check(events, commits, injections, marks, nemesis, cfg):
         "indeterminate": len(writes_info),
         "applied": len(commits),
         "acked": len(writes_ok),
-        "faults": sum(1 for n in nemesis if n.get("kind") not in ("heal",)),
+        "faults": sum(1 for n in nemesis if n.get("kind") not in ("heal", "cluster_healthy")),
     }
-    if any(n.get("kind") in FAILOVER_KINDS for n in nemesis) or cfg.get("backend") == "redis-sentinel":
+    if (any(n.get("kind") in FAILOVER_KINDS for n in nemesis)
+            or cfg.get("backend") in ("redis-sentinel", "redis-cluster")):
         # FAULT-SUITE: "failovers that actually lost state" — a promotion
         # counts as lossy when a key's counter on the promoted replica was
         # below the old master's just before the kill (nemesis.py).
@@ -227,7 +228,7 @@ def overlaps(events):
     return n
 
 
-FAILOVER_KINDS = ("failover", "lossy_failover")
+FAILOVER_KINDS = ("failover", "lossy_failover", "shard_failover")
 
 
 def unavailability(events, nemesis):
@@ -235,8 +236,12 @@ def unavailability(events, nemesis):
     acquire granted after it, by any worker. Only calls invoked after the
     kill count: one invoked before may have been granted by the old master
     with its answer still on the way (or held by a paused worker). None
-    when no such acquire succeeded before the next kill."""
-    kills = sorted(n["t"] for n in nemesis if n.get("kind") in FAILOVER_KINDS)
+    when no such acquire succeeded before the next kill.
+
+    A shard failover (Redis Cluster) takes down one master: only acquires
+    of the keys it served (the event's `keys`) count, since keys of other
+    shards stay available until the cluster marks the master failed."""
+    kills = sorted((n["t"], n.get("keys")) for n in nemesis if n.get("kind") in FAILOVER_KINDS)
     invoked, grants = {}, []
     for e in events:
         if e["f"] != "acquire":
@@ -244,11 +249,11 @@ def unavailability(events, nemesis):
         if e["kind"] == "invoke":
             invoked[e["proc"]] = e["t"]
         elif e["kind"] == "ok" and e["proc"] in invoked:
-            grants.append((invoked.pop(e["proc"]), e["t"]))
+            grants.append((invoked.pop(e["proc"]), e["t"], e.get("key")))
     out = []
-    for i, k in enumerate(kills):
-        nxt = kills[i + 1] if i + 1 < len(kills) else float("inf")
-        oks = [t for t_inv, t in grants if k < t_inv < nxt]
+    for i, (k, keys) in enumerate(kills):
+        nxt = kills[i + 1][0] if i + 1 < len(kills) else float("inf")
+        oks = [t for t_inv, t, key in grants if k < t_inv < nxt and (keys is None or key in keys)]
         out.append(round((min(oks) - k) / 1e6) if oks else None)
     return out
 

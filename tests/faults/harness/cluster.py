@@ -3,7 +3,10 @@
     worker_i ──> sidecar_i ──[lockp]──> Redis or PostgreSQL (locks)
                    (backend "redis-sentinel": no lockp; the sidecars ask the
                    sentinels for the master, and each replica replicates
-                   through a [link] of its own: RedisSentinelSet)
+                   through a [link] of its own: RedisSentinelSet;
+                   backend "redis-cluster": no lockp either, the sidecars
+                   reach the 3 masters + 3 replicas of RedisClusterSet
+                   directly, following MOVED)
                    └─[gwp_i]──> gateway_a / gateway_b ──[stp_x]──> storage
     (direct workers carry their token to a gateway themselves)
     gateways ──> PostgreSQL (fence store, shared)
@@ -20,8 +23,8 @@ import threading
 import time
 
 from .faultproxy import FaultProxy
-from .procs import (Fencer, Postgres, Proc, Redis, RedisSentinelSet, free_port, http_ok, metric_sum,
-                    proc_state, wait_for)
+from .procs import (Fencer, Postgres, Proc, Redis, RedisClusterSet, RedisSentinelSet, free_port, http_ok,
+                    metric_sum, proc_state, wait_for)
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -55,8 +58,12 @@ class Cluster:
         sc = self.sc
         self.pg = Postgres(self.run_dir, "pg", settings=sc.get("pg_settings", ()),
                            faketime=sc.get("pg_faketime"))
-        self.redis = self.rset = self.lockp = None
-        if sc["backend"] == "redis-sentinel":
+        self.redis = self.rset = self.rcluster = self.lockp = None
+        if sc["backend"] == "redis-cluster":
+            # Like the sentinels, the cluster announces its nodes' own
+            # addresses (CLUSTER SLOTS, MOVED): no lock-backend proxy.
+            self.rcluster = RedisClusterSet(self.run_dir, node_args=sc.get("redis_node_args", ())).start()
+        elif sc["backend"] == "redis-sentinel":
             # The sentinels announce the nodes' own addresses, so a proxy in
             # front of "the" lock backend has nothing to stand in front of.
             self.rset = RedisSentinelSet(self.run_dir, node_args=sc.get("redis_node_args", ()),
@@ -101,7 +108,7 @@ class Cluster:
             g = self.gateways[i % len(self.gateways)]
             gwp = self.proxy(f"sidecar-{i}->{g.name}", g.api_port)
             settings = {
-                "backend.kind": "redis" if self.rset else sc["backend"],
+                "backend.kind": "redis" if (self.rset or self.rcluster) else sc["backend"],
                 "sidecar.default_ttl_ms": sc["ttl_ms"],
                 "sidecar.safety_margin_ms": 20,
                 "proxy.upstream": f"http://127.0.0.1:{gwp.port}",
@@ -117,6 +124,8 @@ class Cluster:
                 settings["sidecar.preregister_url"] = f"http://127.0.0.1:{gwp.port}/_fencer/v1/fences/"
             if self.rset:
                 settings.update(self._sentinel_settings())
+            elif self.rcluster:
+                settings.update(self._cluster_settings())
             elif sc["backend"] == "redis":
                 settings["backend.redis.url"] = lock_url
                 settings["backend.redis.token_mode"] = sc.get("token_mode", "hybrid_clock")
@@ -147,21 +156,46 @@ class Cluster:
             out["backend.redis.wait_timeout_ms"] = sc.get("wait_timeout_ms", 100)
         return out
 
+    def _cluster_settings(self):
+        """A sidecar's `backend.redis` for the cluster (nodes comma-separated
+        in the environment)."""
+        sc = self.sc
+        out = {
+            "backend.redis.mode": "cluster",
+            "backend.redis.nodes": ",".join(self.rcluster.node_urls()),
+            "backend.redis.topology_check_interval_ms": sc.get("topology_check_interval_ms", 200),
+            "backend.redis.token_mode": sc.get("token_mode", "hybrid_clock"),
+            "backend.redis.request_timeout_ms": 500,
+        }
+        if sc.get("wait_replicas"):
+            out["backend.redis.wait_replicas"] = sc["wait_replicas"]
+            out["backend.redis.wait_timeout_ms"] = sc.get("wait_timeout_ms", 100)
+        return out
+
     def failover_metrics(self):
         """What the sidecars counted about failovers, scraped from their
         admin /metrics at the end of the run (a sidecar restarted during the
-        run counts from its restart), beside the switches the sentinels
-        made: a sidecar that counted fewer did not follow one."""
+        run counts from its restart), beside the failovers that happened: on
+        a sentinel set the switches the sentinels made, on a cluster the
+        promotions the nemesis caused and saw. A sidecar that counted fewer
+        did not follow one. (On a cluster a sidecar may count more: it
+        counts every change of its slot map, and a master flagged failing,
+        then replaced, can be two.)"""
         texts = [s.metrics() for s in self.sidecars]
         seen = [int(metric_sum(t, "fencer_redis_failovers_total")) for t in texts]
-        switches = self.rset.switches()
-        return {
+        out = {
             "leases_lost_failover": int(sum(metric_sum(t, "fencer_lost_leases_total", {"reason": "failover"})
                                             for t in texts)),
             "redis_failovers_seen": seen,
-            "sentinel_switches": switches,
-            "not_following": [s.name for s, n in zip(self.sidecars, seen) if n < switches],
         }
+        if self.rset:
+            expected = out["sentinel_switches"] = self.rset.switches()
+        else:
+            with self.lock:
+                expected = sum(1 for n in self.nemesis_events if n.get("kind") == "promoted")
+            out["nemesis_failovers"] = expected
+        out["not_following"] = [s.name for s, n in zip(self.sidecars, seen) if n < expected]
+        return out
 
     def _worker(self, i, sidecar, gateway, mode):
         sc = self.sc
@@ -252,6 +286,13 @@ class Cluster:
             self.redis.proc.resume()
         if self.rset:
             self.rset.thaw_links()
+        if self.rcluster:
+            # A node a failover left down is started again, and the next
+            # run phase (quiet) starts from a healthy cluster.
+            try:
+                self.rcluster.heal(20)
+            except Exception as e:
+                self.event(kind="nemesis_error", family="heal", error=str(e)[:2000])
         self.pg.resume()
         self.storage.resume()
         try:
@@ -275,4 +316,6 @@ class Cluster:
             self.redis.stop()
         if self.rset:
             self.rset.stop()
+        if self.rcluster:
+            self.rcluster.stop()
         self.pg.stop()

@@ -27,21 +27,29 @@ to the histories. Families:
   lossy_failover  the same, after freezing replication for 0.3–0.8 s while
                   the workload mints tokens (FAULT-SUITE's lossy failover):
                   the promoted replica lacks the last counter increments
+  shard_failover  kill -9 the Redis Cluster master serving one of the
+                  scenario's keys; its replica is promoted; the old node
+                  rejoins (as a replica of its successor) 1–3 s later
 
-Backend "redis-sentinel" has no single lock-backend process or link, so
-net_lock, pause_backend and kill_backend are skipped there (one "skipped"
-event); failover and lossy_failover exist only there.
+Backends "redis-sentinel" and "redis-cluster" have no single lock-backend
+process or link, so net_lock, pause_backend and kill_backend are skipped
+there (one "skipped" event); failover and lossy_failover exist only on
+"redis-sentinel", shard_failover only on "redis-cluster".
 """
 import random
 import subprocess
 import threading
 import time
 
+from .procs import lock_key
 
-# Families that need one lock-backend process / one link to it (lockp), or
-# a sentinel set, by backend.
+
+# Families that need one lock-backend process / one link to it (lockp), a
+# sentinel set, or a cluster, by backend.
 NEEDS_SINGLE_BACKEND = {"net_lock", "pause_backend", "kill_backend"}
 NEEDS_SENTINELS = {"failover", "lossy_failover"}
+NEEDS_CLUSTER = {"shard_failover"}
+MULTI_NODE_BACKENDS = {"redis-sentinel", "redis-cluster"}
 # Nemesis time one failover takes: promotion (~2.3–3.4 s after the kill),
 # the old node back 1–3 s later, and margin. One that could not finish
 # before the heal would eat the quiet phase (L2 would see no writes).
@@ -49,9 +57,13 @@ FAILOVER_BUDGET_S = 8
 
 
 def available(family, backend):
-    if backend == "redis-sentinel":
-        return family not in NEEDS_SINGLE_BACKEND
-    return family not in NEEDS_SENTINELS
+    if family in NEEDS_SINGLE_BACKEND:
+        return backend not in MULTI_NODE_BACKENDS
+    if family in NEEDS_SENTINELS:
+        return backend == "redis-sentinel"
+    if family in NEEDS_CLUSTER:
+        return backend == "redis-cluster"
+    return True
 
 
 class Nemesis:
@@ -189,8 +201,10 @@ class Nemesis:
     def expire(self):
         key = self.rng.choice(self.c.sc["keys"])
         self.c.event(kind="expire", key=key)
-        if self.c.rset:
-            self.c.rset.cmd("DEL", "fencer:{" + key + "}:lock")
+        if self.c.rcluster:
+            self.c.rcluster.cmd_key(key, "DEL", lock_key(key))
+        elif self.c.rset:
+            self.c.rset.cmd("DEL", lock_key(key))
         elif self.c.redis:
             self.c.redis.cmd("DEL", "fencer:{" + key + "}:lock")
         else:
@@ -288,3 +302,61 @@ class Nemesis:
             rs.restart_node(old)
             self.c.event(kind="restarted", target=f"redis:{old}")
 
+    # ------------------------------------------------------------ cluster shard failovers
+
+    def shard_failover(self):
+        """kill -9 the master serving one of the scenario's keys on a healthy
+        cluster, wait for its replica's promotion, restart the old node 1–3 s
+        later (it rejoins as a replica of its successor) and wait until the
+        cluster is healthy again, so the next fault starts from a whole
+        cluster.
+
+        Events as for `failover` (the checker counts the `promoted` ones and
+        times each kill's unavailability, over the keys of the killed shard
+        only). Lost state is measured as on the sentinel set: the shard's
+        keys' counters on the master just before the kill against those on
+        its replica 0.2 s after it (before the promotion, which new acquires
+        follow)."""
+        rc = self.c.rcluster
+        family = "shard_failover"
+        left = self.end - time.monotonic() - FAILOVER_BUDGET_S
+        try:
+            if left <= 0:
+                raise RuntimeError("no time left to finish it before the heal")
+            rc.wait_healthy(min(15, left))
+        except RuntimeError as e:
+            self.c.event(kind="skipped", families=[family], reason=str(e)[:500])
+            return
+        keys = self.c.sc["keys"]
+        key = self.rng.choice(keys)
+        slot = rc.keyslot(key)
+        old = rc.master_for_slot(slot)
+        shard_keys = [k for k in keys if rc.master_for_key(k) == old]
+        replicas = rc.replicas_of(old)
+        before = rc.counters(shard_keys, port=old)
+        t_kill = rc.kill(old)
+        self.c.event(kind=family, target=f"redis:{old}", t=t_kill, key=key, slot=slot, keys=shard_keys,
+                     frozen_ms=None, counters_before=before)
+        try:
+            # Bytes already in the replica's socket are still applied after
+            # the kill; the cluster cannot promote before the node timeout.
+            time.sleep(0.2)
+            snap = {}
+            for p in replicas:
+                try:
+                    snap[p] = rc.counters(shard_keys, port=p)
+                except Exception:  # a replica not answering cannot be promoted either
+                    pass
+            new = rc.wait_slot_master_change(slot, old, 20)
+            elapsed = (time.monotonic_ns() - t_kill) / 1e6
+            after = snap.get(new) or {}
+            lost = {k: before[k] - after[k] for k in shard_keys if k in after and after[k] < before[k]}
+            self.c.event(kind="promoted", old=old, new=new, slot=slot, elapsed_ms=round(elapsed),
+                         counters_after=after, lost_state=bool(lost), lost=lost, lossy_attempt=False)
+        finally:
+            time.sleep(self.rng.uniform(1.0, 3.0))
+            rc.restart(old)
+            self.c.event(kind="restarted", target=f"redis:{old}")
+        t0 = time.monotonic()
+        rc.wait_healthy(20)
+        self.c.event(kind="cluster_healthy", after_restart_ms=round((time.monotonic() - t0) * 1000))

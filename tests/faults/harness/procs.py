@@ -245,11 +245,42 @@ def info(port, section="replication"):
     return out
 
 
-def counter_key(key, prefix="fencer:"):
-    """fencer's token counter of a lock key (src/lock/redis/keys.rs):
-    `<prefix>{<key with %, { and } percent-escaped>}:token`."""
+def _tagged(key, prefix="fencer:"):
+    """`<prefix>{<key with %, { and } percent-escaped>}`: the hash-tagged
+    stem of a lock's Redis keys (src/lock/redis/keys.rs)."""
     esc = key.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
-    return f"{prefix}{{{esc}}}:token"
+    return f"{prefix}{{{esc}}}"
+
+
+def counter_key(key, prefix="fencer:"):
+    """fencer's token counter of a lock key: `<prefix>{<escaped key>}:token`."""
+    return _tagged(key, prefix) + ":token"
+
+
+def lock_key(key, prefix="fencer:"):
+    """fencer's lock entry of a lock key: `<prefix>{<escaped key>}:lock`."""
+    return _tagged(key, prefix) + ":lock"
+
+
+def resp_many(port, *cmds, timeout=1.0):
+    """Several commands on one fresh connection (pipelined), every reply
+    parsed; an error reply is returned as its RespError, not raised, so a
+    `READONLY` refused by a master does not hide the `GET` after it."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    try:
+        req = "".join(f"*{len(c)}\r\n" + "".join(f"${len(str(a).encode())}\r\n{a}\r\n" for a in c)
+                      for c in cmds)
+        s.sendall(req.encode())
+        out = []
+        with s.makefile("rb") as f:
+            for _ in cmds:
+                try:
+                    out.append(_read_reply(f))
+                except RespError as e:
+                    out.append(e)
+        return out
+    finally:
+        s.close()
 
 
 class RedisSentinelSet:
@@ -545,6 +576,342 @@ class RedisSentinelSet:
                     out.append(f"--- node {port}\n" + f.read()[-1500:])
             except OSError:
                 pass
+        return "\n".join(out)
+
+
+# ---------------------------------------------------------------- Redis Cluster
+
+# Flags under which a CLUSTER NODES line does not describe a usable node.
+_FAILING = {"fail", "fail?", "handshake", "noaddr"}
+
+
+def cluster_nodes(port, timeout=0.7):
+    """One node's `CLUSTER NODES`, parsed: [{id, port, flags, master,
+    epoch, link, slots: [(first, last)]}] (slots being migrated,
+    `[…]`, left out)."""
+    out = []
+    for line in (resp(port, "CLUSTER", "NODES", timeout=timeout) or "").splitlines():
+        f = line.split()
+        if len(f) < 8:
+            continue
+        addr = f[1].split("@")[0].split(",")[0]
+        try:
+            nport = int(addr.rsplit(":", 1)[1])
+        except (IndexError, ValueError):
+            nport = 0
+        slots = []
+        for s in f[8:]:
+            if s.startswith("["):
+                continue
+            a, _, b = s.partition("-")
+            try:
+                slots.append((int(a), int(b or a)))
+            except ValueError:
+                pass
+        flags = set(f[2].split(","))
+        out.append({"id": f[0], "port": nport, "flags": flags, "master": f[3], "epoch": int(f[6]),
+                    "link": f[7], "slots": slots, "failing": bool(flags & _FAILING)})
+    return out
+
+
+def cluster_state_ok(port, timeout=0.7):
+    text = resp(port, "CLUSTER", "INFO", timeout=timeout) or ""
+    return "cluster_state:ok" in text
+
+
+def slot_owner(view, slot):
+    """The master serving `slot` in one node's view (a non-failing one if
+    the view names two), or None."""
+    owners = [n for n in view if "master" in n["flags"] and any(a <= slot <= b for a, b in n["slots"])]
+    return next((n for n in owners if not n["failing"]), owners[0] if owners else None)
+
+
+class RedisClusterSet:
+    """A Redis Cluster of 3 masters + 3 replicas on free loopback ports in
+    the run dir: the topology of `backend.redis.mode = "cluster"`, which the
+    nemesis fails over shard by shard with kill -9.
+
+    Nodes keep nothing on disk but their `nodes.conf` (`--save ''`, no AOF)
+    and sync diskless, so a restarted node is empty; its `nodes.conf` makes
+    it the same cluster node, and a former master comes back as a replica of
+    the replica promoted in its place (the cluster's UPDATE). Node timeout
+    1000 ms: a killed master's replica is promoted ~2 s after the kill. The
+    cluster bus port of each node is an explicit free port (port + 10000 may
+    be taken). The cluster announces the nodes' own addresses, so there is
+    no fault proxy in front of it.
+    """
+
+    NODE_TIMEOUT_MS = 1000
+
+    def __init__(self, run_dir, name="redis-cluster", masters=3, replicas_per_master=1, node_args=()):
+        self.dir = os.path.join(run_dir, name)
+        os.makedirs(self.dir, exist_ok=True)
+        self.n_masters, self.n_replicas = masters, replicas_per_master
+        self.node_args = list(node_args)
+        self.nodes = {}     # port -> Proc (dead or alive), in start order
+        self.bus = {}       # port -> cluster bus port
+        self._slots = {}    # lock key -> slot
+        self.create_log = os.path.join(self.dir, "cluster-create.log")
+
+    # ------------------------------------------------------------ start/stop
+
+    def _node_dir(self, port):
+        return os.path.join(self.dir, f"node-{port}")
+
+    def _node_argv(self, port):
+        d = self._node_dir(port)
+        return ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                "--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0",
+                "--cluster-enabled", "yes", "--cluster-config-file", os.path.join(d, "nodes.conf"),
+                "--cluster-node-timeout", str(self.NODE_TIMEOUT_MS), "--cluster-port", str(self.bus[port]),
+                "--cluster-announce-ip", "127.0.0.1",
+                "--dir", d, "--logfile", os.path.join(d, "redis.log")] + self.node_args
+
+    def _spawn(self, port):
+        p = self.nodes[port]
+        p.start()
+        end = time.time() + 10
+        while time.time() < end:
+            if not p.alive():
+                raise RuntimeError(f"redis cluster node {port} exited:\n{self.logs()}")
+            try:
+                if resp(port, "PING", timeout=0.5) == "PONG":
+                    return
+            except (OSError, RespError, ConnectionError):
+                pass
+            time.sleep(0.02)
+        raise RuntimeError(f"redis cluster node {port} does not answer PING after 10 s:\n{self.logs()}")
+
+    def start(self, timeout=30):
+        """Starts every node, joins them with `redis-cli --cluster create
+        --cluster-replicas N`, and returns once every node says
+        `cluster_state:ok` and every replica is attached (link up); raises
+        with the log tails after `timeout`."""
+        for _ in range(self.n_masters * (1 + self.n_replicas)):
+            port = free_port()
+            self.bus[port] = free_port()
+            os.makedirs(self._node_dir(port), exist_ok=True)
+            self.nodes[port] = Proc(f"redis-{port}", self._node_argv(port), dict(os.environ),
+                                    os.path.join(self._node_dir(port), "stdout.log"))
+            self._spawn(port)
+        started = time.time()
+        argv = (["redis-cli", "--cluster", "create"] + [f"127.0.0.1:{p}" for p in self.nodes] +
+                ["--cluster-replicas", str(self.n_replicas), "--cluster-yes"])
+        with open(self.create_log, "ab") as log:
+            try:
+                r = subprocess.run(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL, timeout=timeout)
+            except subprocess.TimeoutExpired:
+                raise RuntimeError(f"redis-cli --cluster create hangs after {timeout} s:\n{self.logs()}")
+        if r.returncode != 0:
+            raise RuntimeError(f"redis-cli --cluster create failed ({r.returncode}):\n{self.logs()}")
+        self.wait_healthy(max(5, timeout - (time.time() - started)))
+        return self
+
+    def stop(self):
+        for p in self.nodes.values():
+            p.kill()
+
+    # ------------------------------------------------------------ topology
+
+    def node_urls(self):
+        return [f"redis://127.0.0.1:{p}" for p in self.nodes]
+
+    def live(self):
+        return [p for p, proc in self.nodes.items() if proc.alive()]
+
+    def _view(self):
+        """(port, view) of the first live node that answers CLUSTER NODES."""
+        for port in self.live():
+            try:
+                return port, cluster_nodes(port)
+            except (OSError, RespError, ConnectionError, ValueError):
+                continue
+        raise RuntimeError(f"no live cluster node answers CLUSTER NODES:\n{self.logs()}")
+
+    def keyslot(self, key):
+        """The slot of a lock key (of `fencer:{key}:lock`), by CLUSTER KEYSLOT."""
+        if key not in self._slots:
+            err = None
+            for port in self.live():
+                try:
+                    self._slots[key] = int(resp(port, "CLUSTER", "KEYSLOT", lock_key(key)))
+                    break
+                except (OSError, RespError, ConnectionError, ValueError) as e:
+                    err = e
+            else:
+                raise RuntimeError(f"CLUSTER KEYSLOT {lock_key(key)}: no live node answers ({err})")
+        return self._slots[key]
+
+    def master_for_slot(self, slot, timeout=5):
+        """The port of the master serving `slot`, in the view of the first
+        live node that names one (waits up to `timeout`)."""
+        end = time.time() + timeout
+        while True:
+            for port in self.live():
+                try:
+                    owner = slot_owner(cluster_nodes(port), slot)
+                except (OSError, RespError, ConnectionError, ValueError):
+                    continue
+                if owner:
+                    return owner["port"]
+            if time.time() > end:
+                raise RuntimeError(f"no live node names a master for slot {slot}:\n{self.logs()}")
+            time.sleep(0.1)
+
+    def master_for_key(self, key):
+        """The port of the master serving the slot of `fencer:{key}:lock`."""
+        return self.master_for_slot(self.keyslot(key))
+
+    def role(self, port):
+        try:
+            return resp(port, "ROLE", timeout=0.5)[0]
+        except (OSError, RespError, ConnectionError, TypeError, IndexError):
+            return None
+
+    def replicas_of(self, master):
+        """Live ports the cluster lists as replicas of `master`."""
+        _, view = self._view()
+        me = next((n for n in view if n["port"] == master), None)
+        if me is None:
+            return []
+        live = set(self.live())
+        return [n["port"] for n in view if n["master"] == me["id"] and n["port"] in live]
+
+    def kill(self, port):
+        """SIGKILL one node; returns the monotonic ns of the kill."""
+        proc = self.nodes[port]
+        proc.resume()
+        proc.signal(signal.SIGKILL)
+        t = time.monotonic_ns()
+        proc.p.wait(timeout=10)
+        return t
+
+    def restart(self, port):
+        """Starts a killed node again on the same ports and directory: the
+        same cluster node (its nodes.conf), empty. A former master rejoins as
+        a replica of its successor."""
+        if self.nodes[port].alive():
+            raise RuntimeError(f"redis cluster node {port} is running: kill it first")
+        self._spawn(port)
+
+    def wait_slot_master_change(self, slot, old_port, timeout):
+        """Waits until a live node names a master other than `old_port` for
+        `slot`, not failing, says `cluster_state:ok`, and that master says
+        ROLE master; returns its port."""
+        end = time.time() + timeout
+        while True:
+            for port in self.live():
+                try:
+                    owner = slot_owner(cluster_nodes(port), slot)
+                    if (owner and owner["port"] != old_port and not owner["failing"]
+                            and cluster_state_ok(port) and self.role(owner["port"]) == "master"):
+                        return owner["port"]
+                except (OSError, RespError, ConnectionError, ValueError):
+                    continue
+            if time.time() > end:
+                raise RuntimeError(f"slot {slot} still on {old_port} (or cluster not ok) after {timeout} s:\n"
+                                   f"{self.logs()}")
+            time.sleep(0.05)
+
+    def _healthy(self):
+        """Every live node answers, says cluster_state:ok and sees every
+        live node without a failure flag; all views agree on which master
+        serves which slots; there are `masters` of them, each with a live
+        replica; and each live replica's link is up and done syncing."""
+        live = set(self.live())
+        owners = None
+        for port in live:
+            if not cluster_state_ok(port):
+                return False
+            view = cluster_nodes(port)
+            by_port = {n["port"]: n for n in view}
+            if any(p not in by_port or by_port[p]["failing"] for p in live):
+                return False
+            serving = {n["id"]: n for n in view if "master" in n["flags"] and n["slots"] and not n["failing"]}
+            if len(serving) != self.n_masters:
+                return False
+            mine = sorted((tuple(n["slots"]), n["port"]) for n in serving.values())
+            if owners is None:
+                owners = mine
+            elif mine != owners:
+                return False
+            for mid in serving:
+                if not any(n["master"] == mid and "slave" in n["flags"] and not n["failing"] and n["port"] in live
+                           for n in view):
+                    return False
+            me = next((n for n in view if "myself" in n["flags"]), None)
+            if me is None:
+                return False
+            if "slave" in me["flags"]:
+                r = info(port)
+                if r.get("master_link_status") != "up" or r.get("master_sync_in_progress") != "0":
+                    return False
+        return bool(live)
+
+    def healthy(self, timeout=0):
+        """Whether the cluster is healthy (`_healthy`), polled for up to
+        `timeout` seconds (0: one look)."""
+        end = time.time() + timeout
+        while True:
+            try:
+                if self._healthy():
+                    return True
+            except (OSError, RespError, ConnectionError, ValueError, TypeError):
+                pass
+            if time.time() >= end:
+                return False
+            time.sleep(0.1)
+
+    def wait_healthy(self, timeout):
+        if not self.healthy(timeout):
+            raise RuntimeError(f"redis cluster not healthy after {timeout:.1f} s:\n{self.logs()}")
+
+    def heal(self, timeout=20):
+        """Restarts any node that is down and waits until the cluster is
+        healthy (raises with the log tails if it is not within `timeout`)."""
+        for port, proc in self.nodes.items():
+            if not proc.alive():
+                self.restart(port)
+        self.wait_healthy(timeout)
+
+    # ------------------------------------------------------------ data
+
+    def cmd_key(self, key, *args):
+        """One command on the master serving lock key `key`."""
+        return resp(self.master_for_key(key), *args)
+
+    def counter(self, key, port=None):
+        """A lock key's token counter on the master serving it, or on `port`
+        (a replica answers after READONLY); 0 when absent."""
+        readonly, v = resp_many(port or self.master_for_key(key), ("READONLY",), ("GET", counter_key(key)))
+        if isinstance(v, RespError):
+            raise v
+        return int(v) if v is not None else 0
+
+    def counters(self, keys, port=None):
+        return {k: self.counter(k, port) for k in keys}
+
+    def logs(self, lines=25):
+        out = []
+        for port, proc in self.nodes.items():
+            state = "running" if proc.alive() else "dead"
+            try:
+                with open(os.path.join(self._node_dir(port), "redis.log"), errors="replace") as f:
+                    tail = f.read().splitlines()[-lines:]
+            except OSError:
+                tail = []
+            out.append(f"--- node {port} ({state})\n" + "\n".join(tail))
+        try:
+            with open(self.create_log, errors="replace") as f:
+                out.append("--- redis-cli --cluster create\n" + f.read()[-1500:])
+        except OSError:
+            pass
+        for port in self.live():
+            try:
+                out.append(f"--- CLUSTER NODES from {port}\n" + resp(port, "CLUSTER", "NODES", timeout=0.5))
+                break
+            except (OSError, RespError, ConnectionError):
+                continue
         return "\n".join(out)
 
 

@@ -67,7 +67,7 @@ def run(sc, seed, binary, out_dir, keep=False):
             commits = json.load(r)["log"]
         inj = injections(cluster.sidecars)
         report = checker.check(events, commits, inj, cluster.marks, cluster.nemesis_events, sc)
-        failover_metrics = cluster.failover_metrics() if cluster.rset else None
+        failover_metrics = cluster.failover_metrics() if (cluster.rset or cluster.rcluster) else None
     except Exception as e:
         result = {"name": name, "verdict": "ERROR", "error": repr(e), "dir": run_dir,
                   "seconds": round(time.monotonic() - started, 1)}
@@ -89,7 +89,8 @@ def run(sc, seed, binary, out_dir, keep=False):
     for n in cluster.nemesis_events:
         if n.get("kind") == "proxy" and n.get("mode") != "reset":
             continue  # the proxy's own record of a mode the nemesis logged as "net"
-        if n.get("kind") not in ("start", "heal", "restarted", "nemesis_error", "promoted", "skipped"):
+        if n.get("kind") not in ("start", "heal", "restarted", "nemesis_error", "promoted", "skipped",
+                                 "cluster_healthy"):
             k = "net_" + n["mode"] if n.get("kind") in ("net", "proxy") else n.get("kind")
             faults_by_kind[k] = faults_by_kind.get(k, 0) + 1
     result = {

@@ -159,6 +159,12 @@ pub trait LockBackend: Send + Sync + 'static {
     /// backend lost its counter).
     async fn raise_token_floor(&self, key: &LockKey, floor: u64) -> Result<(), BackendError>;
 
+    /// The longest lease TTL this backend can keep safe (RedLock: its
+    /// restart quarantine); longer acquires and renewals are refused.
+    fn max_ttl(&self) -> Option<Duration> {
+        None
+    }
+
     /// Cheap reachability check for `/readyz`.
     async fn ping(&self) -> Result<(), BackendError>;
 }

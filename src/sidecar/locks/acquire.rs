@@ -138,6 +138,7 @@ impl LockManager {
     /// Acquires `req.key`, waiting up to `req.wait` in this sidecar's FIFO queue.
     pub async fn acquire(&self, mut req: Acquire) -> Result<LeaseView, LockError> {
         let started = Instant::now();
+        self.check_ttl(req.ttl)?;
         if let Some(cap) = self.config.max_hold {
             // max_hold_ms caps the first TTL as well as every renewal.
             req.ttl = req.ttl.min(cap);

@@ -45,6 +45,12 @@ pub enum LockError {
     MaxHold(LockKey),
     #[error(transparent)]
     Backend(#[from] BackendError),
+    #[error("ttl_ms {} is above {} ms, the longest lease the {} backend keeps safe (backend.redlock.restart_quarantine_ms)", .ttl.as_millis(), .max.as_millis(), .backend)]
+    TtlTooLong {
+        ttl: Duration,
+        max: Duration,
+        backend: &'static str,
+    },
     #[error("too many queued waiters (limit {0})")]
     TooManyWaiters(usize),
     #[error("too many leases held by this sidecar (limit {0})")]
@@ -122,6 +128,18 @@ impl LockManager {
 
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    /// Refuses a TTL above what the backend keeps safe.
+    fn check_ttl(&self, ttl: Duration) -> Result<(), LockError> {
+        match self.backend.max_ttl() {
+            Some(max) if ttl > max => Err(LockError::TtlTooLong {
+                ttl,
+                max,
+                backend: self.backend.name(),
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// Times one backend call and counts its failure.

@@ -56,6 +56,9 @@ impl LockManager {
         lease: LeaseId,
         ttl: Option<Duration>,
     ) -> Result<LeaseView, LockError> {
+        if let Some(ttl) = ttl {
+            self.check_ttl(ttl)?;
+        }
         let now = Instant::now();
         let (record, lost) = self.leases.get(&key, now);
         self.record_lost(lost);

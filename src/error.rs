@@ -100,6 +100,9 @@ impl From<LockError> for ApiError {
             LockError::Backend(crate::lock::BackendError::NotReplicated(_)) => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "not_replicated", message)
             }
+            LockError::Backend(crate::lock::BackendError::Refused(_)) => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "backend_refused", message)
+            }
             LockError::Backend(_) => ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "backend_unavailable",

@@ -327,3 +327,57 @@ fn topology_lists_come_from_the_environment_and_are_redacted() {
         assert!(!text.contains(secret), "{secret} printed: {text}");
     }
 }
+
+/// RedLock needs an odd number (≥ 3) of distinct masters, and no lease may
+/// outlive the restart quarantine that makes a master restarted empty safe.
+#[test]
+fn redlock_settings_are_checked_and_redacted() {
+    let masters = "redis://:pw1@m1:6379,redis://m2:6379,redis://m3:6379";
+    let base = [
+        ("FENCER__BACKEND__KIND", "redlock"),
+        ("FENCER__BACKEND__REDLOCK__URLS", masters),
+    ];
+    let out = fencer(&["check-config"], &base);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("m1:6379") && !text.contains("pw1"), "{text}");
+    for (var, value, field) in [
+        (
+            "FENCER__BACKEND__REDLOCK__URLS",
+            "redis://m1:6379,redis://m2:6379",
+            "backend.redlock.urls",
+        ),
+        (
+            "FENCER__BACKEND__REDLOCK__URLS",
+            "redis://m1:6379,redis://m2:6379,redis://m1:6379",
+            "backend.redlock.urls",
+        ),
+        (
+            "FENCER__SIDECAR__DEFAULT_TTL_MS",
+            "60001",
+            "sidecar.default_ttl_ms",
+        ),
+        (
+            "FENCER__BACKEND__REDLOCK__REQUEST_TIMEOUT_MS",
+            "1001",
+            "backend.redlock.request_timeout_ms",
+        ),
+    ] {
+        let mut env = base.to_vec();
+        env.retain(|(k, _)| *k != var);
+        env.push((var, value));
+        let out = fencer(&["check-config"], &env);
+        assert_eq!(out.status.code(), Some(2), "{var}={value}");
+        assert!(
+            stderr(&out).contains(field),
+            "{var}={value}: {}",
+            stderr(&out)
+        );
+    }
+    // The quarantine off (appendfsync always on every master): any TTL.
+    let mut env = base.to_vec();
+    env.push(("FENCER__BACKEND__REDLOCK__RESTART_QUARANTINE_MS", "0"));
+    env.push(("FENCER__SIDECAR__DEFAULT_TTL_MS", "600000"));
+    let out = fencer(&["check-config"], &env);
+    assert!(out.status.success(), "{}", stderr(&out));
+}

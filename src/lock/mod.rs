@@ -61,6 +61,10 @@ pub enum BackendError {
     /// The backend answered something fencer does not understand.
     #[error("unexpected backend reply: {0}")]
     Protocol(String),
+    /// The backend refused for now and did nothing (e.g. RedLock masters
+    /// in their restart quarantine).
+    #[error("backend refused: {0}")]
+    Refused(String),
     /// The write reached the backend but not enough replicas
     /// (`backend.redis.wait_replicas`); it was undone.
     #[error("not replicated: {0}")]

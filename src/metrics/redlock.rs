@@ -22,7 +22,7 @@ impl RedLockMetrics {
                 IntCounterVec::new(
                     Opts::new(
                         "fencer_redlock_rounds_total",
-                        "RedLock rounds by operation and outcome: majority, held, split (nobody got a majority: released, retried after retry_delay), undecided (too few masters answered), validity_exhausted (a majority, but too late), writeback_short (the token reached too few masters), lost (renewal: no majority holds the lease any more).",
+                        "RedLock rounds by operation and outcome: majority, held, split (nobody got a majority: released, retried after retry_delay), undecided (too few masters answered), quarantined (too many masters in their restart quarantine), validity_exhausted (a majority, but too late), writeback_short (the token reached too few masters), lost (renewal: no majority holds the lease any more).",
                     ),
                     &["op", "outcome"],
                 )
@@ -61,6 +61,7 @@ impl RedLockMetrics {
                     "undecided",
                     "validity_exhausted",
                     "writeback_short",
+                    "quarantined",
                 ][..],
             ),
             (

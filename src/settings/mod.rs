@@ -146,6 +146,18 @@ impl Settings {
                 ),
             ));
         }
+        if self.backend.kind == Some(BackendKind::RedLock)
+            && rl.restart_quarantine_ms > 0
+            && self.sidecar.default_ttl_ms > rl.restart_quarantine_ms
+        {
+            return Err(invalid(
+                "sidecar.default_ttl_ms",
+                format!(
+                    "must not exceed backend.redlock.restart_quarantine_ms ({} ms): a longer lease is not safe from a master restarting empty",
+                    rl.restart_quarantine_ms
+                ),
+            ));
+        }
         Ok(())
     }
 

@@ -12,6 +12,10 @@
 //! what the hybrid clock floor (`TIME` × 1024 in every token), the
 //! gateway's marks and pre-registration repair are for (README, "RedLock").
 //!
+//! - A master that lost its data could grant a lock it already granted;
+//!   with `restart_quarantine_ms` a master votes only once it has kept its
+//!   data (an age marker, gone with the data) that long, and no lease may
+//!   be longer ([`LockBackend::max_ttl`]).
 //! - A round that got no majority releases what it took, on every master,
 //!   before it answers; a split vote answers "held" with a retry after
 //!   `retry_delay_ms` + jitter.
@@ -63,6 +67,10 @@ pub struct RedLockBackend {
     drift_ratio: f64,
     retry_delay: Duration,
     retry_jitter: Duration,
+    /// `backend.redlock.restart_quarantine_ms` (zero: off).
+    quarantine: Duration,
+    /// The marker whose age tells a master kept its data (see `LOCK`).
+    age_key: String,
     lock_delay_ms: u64,
     metrics: RedLockMetrics,
 }
@@ -117,6 +125,8 @@ impl RedLockBackend {
             drift_ratio: settings.clock_drift_ratio,
             retry_delay: Duration::from_millis(settings.retry_delay_ms),
             retry_jitter: Duration::from_millis(settings.retry_jitter_ms),
+            quarantine: Duration::from_millis(settings.restart_quarantine_ms),
+            age_key: format!("{}redlock:data-age", settings.key_prefix),
             lock_delay_ms: lock_delay.as_millis() as u64,
         })
     }
@@ -202,6 +212,9 @@ fn vote(value: Option<redis::Value>) -> Vote {
             .and_then(|s| s.parse().ok())
     };
     match num(0) {
+        Some(0) => Vote::Abstain {
+            remaining: Duration::from_millis(num(1).unwrap_or(0).max(0) as u64),
+        },
         Some(1) => match (num(1), num(2), num(3)) {
             (Some(c), Some(t), Some(f)) if c >= 0 && t >= 0 && f >= 0 => Vote::Granted {
                 counter: c as u64,
@@ -282,9 +295,11 @@ impl LockBackend for RedLockBackend {
         call.key(k.lock())
             .key(k.counter())
             .key(k.delay())
+            .key(self.age_key.clone())
             .arg(lease.as_str())
             .arg(ttl.as_millis() as u64)
-            .arg(self.lock_delay_ms);
+            .arg(self.lock_delay_ms)
+            .arg(self.quarantine.as_millis() as u64);
         let votes: Vec<Vote> = self
             .on(&self.all(), &self.lock, &call)
             .await
@@ -309,6 +324,16 @@ impl LockBackend for RedLockBackend {
                 return Ok(Attempt::Held {
                     remaining: Some(self.split_retry()),
                 });
+            }
+            Tally::Quarantined { remaining } => {
+                self.round("acquire", "quarantined");
+                if votes.iter().any(|v| matches!(v, Vote::Granted { .. })) {
+                    self.release_everywhere(key, lease).await;
+                }
+                return Err(BackendError::Refused(format!(
+                    "redlock: too many masters are in their restart quarantine (backend.redlock.restart_quarantine_ms) for a majority; enough are back in {} ms",
+                    remaining.as_millis()
+                )));
             }
             Tally::Undecided => {
                 self.round("acquire", "undecided");
@@ -480,6 +505,10 @@ impl LockBackend for RedLockBackend {
                 self.masters.len()
             )))
         }
+    }
+
+    fn max_ttl(&self) -> Option<Duration> {
+        (!self.quarantine.is_zero()).then_some(self.quarantine)
     }
 
     async fn watch(&self, key: &LockKey, timeout: Duration) -> WatchGuard {

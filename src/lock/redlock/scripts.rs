@@ -9,15 +9,33 @@
 //! majority *before* the token is handed out. Any later majority shares at
 //! least one master with that one, so it sees the counter and mints higher.
 
-/// KEYS: lock, counter, delay marker. ARGV: lease id, ttl ms, lock-delay ms.
+/// KEYS: lock, counter, delay marker, the master's data-age marker. ARGV:
+/// lease id, ttl ms, lock-delay ms, restart quarantine ms.
 ///
 /// Returns `{1, counter, entry token, clock floor}` when this lease holds
 /// the key on this master (just taken, or already: a retry), where the
 /// entry token is `0` before the write-back; `{-1, pttl}` when another
-/// lease holds it (or the lock-delay marker lives).
+/// lease holds it (or the lock-delay marker lives); `{0, ms}` when this
+/// master abstains for `ms` more: it has not kept its data for the
+/// quarantine yet. The age marker (the master's own `TIME` at the first
+/// vote, never expiring) vanishes with the data, so a master restarted
+/// empty starts a quarantine at its next vote, on its own clock.
 pub const LOCK: &str = r#"
 local t = redis.call('TIME')
-local floor = string.format('%.0f', tonumber(t[1]) * 1024000 + math.floor(tonumber(t[2]) / 1000) * 1024)
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local quarantine = tonumber(ARGV[4])
+if quarantine > 0 then
+  local born = redis.call('GET', KEYS[4])
+  if not born then
+    redis.call('SET', KEYS[4], string.format('%.0f', now))
+    return {0, tostring(quarantine)}
+  end
+  local age = now - tonumber(born)
+  if age < quarantine then
+    return {0, string.format('%.0f', quarantine - age)}
+  end
+end
+local floor = string.format('%.0f', now * 1024)
 local cur = redis.call('GET', KEYS[1])
 if cur then
   local sep = string.find(cur, ' ', 1, true)

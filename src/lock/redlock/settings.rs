@@ -25,6 +25,13 @@ pub struct RedLockSettings {
     /// `retry_jitter_ms`, so they do not collide again in lockstep.
     pub retry_delay_ms: u64,
     pub retry_jitter_ms: u64,
+    /// A master that lost its data (a restart without `appendfsync always`)
+    /// could grant a lock it had already granted to a lease still alive on
+    /// other masters. So a master votes only once it has kept its data this
+    /// long: a marker key written at its first vote, gone with its data,
+    /// starts the quarantine again. Leases longer than this are refused.
+    /// 0 = off: only with `appendfsync always` on every master.
+    pub restart_quarantine_ms: u64,
     pub key_prefix: String,
     /// PEM CA for `rediss://` masters with a private CA.
     pub ca_file: Option<String>,
@@ -39,6 +46,7 @@ impl Default for RedLockSettings {
             clock_drift_ratio: 0.01,
             retry_delay_ms: 50,
             retry_jitter_ms: 50,
+            restart_quarantine_ms: 60_000,
             key_prefix: "fencer:".into(),
             ca_file: None,
         }

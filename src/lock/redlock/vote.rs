@@ -33,6 +33,9 @@ pub enum Vote {
     Held { pttl: Option<Duration> },
     /// No answer in time, or an error: it may or may not hold it.
     Unknown,
+    /// The master has not kept its data for the restart quarantine yet: it
+    /// took nothing and counts for nobody, for `remaining` more.
+    Abstain { remaining: Duration },
 }
 
 /// The outcome of a round.
@@ -46,6 +49,9 @@ pub enum Tally {
     Split,
     /// Too many masters did not answer to tell.
     Undecided,
+    /// Too many masters abstain (restart quarantine) for any majority; the
+    /// first enough of them are back in `remaining`.
+    Quarantined { remaining: Duration },
 }
 
 pub fn tally(votes: &[Vote], quorum: usize) -> Result<Tally, String> {
@@ -63,6 +69,13 @@ pub fn tally(votes: &[Vote], quorum: usize) -> Result<Tally, String> {
         })
         .collect();
     let unknown = votes.iter().filter(|v| **v == Vote::Unknown).count();
+    let mut abstaining: Vec<Duration> = votes
+        .iter()
+        .filter_map(|v| match v {
+            Vote::Abstain { remaining } => Some(*remaining),
+            _ => None,
+        })
+        .collect();
     if granted.len() >= quorum {
         return Ok(Tally::Majority {
             token: mint(votes, &granted)?,
@@ -73,6 +86,14 @@ pub fn tally(votes: &[Vote], quorum: usize) -> Result<Tally, String> {
         // The earliest moment the key can be free on a majority.
         let remaining = held.iter().flatten().min().copied();
         return Ok(Tally::Held { remaining });
+    }
+    if votes.len() - abstaining.len() < quorum {
+        // Enough must come back for the voters to make a majority.
+        abstaining.sort();
+        let needed = quorum - (votes.len() - abstaining.len());
+        return Ok(Tally::Quarantined {
+            remaining: abstaining[needed - 1],
+        });
     }
     if granted.len() + unknown >= quorum || held.len() + unknown >= quorum {
         return Ok(Tally::Undecided);
@@ -179,6 +200,35 @@ mod tests {
             Ok(Tally::Majority {
                 token: 21,
                 granted: vec![0, 1, 2]
+            })
+        );
+    }
+
+    #[test]
+    fn abstaining_masters_count_for_nobody() {
+        let q = |ms| Vote::Abstain {
+            remaining: Duration::from_millis(ms),
+        };
+        // One of five abstains: the other four still make a majority.
+        assert_eq!(
+            tally(&[q(900), g(1, 0, 0), g(2, 0, 0), g(3, 0, 0), held(7)], 3),
+            Ok(Tally::Majority {
+                token: 4,
+                granted: vec![1, 2, 3]
+            })
+        );
+        // Three of five abstain: no majority until the first of them is back.
+        assert_eq!(
+            tally(&[q(900), q(300), q(600), g(1, 0, 0), g(2, 0, 0)], 3),
+            Ok(Tally::Quarantined {
+                remaining: Duration::from_millis(300)
+            })
+        );
+        // A fresh deployment: all abstain; three must come back.
+        assert_eq!(
+            tally(&[q(5), q(4), q(3), q(2), q(1)], 3),
+            Ok(Tally::Quarantined {
+                remaining: Duration::from_millis(3)
             })
         );
     }

@@ -27,6 +27,7 @@ pub const ALL: &[(&str, &str)] = &[
     ("no_failover_reverify", "after a Redis failover the sidecar keeps every lease without checking the new master"),
     ("sentinel_resolve_once", "sentinel mode resolves the master once and never follows a failover (redis-rs's own behaviour)"),
     ("ignore_wait_shortfall", "an acquire or renewal is granted however few replicas WAIT counted"),
+    ("redlock_no_quarantine", "RedLock masters vote at once after a restart, whatever backend.redlock.restart_quarantine_ms says"),
     ("fresh_send_time", "as before issue 10: one lease id for every try of an acquire, each try counting the deadline from its own send time, and PostgreSQL statements whose caller gave up neither bounded by the server, cancelled nor compensated"),
 ];
 

@@ -9,6 +9,8 @@ seeded faults; histories checked for S1–S7 (docs/faults.md).
   python3 tests/faults/run.py --only redis-lossy-failover --seed 3 --keep
   python3 tests/faults/run.py --only redis-cluster-failover --seed 5 --keep
   python3 tests/faults/run.py --tier long --backend redis-cluster --minutes 10
+  python3 tests/faults/run.py --only redlock-no-quarantine --seed 1 --keep
+  python3 tests/faults/run.py --tier long --backend redlock --minutes 10
   python3 tests/faults/run.py --mutant counter_tokens     # M4: must FAIL (S2)
 
 Exit status 0 when every safety run is PASS and every mutant run FAILs.
@@ -100,10 +102,39 @@ FAMILIES = [
        nemesis=["shard_failover", "shard_failover", "pause_worker"], interval=(0.5, 1.5),
        bite={"failovers": 3, "stale_at_gateway": 3}),
 ]
+FAMILIES += [
+    # RedLock over 5 independent masters without AOF (a restarted master is
+    # empty). With the restart quarantine (2 s here, TTL 500 ms): masters
+    # killed and restarted empty — one, or a majority at once — frozen
+    # masters and their links; the acquire must never give a second holder
+    # a majority. In the PR tier.
+    sc("redlock-restarts", backend="redlock", self_pause_p=0.3, interval=(0.5, 1.5),
+       nemesis=["kill_master_empty", "kill_masters_empty", "pause_master", "net_lock", "pause_worker"],
+       bite={"stale_at_gateway": 3, "faults": 8}),
+    # The hole the quarantine closes, opened on purpose: a majority of the
+    # masters restarted empty, no pauses, no quarantine. Two clients then
+    # hold the key at once (overlaps); what must still hold is the gateway:
+    # the older holder's writes refused (S1–S4), tokens unique (S2).
+    sc("redlock-no-quarantine", backend="redlock", self_pause_p=0.0, interval=(0.3, 0.9),
+       redlock_quarantine_ms=0, nemesis=["kill_masters_empty"], long_only=True,
+       bite={"overlaps": 1, "stale_at_gateway": 1, "faults": 8}),
+    # The same restarts with the quarantine on: no second holder at all
+    # (M1: no two leases of a key overlap as their clients saw them; there
+    # are no pauses or clock faults here to excuse one).
+    sc("redlock-majority-restarts", backend="redlock", self_pause_p=0.0, interval=(1.5, 3.0),
+       nemesis=["kill_masters_empty"], exclusive=True, long_only=True,
+       bite={"faults": 8, "acked": 100}),
+    # One sidecar's clock an hour ahead (libfaketime); premature expiry on a
+    # majority of masters; pauses.
+    sc("redlock-clock", backend="redlock", self_pause_p=0.35, first_sidecar_faketime="+1h",
+       nemesis=["expire", "pause_master", "pause_worker"], long_only=True,
+       bite={"stale_at_gateway": 5, "expiries_while_paused": 3}),
+]
 SENTINEL_FAMILIES = [f for f in FAMILIES if f["backend"] == "redis-sentinel"]
 CLUSTER_FAMILIES = [f for f in FAMILIES if f["backend"] == "redis-cluster"]
-# Families bound to the topology they fail over: never re-targeted by --backend.
-TOPOLOGY_FAMILIES = SENTINEL_FAMILIES + CLUSTER_FAMILIES
+REDLOCK_FAMILIES = [f for f in FAMILIES if f["backend"] == "redlock"]
+# Families bound to the topology they fail: never re-targeted by --backend.
+TOPOLOGY_FAMILIES = SENTINEL_FAMILIES + CLUSTER_FAMILIES + REDLOCK_FAMILIES
 
 # No faults: the throughput the fault runs are compared with.
 BASELINE = sc("baseline", nemesis=[], self_pause_p=0.0)
@@ -123,6 +154,15 @@ MIXED_SENTINEL = sc("mixed-sentinel", backend="redis-sentinel",
 # The same for the cluster backend: shard failovers among pauses.
 MIXED_CLUSTER = sc("mixed-cluster", backend="redis-cluster",
                    nemesis=PAUSES + ["pause_sidecar", "shard_failover", "shard_failover"],
+                   self_pause_p=0.35, forge_p=0.05, replay_p=0.1, client_timeout_ms=2500)
+
+# The long tier's mixed schedule for RedLock (--backend redlock): masters
+# restarted empty (one or a majority), frozen, cut off; premature expiry on a
+# majority; sidecars and gateways paused and killed; slow storage.
+MIXED_REDLOCK = sc("mixed-redlock", backend="redlock",
+                   nemesis=PAUSES + ["pause_sidecar", "kill_sidecar", "kill_gateway", "kill_master_empty",
+                                     "kill_masters_empty", "pause_master", "net_lock", "net_gateway",
+                                     "expire", "slow_storage"],
                    self_pause_p=0.35, forge_p=0.05, replay_p=0.1, client_timeout_ms=2500)
 
 # Mutants killed by a random schedule of this suite: mutant → (scenario
@@ -147,6 +187,13 @@ SENTINEL_MUTANTS = {
                            nemesis=["lossy_failover"], duration_s=30, bite={}),
 }
 
+# RedLock with the restart quarantine off, on the majority-restart schedule
+# that promises mutual exclusion (M1): a second holder appears.
+REDLOCK_MUTANTS = {
+    "redlock_no_quarantine": dict(name="m-redlock-no-quarantine", interval=(0.3, 0.9), duration_s=30, bite={},
+                                  mutants={"sidecar": ["redlock_no_quarantine"]}),
+}
+
 # Mutants killed by a directed test (deterministic, seconds each): the
 # regression test that fails without the mechanism.
 DIRECTED_MUTANTS = {
@@ -165,6 +212,7 @@ DIRECTED_MUTANTS = {
     "keep_orphans": ("safety_regressions", "an_acquire_whose_client_leaves_during_preregistration_is_released"),
     "subscribe_without_timeout": ("safety_regressions", "a_half_open_subscriber_does_not_hold_waiters_past_wait_ms"),
     "fresh_send_time": ("safety_regressions", "a_stuck_postgres_acquire_never_leaves_two_holders"),
+    "redlock_no_quarantine": ("redlock", "masters_restarted_empty_cannot_grant_a_live_lease_twice"),
     "no_failover_reverify": ("redis_topologies", "lossy_sentinel_failover_loses_the_lease_but_never_reuses_its_token"),
     "sentinel_resolve_once": ("redis_topologies", "sentinel_failover_under_load"),
     "ignore_wait_shortfall": ("redis_topologies", "wait_replicas_grants_only_what_replicas_confirmed"),
@@ -203,7 +251,7 @@ def main():
     ap.add_argument("--tier", choices=["pr", "long"], default=None)
     ap.add_argument("--minutes", type=float, default=30, help="long tier: minutes per backend")
     ap.add_argument("--only", help="run one family (by name)")
-    ap.add_argument("--backend", choices=["redis", "postgres", "redis-sentinel", "redis-cluster"])
+    ap.add_argument("--backend", choices=["redis", "postgres", "redis-sentinel", "redis-cluster", "redlock"])
     ap.add_argument("--mutant", help="run one mutant's kill test(s)")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--seed", type=int, default=None)
@@ -272,6 +320,12 @@ def main():
                                           bite={"stale_at_gateway": 50, "expiries_while_paused": 10,
                                                 "failovers": 10, "lossy_failovers": 3}))
                 continue
+            if backend == "redlock":
+                schedules += REDLOCK_FAMILIES
+                for i in range(n):
+                    schedules.append(dict(MIXED_REDLOCK, duration_s=300, name=f"mixed-redlock-{i}",
+                                          bite={"stale_at_gateway": 50, "expiries_while_paused": 10}))
+                continue
             if backend == "redis-cluster":
                 schedules += CLUSTER_FAMILIES
                 for i in range(n):
@@ -297,6 +351,9 @@ def main():
             if m in SENTINEL_MUTANTS:
                 base = next(f for f in FAMILIES if f["name"] == "redis-lossy-failover")
                 record(scenario.run(dict(base, **SENTINEL_MUTANTS[m]), s_seed, a.bin, a.out, a.keep), "FAIL")
+            if m in REDLOCK_MUTANTS and a.mutant:  # the PR tier runs its directed test only
+                base = next(f for f in FAMILIES if f["name"] == "redlock-majority-restarts")
+                record(scenario.run(dict(base, **REDLOCK_MUTANTS[m]), s_seed, a.bin, a.out, a.keep), "FAIL")
             if m in RANDOM_MUTANTS:
                 overrides, roles = RANDOM_MUTANTS[m]
                 base = next((f for f in FAMILIES if f["name"] == "pause-short"), BASE)

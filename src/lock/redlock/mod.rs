@@ -299,7 +299,11 @@ impl LockBackend for RedLockBackend {
             .arg(lease.as_str())
             .arg(ttl.as_millis() as u64)
             .arg(self.lock_delay_ms)
-            .arg(self.quarantine.as_millis() as u64);
+            .arg(if crate::mutants::active("redlock_no_quarantine") {
+                0
+            } else {
+                self.quarantine.as_millis() as u64
+            });
         let votes: Vec<Vote> = self
             .on(&self.all(), &self.lock, &call)
             .await

@@ -107,6 +107,13 @@ def check(events, commits, injections, marks, nemesis, cfg):
             r.violate("S7", f"{m['key']}: gateway mark went from {p['token']} down to {m['token']}", [p, m])
         seen[m["key"]] = m
 
+    # M1 (scenarios that promise it: no pauses, no clock faults): no two
+    # leases of a key overlap as their clients saw them.
+    if cfg.get("exclusive"):
+        for a, b in overlapping(events)[:3]:
+            r.violate("M1", f"{a[3]}: leases of {a[2]} and {b[2]} overlap ({(a[1] - b[0]) / 1e6:.0f} ms)",
+                      [a, b])
+
     # L1: waits are bounded by wait_ms (plus backend time), net of pauses of
     # the waiting worker itself.
     pauses = worker_pauses(events, nemesis)
@@ -208,6 +215,11 @@ def expiries_while_paused(events, pauses):
 def overlaps(events):
     """Pairs of leases of one key that both held it, as their clients saw
     it: from acquire-ok to release-invoke."""
+    return len(overlapping(events))
+
+
+def overlapping(events):
+    """Those pairs, each span as (start, end, proc, key)."""
     spans = defaultdict(list)
     open_ = {}
     for e in events:
@@ -215,17 +227,17 @@ def overlaps(events):
             open_[e["proc"]] = (e["key"], e["t"])
         elif e["f"] == "release" and e["kind"] == "invoke" and e["proc"] in open_:
             key, t0 = open_.pop(e["proc"])
-            spans[key].append((t0, e["t"], e["proc"]))
-    n = 0
+            spans[key].append((t0, e["t"], e["proc"], key))
+    out = []
     for key, ss in spans.items():
         ss.sort()
-        for i, (a0, a1, pa) in enumerate(ss):
-            for b0, b1, pb in ss[i + 1:]:
-                if b0 >= a1:
+        for i, a in enumerate(ss):
+            for b in ss[i + 1:]:
+                if b[0] >= a[1]:
                     break
-                if pa != pb:
-                    n += 1
-    return n
+                if a[2] != b[2]:
+                    out.append((a, b))
+    return out
 
 
 FAILOVER_KINDS = ("failover", "lossy_failover", "shard_failover")

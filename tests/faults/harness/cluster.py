@@ -6,7 +6,9 @@
                    through a [link] of its own: RedisSentinelSet;
                    backend "redis-cluster": no lockp either, the sidecars
                    reach the 3 masters + 3 replicas of RedisClusterSet
-                   directly, following MOVED)
+                   directly, following MOVED;
+                   backend "redlock": N independent masters, each behind a
+                   [lockp] of its own, RedLockMasters)
                    └─[gwp_i]──> gateway_a / gateway_b ──[stp_x]──> storage
     (direct workers carry their token to a gateway themselves)
     gateways ──> PostgreSQL (fence store, shared)
@@ -23,8 +25,8 @@ import threading
 import time
 
 from .faultproxy import FaultProxy
-from .procs import (Fencer, Postgres, Proc, Redis, RedisClusterSet, RedisSentinelSet, free_port, http_ok,
-                    metric_sum, proc_state, wait_for)
+from .procs import (Fencer, Postgres, Proc, Redis, RedisClusterSet, RedisSentinelSet, RedLockMasters, free_port,
+                    http_ok, metric_sum, proc_state, wait_for)
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -58,8 +60,12 @@ class Cluster:
         sc = self.sc
         self.pg = Postgres(self.run_dir, "pg", settings=sc.get("pg_settings", ()),
                            faketime=sc.get("pg_faketime"))
-        self.redis = self.rset = self.rcluster = self.lockp = None
-        if sc["backend"] == "redis-cluster":
+        self.redis = self.rset = self.rcluster = self.lockp = self.redlock = None
+        if sc["backend"] == "redlock":
+            self.redlock = RedLockMasters(self.run_dir, sc.get("redlock_masters", 5), aof=sc.get("redis_aof", False))
+            self.redlock.proxies = [self.proxy(f"lock-master-{i}", port)
+                                    for i, port in enumerate(self.redlock.ports)]
+        elif sc["backend"] == "redis-cluster":
             # Like the sentinels, the cluster announces its nodes' own
             # addresses (CLUSTER SLOTS, MOVED): no lock-backend proxy.
             self.rcluster = RedisClusterSet(self.run_dir, node_args=sc.get("redis_node_args", ())).start()
@@ -126,6 +132,10 @@ class Cluster:
                 settings.update(self._sentinel_settings())
             elif self.rcluster:
                 settings.update(self._cluster_settings())
+            elif self.redlock:
+                settings["backend.redlock.urls"] = ",".join(
+                    f"redis://127.0.0.1:{p.port}/0" for p in self.redlock.proxies)
+                settings["backend.redlock.restart_quarantine_ms"] = sc.get("redlock_quarantine_ms", 2000)
             elif sc["backend"] == "redis":
                 settings["backend.redis.url"] = lock_url
                 settings["backend.redis.token_mode"] = sc.get("token_mode", "hybrid_clock")
@@ -133,8 +143,11 @@ class Cluster:
             else:
                 settings["backend.postgres.url"] = lock_url
                 settings["backend.postgres.request_timeout_ms"] = 1000
+            # sidecar_faketime: every sidecar's clock; first_sidecar_faketime:
+            # one sidecar's only (the others keep the real clock).
+            faketime = sc.get("sidecar_faketime") or (sc.get("first_sidecar_faketime") if i == 0 else None)
             s = Fencer(self.run_dir, f"sidecar-{i}", "sidecar", self.binary, settings,
-                       self.mutants("sidecar"), faketime=sc.get("sidecar_faketime"))
+                       self.mutants("sidecar"), faketime=faketime)
             s.gateway_proxy = gwp
             self.sidecars.append(s)
             mode = "direct" if i < direct else "proxy"
@@ -196,6 +209,17 @@ class Cluster:
             out["nemesis_failovers"] = expected
         out["not_following"] = [s.name for s, n in zip(self.sidecars, seen) if n < expected]
         return out
+
+    def redlock_rounds(self):
+        """The sidecars' RedLock acquire rounds by outcome (majority, held,
+        split, undecided, quarantined, …), summed and scraped at the end of
+        the run (a sidecar restarted during the run counts from its
+        restart)."""
+        texts = [s.metrics() for s in self.sidecars]
+        outcomes = ["majority", "held", "split", "undecided", "quarantined", "validity_exhausted",
+                    "writeback_short"]
+        return {o: int(sum(metric_sum(t, "fencer_redlock_rounds_total", {"op": "acquire", "outcome": o})
+                           for t in texts)) for o in outcomes}
 
     def _worker(self, i, sidecar, gateway, mode):
         sc = self.sc
@@ -284,6 +308,8 @@ class Cluster:
             g.proc.resume()
         if self.redis:
             self.redis.proc.resume()
+        if self.redlock:
+            self.redlock.resume_all()
         if self.rset:
             self.rset.thaw_links()
         if self.rcluster:
@@ -314,6 +340,8 @@ class Cluster:
             p.close()
         if self.redis:
             self.redis.stop()
+        if self.redlock:
+            self.redlock.stop()
         if self.rset:
             self.rset.stop()
         if self.rcluster:

@@ -30,11 +30,20 @@ to the histories. Families:
   shard_failover  kill -9 the Redis Cluster master serving one of the
                   scenario's keys; its replica is promoted; the old node
                   rejoins (as a replica of its successor) 1–3 s later
+  kill_master_empty   RedLock: kill -9 one master, restart it at once
+                  without its data (no AOF): it forgot every lock it granted
+  kill_masters_empty  RedLock: the same to a majority of the masters at
+                  once — with the restart quarantine off, a second client
+                  gets a majority while the first lease lives
+  pause_master    RedLock: SIGSTOP/SIGCONT one master
 
 Backends "redis-sentinel" and "redis-cluster" have no single lock-backend
 process or link, so net_lock, pause_backend and kill_backend are skipped
 there (one "skipped" event); failover and lossy_failover exist only on
-"redis-sentinel", shard_failover only on "redis-cluster".
+"redis-sentinel", shard_failover only on "redis-cluster". On "redlock",
+net_lock hits one master's link and expire deletes the lock entry on a
+majority of the masters; pause_backend and kill_backend are replaced by the
+per-master families.
 """
 import random
 import subprocess
@@ -49,6 +58,7 @@ from .procs import lock_key
 NEEDS_SINGLE_BACKEND = {"net_lock", "pause_backend", "kill_backend"}
 NEEDS_SENTINELS = {"failover", "lossy_failover"}
 NEEDS_CLUSTER = {"shard_failover"}
+NEEDS_REDLOCK = {"kill_master_empty", "kill_masters_empty", "pause_master"}
 MULTI_NODE_BACKENDS = {"redis-sentinel", "redis-cluster"}
 # Nemesis time one failover takes: promotion (~2.3–3.4 s after the kill),
 # the old node back 1–3 s later, and margin. One that could not finish
@@ -57,8 +67,12 @@ FAILOVER_BUDGET_S = 8
 
 
 def available(family, backend):
+    if family in NEEDS_REDLOCK:
+        return backend == "redlock"
+    if family == "net_lock" and backend == "redlock":
+        return True
     if family in NEEDS_SINGLE_BACKEND:
-        return backend not in MULTI_NODE_BACKENDS
+        return backend not in MULTI_NODE_BACKENDS and backend != "redlock"
     if family in NEEDS_SENTINELS:
         return backend == "redis-sentinel"
     if family in NEEDS_CLUSTER:
@@ -190,7 +204,7 @@ class Nemesis:
 
     def net_lock(self):
         modes = ["delay", "blackhole", "reset"] + (["freeze_unscripted"] if self.c.redis else [])
-        self._net([self.c.lockp], modes)
+        self._net(self.c.redlock.proxies if self.c.redlock else [self.c.lockp], modes)
 
     def net_gateway(self):
         self._net([s.gateway_proxy for s in self.c.sidecars], ["delay", "blackhole", "reset", "drop_down"])
@@ -201,7 +215,11 @@ class Nemesis:
     def expire(self):
         key = self.rng.choice(self.c.sc["keys"])
         self.c.event(kind="expire", key=key)
-        if self.c.rcluster:
+        if self.c.redlock:
+            n = len(self.c.redlock.masters)
+            for i in self.rng.sample(range(n), n // 2 + 1):
+                self.c.redlock.cmd(i, "DEL", lock_key(key))
+        elif self.c.rcluster:
             self.c.rcluster.cmd_key(key, "DEL", lock_key(key))
         elif self.c.rset:
             self.c.rset.cmd("DEL", lock_key(key))
@@ -360,3 +378,27 @@ class Nemesis:
         t0 = time.monotonic()
         rc.wait_healthy(20)
         self.c.event(kind="cluster_healthy", after_restart_ms=round((time.monotonic() - t0) * 1000))
+
+    # ------------------------------------------------------------ RedLock masters
+
+    def kill_master_empty(self):
+        self._restart_empty(1)
+
+    def kill_masters_empty(self):
+        self._restart_empty(len(self.c.redlock.masters) // 2 + 1)
+
+    def _restart_empty(self, count):
+        """kill -9 `count` masters and start each again at once, empty (the
+        `kill` event is stamped when the first signal went out)."""
+        rl = self.c.redlock
+        picked = sorted(self.rng.sample(range(len(rl.masters)), count))
+        ts = [rl.kill_restart(i) for i in picked]
+        self.c.event(kind="kill_master_empty", t=ts[0], masters=picked,
+                     target=",".join(f"redlock-{i}" for i in picked))
+        self.c.event(kind="restarted", target="redlock", masters=picked)
+
+    def pause_master(self):
+        rl = self.c.redlock
+        i = self.rng.randrange(len(rl.masters))
+        self.hold("pause_master", self.pause_len(), lambda: rl.pause(i), lambda: rl.resume(i),
+                  target=f"redlock-{i}")

@@ -23,6 +23,17 @@ ROOT = os.environ.get("FENCER_ROOT") or os.path.dirname(
 SECRET = "fault-suite-secret-0123456789-abcdefghijklmnop"
 FAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 
+
+def faketime_env(offset):
+    """The environment that offsets a process's wall clock (libfaketime;
+    its monotonic clock is left alone). Without the library the loader only
+    warns and the process runs on the real clock — a clock-offset run that
+    offset nothing — so its absence is an error."""
+    if not os.path.exists(FAKETIME):
+        raise RuntimeError(f"{FAKETIME} missing (Debian package faketime; tests/run.sh installs it)")
+    return {"LD_PRELOAD": FAKETIME, "FAKETIME": offset, "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+            "FAKETIME_NO_CACHE": "1"}
+
 _used_ports = set()
 
 
@@ -190,6 +201,52 @@ class Redis:
 
     def stop(self):
         self.proc.kill()
+
+
+class RedLockMasters:
+    """The independent masters of `backend.kind = "redlock"` (no replication
+    between them), each a `Redis` in the run dir. Without AOF (the default
+    here) a restarted master is empty: the case that breaks naive RedLock.
+
+    A brand-new deployment's masters are vouched for at start (their
+    data-age marker set to 0, the operator's first-deployment step in
+    docs/runbooks.md), so the run does not begin with every master in its
+    restart quarantine; a master restarted during the run is not."""
+
+    AGE_KEY = "fencer:redlock:data-age"
+
+    def __init__(self, run_dir, n=5, aof=False):
+        self.masters = [Redis(run_dir, f"redlock-{i}", aof=aof) for i in range(n)]
+        self.ports = [m.port for m in self.masters]
+        self.proxies = []
+        for m in self.masters:
+            m.cmd("SET", self.AGE_KEY, "0")
+
+    def kill_restart(self, i):
+        """kill -9 master i and start it again at once on its port: with no
+        AOF it comes back without any lock, counter or age marker."""
+        m = self.masters[i]
+        t = time.monotonic_ns()
+        m.proc.kill()
+        m.start()
+        return t
+
+    def pause(self, i):
+        self.masters[i].proc.pause()
+
+    def resume(self, i):
+        self.masters[i].proc.resume()
+
+    def resume_all(self):
+        for m in self.masters:
+            m.proc.resume()
+
+    def cmd(self, i, *args):
+        return self.masters[i].cmd(*args)
+
+    def stop(self):
+        for m in self.masters:
+            m.stop()
 
 
 class RespError(Exception):
@@ -971,8 +1028,7 @@ class Postgres:
         if self.faketime:
             # The server's wall clock offset (leases run on it); its
             # monotonic clock is left alone.
-            env.update(LD_PRELOAD=FAKETIME, FAKETIME=self.faketime, FAKETIME_DONT_FAKE_MONOTONIC="1",
-                       FAKETIME_NO_CACHE="1")
+            env.update(faketime_env(self.faketime))
         env.update(env_extra or {})
         self.proc = Proc("postgres", argv, env, os.path.join(self.dir, "postgres.log"),
                          cwd=self.dir, preexec=self._demote())
@@ -1071,10 +1127,7 @@ class Fencer:
         if mutants:
             env["FENCER_MUTANT"] = ",".join(mutants)
         if faketime:
-            env["LD_PRELOAD"] = FAKETIME
-            env["FAKETIME"] = faketime
-            env["FAKETIME_DONT_FAKE_MONOTONIC"] = "1"
-            env["FAKETIME_NO_CACHE"] = "1"
+            env.update(faketime_env(faketime))
         self.proc = Proc(name, [binary, role], env, os.path.join(self.dir, "fencer.log"))
         self.start()
 

@@ -68,6 +68,7 @@ def run(sc, seed, binary, out_dir, keep=False):
         inj = injections(cluster.sidecars)
         report = checker.check(events, commits, inj, cluster.marks, cluster.nemesis_events, sc)
         failover_metrics = cluster.failover_metrics() if (cluster.rset or cluster.rcluster) else None
+        redlock_rounds = cluster.redlock_rounds() if cluster.redlock else None
     except Exception as e:
         result = {"name": name, "verdict": "ERROR", "error": repr(e), "dir": run_dir,
                   "seconds": round(time.monotonic() - started, 1)}
@@ -107,6 +108,8 @@ def run(sc, seed, binary, out_dir, keep=False):
         result["unavailability_each_ms"] = each
     if failover_metrics is not None:
         result["failover_metrics"] = failover_metrics
+    if redlock_rounds is not None:
+        result["redlock_rounds"] = redlock_rounds
     with open(os.path.join(run_dir, "report.json"), "w") as f:
         json.dump(result, f, indent=1, default=str)
     with open(os.path.join(run_dir, "nemesis.jsonl"), "w") as f:

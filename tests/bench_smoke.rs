@@ -95,7 +95,8 @@ async fn every_benchmark_scenario_runs_without_lost_updates() {
 }
 
 /// `redis-topologies` for one second: sidecars in Redis single, sentinel
-/// and cluster mode each run both lock scenarios, without lost updates.
+/// and cluster mode and on RedLock each run both lock scenarios, without
+/// lost updates.
 #[test]
 fn redis_topologies_scenario_runs_without_lost_updates() {
     for tool in ["redis-server", "redis-cli"] {
@@ -132,13 +133,13 @@ fn redis_topologies_scenario_runs_without_lost_updates() {
     let lines: Vec<&str> = text
         .lines()
         .filter(|l| {
-            ["  single ", "  sentinel ", "  cluster "]
+            ["  single ", "  sentinel ", "  cluster ", "  redlock "]
                 .iter()
                 .any(|p| l.starts_with(p))
                 && l.contains("cycles/s")
         })
         .collect();
-    assert_eq!(lines.len(), 6, "{text}");
+    assert_eq!(lines.len(), 8, "{text}");
     for l in lines {
         assert!(l.contains("lost 0 "), "lost updates: {l}");
         assert!(number_after(l, "cycles/s") > 0.0, "did not run: {l}");

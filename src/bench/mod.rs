@@ -12,8 +12,9 @@
 //! - `leases` ([`leases`]): memory, CPU and Redis commands of one sidecar
 //!   keeping many auto-renewed leases alive;
 //! - `redis-topologies` ([`topologies`], `--local` only): two lock scenarios
-//!   through sidecars in Redis `single`, `sentinel` and `cluster` mode, each
-//!   topology started here ([`redis_topology`]), with the ratio to `single`.
+//!   through sidecars in Redis `single`, `sentinel` and `cluster` mode and
+//!   on 5 RedLock masters, each topology started here ([`redis_topology`]),
+//!   with the ratio to `single`.
 //!
 //! With `--local` the tool starts everything it needs itself (Redis,
 //! fencer processes from this binary, nginx) on free loopback ports.
@@ -90,7 +91,7 @@ pub struct Results {
     /// (direct, fenced) writes.
     pub fence_store: Option<(Report, Report)>,
     pub leases: Option<leases::LeaseReport>,
-    /// `redis-topologies`: per lock scenario, single vs sentinel vs cluster.
+    /// `redis-topologies`: per lock scenario, single vs sentinel vs cluster vs redlock.
     pub redis_topologies: Vec<topologies::ScenarioResult>,
 }
 

@@ -2,7 +2,8 @@
 //! and `contended-16` through three sidecars that differ only in
 //! `backend.redis.mode` — `single` on a Redis of its own, `sentinel` on a
 //! Sentinel set (master, 2 replicas, 3 sentinels), `cluster` on a Redis
-//! Cluster (3 masters, 3 replicas) — with the ratio of each to `single`.
+//! Cluster (3 masters, 3 replicas) — and `redlock` (`backend.kind =
+//! "redlock"`) on 5 independent masters, with the ratio of each to `single`.
 //!
 //! The critical sections' read-modify-write counters live in one further
 //! plain Redis shared by all three, so the data path is the same and only
@@ -44,15 +45,18 @@ pub struct TopologyReport {
 #[derive(Debug, Clone)]
 pub struct ScenarioResult {
     pub scenario: &'static str,
-    /// single, sentinel, cluster.
+    /// single, sentinel, cluster, redlock.
     pub topologies: Vec<TopologyReport>,
     /// Per run, `topology / single` of cycles/s and of owner changes/s, for
-    /// sentinel and cluster.
+    /// sentinel, cluster and redlock.
     pub ratios: Vec<(&'static str, Vec<f64>, Vec<f64>)>,
 }
 
 /// `section.field` settings of a fencer process.
 type Env = Vec<(&'static str, String)>;
+
+/// The number of RedLock masters measured (the seeds' typical N).
+const REDLOCK_MASTERS: usize = 5;
 
 /// One sidecar and the processes whose CPU is counted against it.
 struct Target {
@@ -82,7 +86,13 @@ impl Stack {
         let (single_proc, single_url) = local::redis().await?;
         let sentinel = redis_topology::sentinel_set().await?;
         let cluster = redis_topology::cluster().await?;
-        let backends: [(&'static str, Env, Vec<u32>, Vec<u32>); 3] = [
+        let mut redlock = Vec::new();
+        for _ in 0..REDLOCK_MASTERS {
+            let (proc, url) = local::redis().await?;
+            vouch_redlock_master(&url).await?;
+            redlock.push((proc, url));
+        }
+        let backends: [(&'static str, Env, Vec<u32>, Vec<u32>); 4] = [
             (
                 "single",
                 vec![
@@ -115,6 +125,22 @@ impl Stack {
                 cluster.master_pids(),
                 cluster.other_pids(),
             ),
+            (
+                "redlock",
+                vec![
+                    ("backend.kind", "redlock".into()),
+                    (
+                        "backend.redlock.urls",
+                        redlock
+                            .iter()
+                            .map(|(_, u)| u.as_str())
+                            .collect::<Vec<_>>()
+                            .join(","),
+                    ),
+                ],
+                redlock.iter().map(|(p, _)| p.pid()).collect(),
+                vec![],
+            ),
         ];
         let (mut targets, mut sidecars) = (Vec::new(), Vec::new());
         for (topology, backend, masters, others) in backends {
@@ -122,9 +148,11 @@ impl Stack {
             let mut env = vec![
                 ("sidecar.listen", api_addr.clone()),
                 ("proxy.enabled", "false".into()),
-                ("backend.kind", "redis".into()),
                 ("admin.listen", format!("127.0.0.1:{}", local::free_port()?)),
             ];
+            if !backend.iter().any(|(k, _)| *k == "backend.kind") {
+                env.push(("backend.kind", "redis".into()));
+            }
             env.extend(backend);
             let sidecar = local::fencer("sidecar", &env, &api_addr).await?;
             let api = format!("http://{api_addr}");
@@ -139,12 +167,15 @@ impl Stack {
             sidecars.push(sidecar);
         }
         let counters = redis::Client::open(counters_url.as_str()).map_err(|e| e.to_string())?;
+        let counters_pid = counters_proc.pid();
+        let mut servers = vec![counters_proc, single_proc];
+        servers.extend(redlock.into_iter().map(|(p, _)| p));
         Ok(Stack {
             targets,
             counters,
-            counters_pid: counters_proc.pid(),
+            counters_pid,
             _sidecars: sidecars,
-            _redis: vec![counters_proc, single_proc],
+            _redis: servers,
             _sentinel: sentinel,
             _cluster: cluster,
         })
@@ -182,6 +213,24 @@ impl Stack {
         };
         Ok((r, per_cycle))
     }
+}
+
+/// The first-deployment step of docs/runbooks.md ("RedLock: first
+/// deployment"): a brand-new master, which never granted a lock, is vouched
+/// for (its data-age marker set to 0) so it votes without serving the
+/// restart quarantine first.
+async fn vouch_redlock_master(url: &str) -> Result<(), String> {
+    let client = redis::Client::open(url).map_err(|e| e.to_string())?;
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| e.to_string())?;
+    redis::cmd("SET")
+        .arg("fencer:redlock:data-age")
+        .arg(0)
+        .query_async::<()>(&mut conn)
+        .await
+        .map_err(|e| format!("vouching for RedLock master {url}: {e}"))
 }
 
 /// Waits until the sidecar at `api` grants (and releases) a lock: it
@@ -270,7 +319,9 @@ pub async fn run(secs: u64, runs: usize) -> Result<Vec<ScenarioResult>, String> 
             let median = reports[i][m].clone();
             println!("{}", lock_line(t.topology, &median));
             if let Some([client, sidecar, masters, others, counters]) = cpus[i][m] {
-                let lock = if t.others.is_empty() {
+                let lock = if t.others.is_empty() && t.masters.len() > 1 {
+                    format!("lock redis ({} masters) {masters:.1}", t.masters.len())
+                } else if t.others.is_empty() {
                     format!("lock redis {masters:.1}")
                 } else {
                     format!(

@@ -146,7 +146,7 @@ fn redis_topologies_scenario_runs_without_lost_updates() {
     }
     assert_eq!(
         text.lines().filter(|l| l.contains("/single ")).count(),
-        4,
-        "sentinel/single and cluster/single per scenario:\n{text}"
+        6,
+        "sentinel/single, cluster/single and redlock/single per scenario:\n{text}"
     );
 }

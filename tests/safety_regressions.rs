@@ -102,6 +102,53 @@ async fn a_client_hanging_up_mid_write_does_not_let_a_newer_write_overtake_it() 
     applied_in_token_order(&storage.seen(), a.token(), b.token());
 }
 
+/// The storage cut the connection as soon as it had read token 1's write
+/// (a reset link, a restarted proxy) and applied it 1.5 s later anyway. The
+/// gateway learnt nothing at once — yet the key must stay blocked as long as
+/// if it had waited out its upstream timeout, and the uncertain hold after
+/// that: a write may land that long after it was sent, however early the
+/// connection broke. Else token 2, written once the short hold ran out,
+/// is overtaken by token 1 (found by the fault suite's long tier).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_upstream_connection_keeps_the_key_blocked_for_the_whole_window() {
+    let storage = Recorder::start().await;
+    let gateway = Fencer::gateway(
+        &storage.url(),
+        &[
+            ("gateway.upstream_timeout_ms", "2000"),
+            ("gateway.uncertain_hold_ms", "500"),
+        ],
+    );
+    let pre = prefix(&gateway);
+    let sidecar = Fencer::sidecar(
+        Backend::Memory,
+        None,
+        &[
+            ("sidecar.preregister_url", pre.as_str()),
+        ],
+    );
+    let url = format!("{}/kv/acct-1", gateway.api);
+    let a = sidecar.acquire("acct:1", 30_000, 0).await;
+    let cut = put(
+        &sidecar.http,
+        &url,
+        &[
+            ("Fencing-Token", &token_of(&a)),
+            ("x-delay-ms", "1500"),
+            ("x-reset", "1"),
+        ],
+    )
+    .await;
+    assert_eq!(cut.status, 502, "{}", cut.body);
+    sidecar.release("acct:1", &a.lease()).await;
+    let b = sidecar.acquire("acct:1", 30_000, 5_000).await;
+    assert_eq!(b.status, 200, "{}", b.body);
+    let w = put(&sidecar.http, &url, &[("Fencing-Token", &token_of(&b))]).await;
+    assert_eq!(w.status, 200, "{}", w.body);
+    assert!(eventually(Duration::from_secs(5), || storage.seen().len() >= 2).await);
+    applied_in_token_order(&storage.seen(), a.token(), b.token());
+}
+
 /// The sidecar's own proxy gave up first (its timeout below the gateway's)
 /// and dropped its connection: same outcome, with no impatient client.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -78,14 +78,26 @@ struct KeyHold {
 }
 
 impl KeyHold {
-    async fn release(mut self, uncertain: Option<&'static str>) {
-        if let Some(cause) = uncertain {
+    /// `uncertain`: why the storage's outcome is unknown, with when the
+    /// request was forwarded. The key then stays blocked until the upstream
+    /// timeout would have run out, plus `uncertain_hold`, whenever the
+    /// gateway gave up: a connection that broke early (a reset) says nothing
+    /// about when the storage applies the write, so giving up early must not
+    /// shorten the window (the fault suite's long tier found that it did).
+    /// The precondition this leaves is one bound for every case: the storage
+    /// applies a write, or never will, within `upstream_timeout_ms +
+    /// uncertain_hold_ms` of its forward.
+    async fn release(mut self, uncertain: Option<(&'static str, Instant)>) {
+        if let Some((cause, forwarded_at)) = uncertain {
             self.gw.metrics.uncertain.with_label_values(&[cause]).inc();
+            let until = Instant::now().max(forwarded_at + self.gw.upstream_timeout)
+                + self.gw.uncertain_hold;
             tracing::warn!(
-                key = %self.key, cause, hold_ms = self.gw.uncertain_hold.as_millis() as u64,
+                key = %self.key, cause,
+                hold_ms = until.saturating_duration_since(Instant::now()).as_millis() as u64,
                 "outcome at the storage unknown; key stays blocked"
             );
-            tokio::time::sleep(self.gw.uncertain_hold).await;
+            tokio::time::sleep_until(until).await;
         }
         let mut cleared = crate::mutants::active("stamp_never_cleared");
         for attempt in 0..3u32 {
@@ -219,7 +231,7 @@ impl Fenced {
                 let body_deadline = forwarded_at + gw.upstream_timeout;
                 match tokio::time::timeout_at(body_deadline, body_end).await {
                     Ok(_) => None,
-                    Err(_) => Some("request_body"),
+                    Err(_) => Some(("request_body", forwarded_at)),
                 }
             }
             Err(e) => {
@@ -232,7 +244,7 @@ impl Fenced {
                 if reply.send(e.to_response()).is_err() {
                     gw.metrics.client_gone.inc();
                 }
-                Some(e.outcome())
+                Some((e.outcome(), forwarded_at))
             }
         };
         if let Some(hold) = hold {

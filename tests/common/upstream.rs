@@ -7,8 +7,10 @@
 //! token number its `Fencing-Token` carried. Like a real storage that has
 //! received a write, it applies it even if the client hangs up meanwhile:
 //! the delay and the record run in a task detached from the connection.
+//! With `x-reset: 1` it cuts the connection as soon as it has read the
+//! request (no response at all) and still applies the write after the
+//! delay: the storage behind a reset link whose write lands anyway.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -80,6 +82,7 @@ impl Recorder {
                                 .get("fencing-seq")
                                 .and_then(|v| v.to_str().ok())
                                 .and_then(|v| v.parse().ok());
+                            let reset = req.headers().contains_key("x-reset");
                             let delay = req
                                 .headers()
                                 .get("x-delay-ms")
@@ -115,8 +118,11 @@ impl Recorder {
                                     method,
                                 });
                             });
+                            if reset {
+                                return Err("cut the connection (x-reset)");
+                            }
                             let _ = apply.await;
-                            Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(format!(
+                            Ok::<_, &'static str>(Response::new(Full::new(Bytes::from(format!(
                                 "{{\"bytes\":{bytes}}}"
                             )))))
                         }

@@ -230,8 +230,10 @@ class Nemesis:
 
     def slow_storage(self):
         """The storage holds writes longer than the clients wait — but applies
-        each at most `uncertain_hold_ms` after the gateway gave up on it
-        (less 300 ms of scheduling slack). That bound is the documented
+        each within `upstream_timeout_ms + uncertain_hold_ms` of its arrival
+        (less 300 ms of scheduling slack), whatever happens to the connection
+        meanwhile (net_storage may reset it: the gateway then gives up early,
+        and its hold still runs from the forward). That bound is the documented
         precondition of the gateway's guarantee (README, "When the storage's
         answer is unknown"): a write applied later than it may land after a
         newer one, and the checker says so (S1). The first long-tier run

@@ -117,7 +117,13 @@ def check(events, commits, injections, marks, nemesis, cfg):
     # L1: waits are bounded by wait_ms (plus backend time), net of pauses of
     # the waiting worker itself.
     pauses = worker_pauses(events, nemesis)
-    slack_ns = cfg.get("wait_slack_ms", 4000) * 1_000_000
+    # README's bound: wait_ms, then a backend call started before the
+    # deadline (≤ 3 × its 500 ms request timeout here), then the token's
+    # pre-registration (≤ sidecar.preregister_timeout_ms, 5 s here: a
+    # gateway whose answer is lost is waited for that long). The first long
+    # tier with fixed holds found a 6.3 s acquire that way, beyond the 4 s
+    # slack this had before.
+    slack_ns = cfg.get("wait_slack_ms", 7000) * 1_000_000
     wait_ns = cfg["wait_ms"] * 1_000_000
     open_calls = {}
     for e in events:

@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""Checks a kept run directory again with the current checker.
+
+  python3 tests/faults/recheck.py /tmp/faults/mixed-0-redis-seed4444 [...]
+
+Everything the checker reads is in the directory — worker histories, the
+storage's commit log (storage.db), the sidecars' logs (token injections) and
+the nemesis events — except the gateway marks sampled during the run, so S7
+is not checked again. For a run whose verdict came from a checker since
+corrected (a bound that was too tight), not for changing what a run saw.
+"""
+import glob
+import json
+import os
+import sqlite3
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import run as suite  # noqa: E402
+from harness import checker  # noqa: E402
+from harness.scenario import load_history  # noqa: E402
+
+COLS = ["commit_seq", "key", "token", "seq", "lease", "prev", "new", "op_id", "claimed_prev", "t_ns", "method"]
+
+
+def scenario_of(report):
+    """The scenario a run was made from, by the name in its report."""
+    name, backend = report["scenario"], report["backend"]
+    for mixed in (suite.MIXED, suite.MIXED_SENTINEL, suite.MIXED_CLUSTER, suite.MIXED_REDLOCK):
+        if name.startswith(mixed["name"] + "-") and name[len(mixed["name"]) + 1:].isdigit():
+            return dict(mixed, backend=backend, name=name)
+    for f in suite.FAMILIES + [suite.BASELINE]:
+        if f["name"] == name:
+            return dict(f, backend=backend)
+    raise SystemExit(f"unknown scenario {name!r}")
+
+
+def injections(run_dir):
+    out = []
+    for log in sorted(glob.glob(os.path.join(run_dir, "sidecar-*", "fencer.log"))):
+        name = os.path.basename(os.path.dirname(log))
+        with open(log, errors="replace") as f:
+            for line in f:
+                if not line.startswith("{"):
+                    continue
+                try:
+                    e = json.loads(line)
+                except ValueError:
+                    continue
+                fields = e.get("fields", e)
+                if fields.get("message") == "token injected":
+                    out.append(dict(fields, sidecar=name))
+    return out
+
+
+def recheck(run_dir):
+    with open(os.path.join(run_dir, "report.json")) as f:
+        report = json.load(f)
+    sc = scenario_of(report)
+    events = []
+    for h in sorted(glob.glob(os.path.join(run_dir, "worker-*", "history.jsonl"))):
+        events += load_history(h)
+    db = sqlite3.connect(os.path.join(run_dir, "storage.db"))
+    commits = [dict(zip(COLS, r)) for r in db.execute(f"SELECT {', '.join(COLS)} FROM log ORDER BY commit_seq")]
+    nemesis = load_history(os.path.join(run_dir, "nemesis.jsonl"))
+    r = checker.check(events, commits, injections(run_dir), [], nemesis, sc)
+    short = {k: (r.bites.get(k, 0), need) for k, need in sc.get("bite", {}).items() if r.bites.get(k, 0) < need}
+    verdict = "FAIL" if r.violations else ("INCONCLUSIVE" if short else "PASS")
+    print(json.dumps({"dir": run_dir, "was": report["verdict"], "now": verdict, "bites": r.bites,
+                      "violations": [v["property"] + ": " + v["message"] for v in r.violations],
+                      "below_threshold": short}))
+    return verdict == "PASS"
+
+
+if __name__ == "__main__":
+    ok = all([recheck(d) for d in sys.argv[1:]])
+    sys.exit(0 if ok else 1)

@@ -200,6 +200,14 @@ async fn workload_round(s: &Fencer, g: &Fencer) {
     s.release("auto:1", &a.lease()).await;
 }
 
+async fn redlock_round(rl: &Fencer) {
+    for _ in 0..5 {
+        let r = rl.acquire("acct:1", 5_000, 1_000).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(rl.release("acct:1", &r.lease()).await.status, 200);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dashboards_and_alerts_work_against_a_real_prometheus() {
     let mut redis = RedisServer::start(Persistence::Off);
@@ -215,22 +223,42 @@ async fn dashboards_and_alerts_work_against_a_real_prometheus() {
             ("backend.redis.request_timeout_ms", "200"),
         ],
     );
-    let prom = start_prometheus(&[("sidecar", s.admin_port), ("gateway", g.admin_port)]);
+    // A RedLock sidecar too (3 masters), for the dashboard's RedLock row.
+    let masters: Vec<RedisServer> = (0..3)
+        .map(|_| RedisServer::start(Persistence::Off))
+        .collect();
+    let urls: Vec<String> = masters.iter().map(RedisServer::url).collect();
+    let urls = urls.join(",");
+    let rl = Fencer::sidecar(
+        Backend::RedLock,
+        None,
+        &[
+            ("backend.redlock.urls", urls.as_str()),
+            ("backend.redlock.restart_quarantine_ms", "0"),
+        ],
+    );
+    let prom = start_prometheus(&[
+        ("sidecar", s.admin_port),
+        ("gateway", g.admin_port),
+        ("sidecar-redlock", rl.admin_port),
+    ]);
     let client = reqwest::Client::new();
     // Both targets scraped at least once before anything happens, so every
     // counter's increase is visible.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let up = query(&client, &prom.url, "sum(up)").await;
-        if up["data"]["result"][0]["value"][1] == "2" {
+        if up["data"]["result"][0]["value"][1] == "3" {
             break;
         }
         assert!(Instant::now() < deadline, "targets not scraped: {up}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     workload_round(&s, &g).await;
+    redlock_round(&rl).await;
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     workload_round(&s, &g).await;
+    redlock_round(&rl).await;
     // A backend outage: errors and a failed readiness ping.
     redis.kill();
     let r = s.acquire("acct:1", 5_000, 0).await;

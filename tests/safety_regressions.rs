@@ -123,9 +123,7 @@ async fn a_reset_upstream_connection_keeps_the_key_blocked_for_the_whole_window(
     let sidecar = Fencer::sidecar(
         Backend::Memory,
         None,
-        &[
-            ("sidecar.preregister_url", pre.as_str()),
-        ],
+        &[("sidecar.preregister_url", pre.as_str())],
     );
     let url = format!("{}/kv/acct-1", gateway.api);
     let a = sidecar.acquire("acct:1", 30_000, 0).await;

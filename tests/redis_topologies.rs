@@ -192,9 +192,17 @@ async fn sentinel_failover_under_load() {
         .min()
         .expect("no acquisition succeeded after the failover");
     assert_tokens_across(&grants, kill);
+    // The sentinels may fail over again on their own (a loaded machine: a
+    // CI run saw 26669 → 23398 → 20127 within 2 s); the sidecar must have
+    // followed every switch to the master the sentinels name now.
     let failovers = s.metric("fencer_redis_failovers_total", &[]).await;
-    assert_eq!(failovers, 1.0, "{}", s.logs());
-    let new_addr = format!("127.0.0.1:{new}");
+    assert!(failovers >= 1.0, "{}", s.logs());
+    let now = set.master_port();
+    if now != new {
+        eprintln!("the sentinels failed over again on their own: {old} -> {new} -> {now}");
+        assert!(failovers >= 2.0, "{}", s.logs());
+    }
+    let new_addr = format!("127.0.0.1:{now}");
     assert_eq!(
         s.metric("fencer_redis_master", &[("address", &new_addr)])
             .await,

@@ -32,6 +32,21 @@ impl ClientTls {
     }
 }
 
+/// How every connection to one Redis server (single, a Sentinel-named
+/// master, a RedLock master) is kept: each call bounded by
+/// `response_timeout`, each (re)connect by `connect_timeout`, reconnects
+/// backing off from 20 ms to 1 s.
+pub fn manager_config(
+    response_timeout: Duration,
+    connect_timeout: Duration,
+) -> redis::aio::ConnectionManagerConfig {
+    redis::aio::ConnectionManagerConfig::new()
+        .set_response_timeout(Some(response_timeout))
+        .set_connection_timeout(Some(connect_timeout))
+        .set_min_delay(Duration::from_millis(20))
+        .set_max_delay(Duration::from_secs(1))
+}
+
 /// A client for `url`, trusting `tls`'s CA when the URL is `rediss://`. The
 /// CA is ignored for a plain `redis://` URL, so one `ca_file` can serve,
 /// say, TLS sentinels in front of plain data nodes.

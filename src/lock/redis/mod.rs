@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionManager;
 use tokio::sync::watch;
 
 use self::client::{open_client, sentinel_url, ClientTls};
@@ -101,11 +101,7 @@ impl RedisBackend {
                     );
                     metrics.master.with_label_values(&[&address]).set(1);
                 }
-                let config = ConnectionManagerConfig::new()
-                    .set_response_timeout(Some(timeout))
-                    .set_connection_timeout(Some(connect_timeout))
-                    .set_min_delay(Duration::from_millis(20))
-                    .set_max_delay(Duration::from_secs(1));
+                let config = client::manager_config(timeout, connect_timeout);
                 let conn = ConnectionManager::new_lazy_with_config(client.clone(), config)
                     .map_err(|e| BackendError::Unavailable(e.to_string()))?;
                 let subscriber = Subscriber::start(

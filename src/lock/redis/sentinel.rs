@@ -31,10 +31,10 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionManager;
 use tokio::sync::{watch, Notify};
 
-use super::client::{open_client, ClientTls};
+use super::client::{manager_config, open_client, ClientTls};
 use crate::metrics::redis::RedisMetrics;
 
 /// The master in use.
@@ -258,11 +258,7 @@ impl SentinelMaster {
         url.set_port(Some(port))
             .map_err(|_| "bad port".to_owned())?;
         let client = open_client(url.as_str(), &self.config.tls).map_err(|e| e.to_string())?;
-        let config = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(self.config.request_timeout))
-            .set_connection_timeout(Some(self.config.connect_timeout))
-            .set_min_delay(Duration::from_millis(20))
-            .set_max_delay(Duration::from_secs(1));
+        let config = manager_config(self.config.request_timeout, self.config.connect_timeout);
         let mut conn = tokio::time::timeout(
             self.config.connect_timeout + self.config.request_timeout,
             ConnectionManager::new_with_config(client.clone(), config),

@@ -36,11 +36,11 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use futures_util::future::join_all;
 use rand::Rng;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionManager;
 
 use self::settings::RedLockSettings;
 use self::vote::{quorum, tally, validity, Tally, Vote};
-use super::redis::client::{open_client, ClientTls};
+use super::redis::client::{manager_config, open_client, ClientTls};
 use super::redis::conn::{self, Call, Target};
 use super::redis::keys::RedisKeys;
 use super::redis::scripts::{Lua, Scripts};
@@ -98,11 +98,7 @@ impl RedLockBackend {
         for url in &settings.urls {
             let client = open_client(url, &tls)
                 .map_err(|e| BackendError::Unavailable(format!("invalid redlock url: {e}")))?;
-            let config = ConnectionManagerConfig::new()
-                .set_response_timeout(Some(timeout))
-                .set_connection_timeout(Some(connect_timeout))
-                .set_min_delay(Duration::from_millis(20))
-                .set_max_delay(Duration::from_secs(1));
+            let config = manager_config(timeout, connect_timeout);
             let conn = ConnectionManager::new_lazy_with_config(client.clone(), config)
                 .map_err(|e| BackendError::Unavailable(e.to_string()))?;
             let subscriber = Subscriber::start(

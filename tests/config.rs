@@ -381,3 +381,79 @@ fn redlock_settings_are_checked_and_redacted() {
     let out = fencer(&["check-config"], &env);
     assert!(out.status.success(), "{}", stderr(&out));
 }
+
+#[test]
+fn zookeeper_settings_are_checked_and_redacted() {
+    let base = [
+        ("FENCER__BACKEND__KIND", "zookeeper"),
+        (
+            "FENCER__BACKEND__ZOOKEEPER__CONNECT",
+            "zk-0:2181,zk-1:2181,zk-2:2181",
+        ),
+        (
+            "FENCER__BACKEND__ZOOKEEPER__AUTH_DIGEST",
+            "fencer:s3cret-digest",
+        ),
+    ];
+    let out = fencer(&["check-config"], &base);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("zk-1:2181") && !text.contains("s3cret-digest"),
+        "{text}"
+    );
+    for (var, value, field) in [
+        (
+            "FENCER__BACKEND__ZOOKEEPER__CONNECT",
+            "",
+            "backend.zookeeper.connect",
+        ),
+        (
+            "FENCER__BACKEND__ZOOKEEPER__CONNECT",
+            "zk-0:2181/chroot",
+            "backend.zookeeper.connect",
+        ),
+        (
+            "FENCER__BACKEND__ZOOKEEPER__ROOT",
+            "/zookeeper/fencer",
+            "backend.zookeeper.root",
+        ),
+        // 45% of the default 30 s session is 13.5 s.
+        (
+            "FENCER__SIDECAR__DEFAULT_TTL_MS",
+            "13501",
+            "sidecar.default_ttl_ms",
+        ),
+        (
+            "FENCER__BACKEND__ZOOKEEPER__SESSION_TIMEOUT_MS",
+            "20000",
+            "sidecar.default_ttl_ms",
+        ),
+        (
+            "FENCER__SIDECAR__LOCK_DELAY_MS",
+            "4000",
+            "sidecar.default_ttl_ms",
+        ),
+        (
+            "FENCER__BACKEND__ZOOKEEPER__REQUEST_TIMEOUT_MS",
+            "10001",
+            "backend.zookeeper.request_timeout_ms",
+        ),
+        (
+            "FENCER__BACKEND__ZOOKEEPER__AUTH_DIGEST",
+            "no-colon",
+            "backend.zookeeper.auth_digest",
+        ),
+    ] {
+        let mut env = base.to_vec();
+        env.retain(|(k, _)| *k != var);
+        env.push((var, value));
+        let out = fencer(&["check-config"], &env);
+        assert_eq!(out.status.code(), Some(2), "{var}={value}");
+        assert!(
+            stderr(&out).contains(field),
+            "{var}={value}: {}",
+            stderr(&out)
+        );
+    }
+}

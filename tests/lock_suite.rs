@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use common::postgres::PgServer;
 use common::redis_topology::{ClusterSet, SentinelOpts, SentinelSet};
+use common::zookeeper::ZooKeeperEnsemble;
 use common::*;
 use redis::Commands;
 use serde_json::json;
@@ -27,6 +28,9 @@ struct Harness {
     cluster: Option<ClusterSet>,
     /// RedLock's independent masters.
     masters: Vec<RedisServer>,
+    /// A one-server ZooKeeper "ensemble" (leader changes have their own
+    /// tests in tests/zookeeper.rs).
+    zk: Option<ZooKeeperEnsemble>,
     sidecar: Fencer,
 }
 
@@ -45,6 +49,7 @@ fn harness(backend: Backend, extra: &[(&str, &str)]) -> Harness {
     } else {
         Vec::new()
     };
+    let zk = (backend == Backend::ZooKeeper).then(|| ZooKeeperEnsemble::with_size(1));
     let url = match (&pg, backend) {
         (Some(pg), _) => Some(pg.url()),
         (None, Backend::Redis) => Some(redis.url()),
@@ -70,6 +75,11 @@ fn harness(backend: Backend, extra: &[(&str, &str)]) -> Harness {
         // default); the quarantine has its own tests in tests/redlock.rs.
         settings.push(("backend.redlock.restart_quarantine_ms".into(), "0".into()));
     }
+    if let Some(zk) = &zk {
+        settings.push(("backend.zookeeper.connect".into(), zk.connect_string()));
+        // The suite's 30 s leases need a session of at least 30 / 0.45 s.
+        settings.push(("backend.zookeeper.session_timeout_ms".into(), "70000".into()));
+    }
     let mut all: Vec<(&str, &str)> = settings
         .iter()
         .map(|(k, v)| (k.as_str(), v.as_str()))
@@ -86,6 +96,7 @@ fn harness(backend: Backend, extra: &[(&str, &str)]) -> Harness {
         sentinel,
         cluster,
         masters,
+        zk,
         sidecar,
     }
 }
@@ -523,7 +534,7 @@ async fn shutdown_releases_leases(backend: Backend) {
     let mut h = harness(backend, &[]);
     let mut leases = HashSet::new();
     for i in 0..20 {
-        let r = h.sidecar.acquire(&format!("shut:{i}"), 60_000, 0).await;
+        let r = h.sidecar.acquire(&format!("shut:{i}"), 30_000, 0).await;
         assert_eq!(r.status, 200);
         leases.insert(r.lease());
     }
@@ -795,6 +806,12 @@ macro_rules! suite {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() { super::$name(super::Backend::Postgres).await }
+            )*
+        }
+        mod zookeeper {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() { super::$name(super::Backend::ZooKeeper).await }
             )*
         }
     };

@@ -22,6 +22,7 @@ pub mod postgres;
 pub mod redis;
 pub mod redlock;
 pub mod settings;
+pub mod zookeeper;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -162,6 +163,14 @@ pub trait LockBackend: Send + Sync + 'static {
     /// is above a mark the gateway has already seen (repair after the
     /// backend lost its counter).
     async fn raise_token_floor(&self, key: &LockKey, floor: u64) -> Result<(), BackendError>;
+
+    /// Whether a `Held` answer may leave the lease id queued in the
+    /// backend (ZooKeeper: its node stays in the key's queue to keep its
+    /// place). Such a lease id is released like a holder's when its acquire
+    /// ends without the lock, so no queue entry outlives its waiter.
+    fn held_keeps_a_place(&self) -> bool {
+        false
+    }
 
     /// The longest lease TTL this backend can keep safe (RedLock: its
     /// restart quarantine); longer acquires and renewals are refused.

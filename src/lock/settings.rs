@@ -5,6 +5,7 @@ use serde::Deserialize;
 pub use super::postgres::settings::PostgresSettings;
 pub use super::redis::settings::{RedisMode, RedisSettings, TokenMode};
 pub use super::redlock::settings::RedLockSettings;
+pub use super::zookeeper::settings::ZooKeeperSettings;
 use crate::settings::{config_enum, ConfigError};
 
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
@@ -15,8 +16,10 @@ pub enum BackendKind {
     /// A lock on a majority of independent Redis masters.
     RedLock,
     Postgres,
+    /// Curator's lock recipe on a ZooKeeper ensemble.
+    ZooKeeper,
 }
-config_enum!(BackendKind { Memory => "memory", Redis => "redis", RedLock => "redlock", Postgres => "postgres" });
+config_enum!(BackendKind { Memory => "memory", Redis => "redis", RedLock => "redlock", Postgres => "postgres", ZooKeeper => "zookeeper" });
 
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(default, deny_unknown_fields)]
@@ -27,6 +30,7 @@ pub struct BackendSettings {
     pub redis: RedisSettings,
     pub redlock: RedLockSettings,
     pub postgres: PostgresSettings,
+    pub zookeeper: ZooKeeperSettings,
 }
 
 impl BackendSettings {
@@ -36,6 +40,8 @@ impl BackendSettings {
             .validate(self.kind == Some(BackendKind::RedLock))?;
         self.postgres
             .validate(self.kind == Some(BackendKind::Postgres))?;
+        self.zookeeper
+            .validate(self.kind == Some(BackendKind::ZooKeeper))?;
         Ok(())
     }
 }

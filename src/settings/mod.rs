@@ -158,6 +158,23 @@ impl Settings {
                 ),
             ));
         }
+        let zk = &self.backend.zookeeper;
+        let zk_max = crate::lock::zookeeper::settings::max_lease(
+            zk.session_timeout(),
+            std::time::Duration::from_millis(self.sidecar.lock_delay_ms),
+        );
+        if self.backend.kind == Some(BackendKind::ZooKeeper)
+            && u128::from(self.sidecar.default_ttl_ms) > zk_max.as_millis()
+        {
+            return Err(invalid(
+                "sidecar.default_ttl_ms",
+                format!(
+                    "must not exceed {} ms with ZooKeeper: 45% of backend.zookeeper.session_timeout_ms ({} ms) minus sidecar.lock_delay_ms — a lease must end before its session could expire (raise the session timeout for longer leases)",
+                    zk_max.as_millis(),
+                    zk.session_timeout_ms
+                ),
+            ));
+        }
         Ok(())
     }
 
@@ -175,6 +192,9 @@ impl Settings {
         }
         for url in &mut s.backend.redlock.urls {
             *url = redact_url(url);
+        }
+        if s.backend.zookeeper.auth_digest.is_some() {
+            s.backend.zookeeper.auth_digest = Some("REDACTED".into());
         }
         s.backend.postgres.url = redact_url(&s.backend.postgres.url);
         s.gateway.postgres_url = redact_url(&s.gateway.postgres_url);

@@ -28,6 +28,7 @@ use crate::lock::memory::MemoryBackend;
 use crate::lock::postgres::PgBackend;
 use crate::lock::redis::RedisBackend;
 use crate::lock::redlock::RedLockBackend;
+use crate::lock::zookeeper::ZooKeeperBackend;
 use crate::lock::{DynBackend, WakeSink};
 use crate::metrics::Metrics;
 use crate::proxy::forward::Forwarder;
@@ -46,7 +47,7 @@ pub fn build_backend(
         None => {
             return Err(StartError::config(
                 "backend.kind",
-                "required: redis, postgres, or memory (development only: locks vanish with the process)",
+                "required: redis, redlock, postgres, zookeeper, or memory (development only: locks vanish with the process)",
             ))
         }
         Some(BackendKind::Memory) => Arc::new(MemoryBackend::new(delay, wake)),
@@ -67,6 +68,12 @@ pub fn build_backend(
         Some(BackendKind::Postgres) => {
             Arc::new(PgBackend::new(&settings.backend.postgres, delay, wake)?)
         }
+        Some(BackendKind::ZooKeeper) => Arc::new(ZooKeeperBackend::new(
+            &settings.backend.zookeeper,
+            delay,
+            wake,
+            registry,
+        )?),
     })
 }
 

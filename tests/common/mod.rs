@@ -10,6 +10,7 @@ pub mod postgres;
 pub mod redis_topology;
 pub mod tcp_fault;
 pub mod upstream;
+pub mod zookeeper;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -275,6 +276,8 @@ pub enum Backend {
     /// RedLock over independent masters; the test passes their URLs.
     RedLock,
     Postgres,
+    /// ZooKeeper; the test passes the ensemble's connect string.
+    ZooKeeper,
 }
 
 impl Backend {
@@ -285,6 +288,7 @@ impl Backend {
             Backend::Redis | Backend::RedisSentinel | Backend::RedisCluster => "redis",
             Backend::RedLock => "redlock",
             Backend::Postgres => "postgres",
+            Backend::ZooKeeper => "zookeeper",
         }
     }
 }

@@ -437,7 +437,7 @@ impl LockManager {
                     return Ok(Try::Got(Box::new(record)));
                 }
                 Ok(Attempt::Held { remaining }) => {
-                    if attempt == 0 {
+                    if attempt == 0 && !self.backend.held_keeps_a_place() {
                         attempts.not_taken(&lease);
                     }
                     return Ok(Try::Held(remaining));

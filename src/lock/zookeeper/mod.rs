@@ -1,0 +1,764 @@
+//! The ZooKeeper backend: Curator's lock recipe with a fencing token the
+//! ensemble's consensus orders.
+//!
+//! A contender creates an ephemeral-sequential node under the key's
+//! container node ([`queue`]); the lowest sequence holds, every other
+//! contender watches only the node just ahead of it. A lease ends when
+//! its holder releases, when its TTL passes without a renewal (this
+//! backend deletes the node: ZooKeeper has no TTL for ephemeral nodes), or
+//! when the sidecar's session expires (the ensemble deletes every node of
+//! it, [`session`]). The first two happen on the sidecar's clock, the
+//! third on the ensemble's — which is why no lease may outlast
+//! [`settings::max_lease`] of the session: the sidecar's local deadline
+//! then always comes first.
+//!
+//! The token is the holder node's creation zxid (plus an offset that only
+//! a repair raises): zxids are assigned by the leader in commit order and
+//! their high 32 bits are the leader's epoch, so they increase across
+//! leader changes; nodes of one queue are created, and so hold, in zxid
+//! order. (The sequence number in the name is *not* a safe token: it is a
+//! per-parent counter that restarts when the container is recreated.)
+//!
+//! Becoming the lowest is confirmed by a *write* — a multi that checks the
+//! token offset's version and stamps the lease id into the node — because
+//! a read may be served by a follower that lags or has lost the leader;
+//! a write commits through the leader, fails if the session is gone, and
+//! proves the session alive at the time it was sent. Renewals are writes
+//! for the same reason.
+//!
+//! Each sidecar keeps at most one node per key. Its local FIFO sends only
+//! the head waiter to the backend, and each try uses a new lease id, so the
+//! node outlives a lease id: it belongs to the newest one that tried, and
+//! releasing an older id leaves it alone. A waiter that gives up releases
+//! its lease id, which deletes the node ([`LockBackend::held_keeps_a_place`]).
+
+pub mod queue;
+pub mod session;
+pub mod settings;
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures_util::future::join_all;
+use tokio::time::Instant;
+use zookeeper_client as zk;
+
+use self::queue::Place;
+use self::session::{call, read_offset, Connect, Failed, Session, Sessions};
+use self::settings::{max_lease, ZooKeeperSettings};
+use super::{
+    Attempt, BackendError, LeaseId, LockBackend, LockKey, Ownership, WakeSink, WatchGuard,
+};
+use crate::metrics::zookeeper::ZooKeeperMetrics;
+
+/// How often expired leases and failed deletions are looked at. A node is
+/// deleted at most this late (later is the safe side: the key stays
+/// blocked a little longer).
+const SWEEP_EVERY: Duration = Duration::from_millis(50);
+
+/// Creates, lists and confirmations retried within one try when the
+/// queue changed under us (a container removed, a predecessor gone).
+const QUEUE_ROUNDS: usize = 4;
+
+pub struct ZooKeeperBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    sessions: Arc<Sessions>,
+    locks_dir: String,
+    offset_path: String,
+    acls: zk::Acls<'static>,
+    timeout: Duration,
+    lock_delay: Duration,
+    /// This sidecar's node per key (at most one).
+    entries: Mutex<HashMap<LockKey, Entry>>,
+    /// Nodes to delete whose deletion failed: (generation, key dir, ticket).
+    doomed: Mutex<Vec<(u64, String, String)>>,
+    wake: Arc<dyn WakeSink>,
+    metrics: Arc<ZooKeeperMetrics>,
+}
+
+/// This sidecar's node in one key's queue.
+struct Entry {
+    generation: u64,
+    ticket: String,
+    /// The node's name once a listing showed it.
+    node: Option<String>,
+    /// The newest lease id that tried this node; only it may release it.
+    lease: LeaseId,
+    state: State,
+}
+
+enum State {
+    /// Queued; `watching` is the predecessor a wake-up is armed on.
+    Waiting { watching: Option<String> },
+    /// Holds the key. `expires`: the node is deleted then unless renewed
+    /// (TTL + lock-delay after the send time of the acquire or renewal).
+    Held { token: u64, expires: Instant },
+}
+
+impl ZooKeeperBackend {
+    pub fn new(
+        settings: &ZooKeeperSettings,
+        lock_delay: Duration,
+        wake: Arc<dyn WakeSink>,
+        registry: &prometheus::Registry,
+    ) -> Result<ZooKeeperBackend, BackendError> {
+        let metrics = Arc::new(ZooKeeperMetrics::new(registry));
+        let acls = if settings.auth_digest.is_some() {
+            zk::Acls::creator_all()
+        } else {
+            zk::Acls::anyone_all()
+        };
+        let sessions = Sessions::new(settings.session_timeout());
+        let root = settings.root.clone();
+        let inner = Arc::new(Inner {
+            sessions: sessions.clone(),
+            locks_dir: format!("{root}/locks"),
+            offset_path: format!("{root}/token-offset"),
+            acls: acls.clone(),
+            timeout: settings.request_timeout(),
+            lock_delay,
+            entries: Mutex::new(HashMap::new()),
+            doomed: Mutex::new(Vec::new()),
+            wake: wake.clone(),
+            metrics: metrics.clone(),
+        });
+        session::supervise(
+            Connect {
+                settings: settings.clone(),
+                offset_path: inner.offset_path.clone(),
+                root,
+                acls,
+            },
+            sessions,
+            wake,
+            metrics,
+        );
+        sweep(Arc::downgrade(&inner));
+        Ok(ZooKeeperBackend { inner })
+    }
+}
+
+/// Deletes held nodes whose TTL passed and retries failed deletions, until
+/// the backend is dropped.
+fn sweep(weak: std::sync::Weak<Inner>) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(SWEEP_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(inner) = weak.upgrade() else { return };
+            inner.sweep_once().await;
+        }
+    });
+}
+
+impl Inner {
+    async fn sweep_once(&self) {
+        let now = Instant::now();
+        let generation = self.sessions.generation();
+        let mut expired = Vec::new();
+        {
+            let mut entries = self.entries.lock().expect("entries");
+            entries.retain(|key, e| {
+                if Some(e.generation) != generation {
+                    // Gone with its session (nothing to delete).
+                    return generation.is_none();
+                }
+                match e.state {
+                    State::Held { expires, token } if expires <= now => {
+                        expired.push((key.clone(), e.ticket.clone(), token));
+                        false
+                    }
+                    _ => true,
+                }
+            });
+            self.count_queue(&entries);
+        }
+        for (key, ticket, token) in expired {
+            self.metrics.lease_expiries.inc();
+            tracing::info!(key = %key, token, "lease TTL passed without renewal; deleting its ZooKeeper node");
+            if let Some(g) = generation {
+                self.doom(g, &key, ticket);
+            }
+            self.wake.released(key.as_str());
+        }
+        let doomed = std::mem::take(&mut *self.doomed.lock().expect("doomed"));
+        if doomed.is_empty() {
+            return;
+        }
+        let Ok(session) = self.sessions.current() else {
+            return; // dropped: their session is gone, and so are the nodes
+        };
+        for (g, dir, ticket) in doomed {
+            if g != session.generation {
+                continue;
+            }
+            if let Err(e) = self.delete_ticket(&session, &dir, &ticket).await {
+                self.metrics.cleanup_retries.inc();
+                tracing::warn!(error = %e, "could not delete a ZooKeeper lock node; retrying");
+                self.doomed.lock().expect("doomed").push((g, dir, ticket));
+            }
+        }
+    }
+
+    fn doom(&self, generation: u64, key: &LockKey, ticket: String) {
+        let dir = queue::key_dir(&self.locks_dir, key.as_str());
+        self.doomed
+            .lock()
+            .expect("doomed")
+            .push((generation, dir, ticket));
+    }
+
+    fn count_queue(&self, entries: &HashMap<LockKey, Entry>) {
+        let waiting = entries
+            .values()
+            .filter(|e| matches!(e.state, State::Waiting { .. }))
+            .count();
+        self.metrics.queue_nodes.set(waiting as i64);
+    }
+
+    /// Deletes every node of `ticket` in `dir` (normally one).
+    async fn delete_ticket(
+        &self,
+        s: &Session,
+        dir: &str,
+        ticket: &str,
+    ) -> Result<(), BackendError> {
+        let children = match call(self.timeout, s.client.list_children(dir)).await {
+            Ok(c) => c,
+            Err(Failed::Zk(zk::Error::NoNode)) => return Ok(()),
+            Err(e) => return Err(e.into_backend("list")),
+        };
+        for c in children
+            .iter()
+            .filter(|c| c.rsplit_once('-').is_some_and(|(t, _)| t == ticket))
+        {
+            self.delete_node(s, &format!("{dir}/{c}")).await?;
+        }
+        Ok(())
+    }
+
+    async fn delete_node(&self, s: &Session, path: &str) -> Result<(), BackendError> {
+        match call(self.timeout, s.client.delete(path, None)).await {
+            Ok(()) | Err(Failed::Zk(zk::Error::NoNode)) => Ok(()),
+            Err(e) => Err(e.into_backend("delete")),
+        }
+    }
+
+    /// Finds or creates `ticket`'s node in `dir`; returns the listing with it.
+    async fn ensure_node(
+        &self,
+        s: &Session,
+        dir: &str,
+        ticket: &str,
+        known: bool,
+    ) -> Result<(Vec<String>, Place), BackendError> {
+        let container = zk::CreateMode::Container.with_acls(self.acls.clone());
+        let ephemeral = zk::CreateMode::EphemeralSequential.with_acls(self.acls.clone());
+        // A create whose answer was lost may have happened: look first
+        // (only then — a fresh ticket cannot be there).
+        let mut look = known;
+        for _ in 0..QUEUE_ROUNDS {
+            if look {
+                match call(self.timeout, s.client.list_children(dir)).await {
+                    Ok(children) => {
+                        let (place, extra) = queue::place(&children, ticket);
+                        for x in extra {
+                            self.delete_node(s, &format!("{dir}/{x}")).await?;
+                        }
+                        if place != Place::Absent {
+                            return Ok((children, place));
+                        }
+                    }
+                    Err(Failed::Zk(zk::Error::NoNode)) => {}
+                    Err(e) => return Err(e.into_backend("list")),
+                }
+            }
+            look = true;
+            match call(
+                self.timeout,
+                s.client
+                    .create(&queue::node_prefix(dir, ticket), b"", &ephemeral),
+            )
+            .await
+            {
+                Ok(_) => {}
+                Err(Failed::Zk(zk::Error::NoNode)) => {
+                    // The key's container is missing (first use, or
+                    // ZooKeeper removed it when its last child went).
+                    match call(self.timeout, s.client.create(dir, b"", &container)).await {
+                        Ok(_) | Err(Failed::Zk(zk::Error::NodeExists)) => {}
+                        Err(e) => return Err(e.into_backend("create key node")),
+                    }
+                    look = false;
+                }
+                Err(e) => return Err(e.into_backend("create")),
+            }
+        }
+        Err(BackendError::Unavailable(
+            "ZooKeeper lock queue kept changing; try again".into(),
+        ))
+    }
+
+    /// Arms a wake-up for when `predecessor` goes. Returns false when it is
+    /// already gone (the caller lists again).
+    async fn watch_predecessor(
+        &self,
+        s: &Session,
+        key: &LockKey,
+        dir: &str,
+        predecessor: &str,
+    ) -> Result<bool, BackendError> {
+        let path = format!("{dir}/{predecessor}");
+        let (stat, watcher) = call(self.timeout, s.client.check_and_watch_stat(&path))
+            .await
+            .map_err(|e| e.into_backend("watch"))?;
+        if stat.is_none() {
+            return Ok(false);
+        }
+        let (wake, key) = (self.wake.clone(), key.clone());
+        tokio::spawn(async move {
+            watcher.changed().await;
+            wake.released(key.as_str());
+        });
+        Ok(true)
+    }
+
+    /// Stamps `lease` into the first node of the queue, atomically with a
+    /// check that the token offset is the one we read: the write that
+    /// makes the acquisition real (see the module comment).
+    async fn confirm(&self, s: &Session, path: &str, lease: &LeaseId) -> Result<u64, BackendError> {
+        for _ in 0..2 {
+            let (offset, version) = *s.offset.lock().expect("offset");
+            let mut multi = s.client.new_multi_writer();
+            multi
+                .add_check_version(&self.offset_path, version)
+                .and_then(|()| multi.add_set_data(path, lease.as_str().as_bytes(), None))
+                .map_err(|e| BackendError::Protocol(e.to_string()))?;
+            match call(self.timeout, async {
+                multi.commit().await.map_err(zk::Error::from)
+            })
+            .await
+            {
+                Ok(results) => {
+                    let czxid = results.iter().find_map(|r| match r {
+                        zk::MultiWriteResult::SetData { stat } => Some(stat.czxid),
+                        _ => None,
+                    });
+                    let czxid = czxid
+                        .ok_or_else(|| BackendError::Protocol("multi without a stat".into()))?;
+                    return token_of(czxid, offset);
+                }
+                Err(Failed::Zk(zk::Error::BadVersion)) => {}
+                Err(Failed::Zk(zk::Error::NoNode)) => {
+                    return Err(BackendError::Unavailable(
+                        "our ZooKeeper lock node vanished".into(),
+                    ))
+                }
+                Err(e) => return Err(e.into_backend("confirm")),
+            }
+            // Another sidecar raised the offset: read it and try again.
+            *s.offset.lock().expect("offset") =
+                read_offset(&s.client, &self.offset_path, self.timeout).await?;
+        }
+        Err(BackendError::Unavailable(
+            "token offset kept changing".into(),
+        ))
+    }
+
+    /// Our node in `key`'s entry, when it is still the one `ticket` names.
+    fn with_entry<T>(
+        &self,
+        key: &LockKey,
+        ticket: &str,
+        f: impl FnOnce(&mut Entry) -> T,
+    ) -> Option<T> {
+        let mut entries = self.entries.lock().expect("entries");
+        entries.get_mut(key).filter(|e| e.ticket == ticket).map(f)
+    }
+
+    /// Forgets `key`'s entry if it is still `ticket`'s.
+    fn forget(&self, key: &LockKey, ticket: &str) {
+        let mut entries = self.entries.lock().expect("entries");
+        if entries.get(key).is_some_and(|e| e.ticket == ticket) {
+            entries.remove(key);
+        }
+        self.count_queue(&entries);
+    }
+}
+
+fn token_of(czxid: i64, offset: u64) -> Result<u64, BackendError> {
+    u64::try_from(czxid)
+        .ok()
+        .and_then(|z| z.checked_add(offset))
+        .ok_or_else(|| {
+            BackendError::Protocol(format!("zxid {czxid} + offset {offset} is no token"))
+        })
+}
+
+#[async_trait]
+impl LockBackend for ZooKeeperBackend {
+    fn name(&self) -> &'static str {
+        "zookeeper"
+    }
+
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        lease: &LeaseId,
+        ttl: Duration,
+    ) -> Result<Attempt, BackendError> {
+        let inner = &self.inner;
+        let sent = Instant::now();
+        let s = inner.sessions.current()?;
+        let (ticket, known) = {
+            let mut entries = inner.entries.lock().expect("entries");
+            if entries
+                .get(key)
+                .is_some_and(|e| e.generation != s.generation)
+            {
+                entries.remove(key);
+            }
+            // An entry that exists already may have sent a create whose
+            // answer never came: look for its node before creating one.
+            let known = entries.contains_key(key);
+            let entry = entries.entry(key.clone()).or_insert_with(|| Entry {
+                generation: s.generation,
+                ticket: queue::new_ticket(),
+                node: None,
+                lease: lease.clone(),
+                state: State::Waiting { watching: None },
+            });
+            match entry.state {
+                State::Held { token, .. } if entry.lease == *lease => {
+                    return Ok(Attempt::Acquired { token });
+                }
+                State::Held { expires, .. } => {
+                    // Another lease of this sidecar holds it.
+                    return Ok(Attempt::Held {
+                        remaining: Some(expires.saturating_duration_since(sent)),
+                    });
+                }
+                State::Waiting { .. } => {
+                    entry.lease = lease.clone();
+                    (entry.ticket.clone(), known)
+                }
+            }
+        };
+        inner.count_queue(&inner.entries.lock().expect("entries"));
+        let dir = queue::key_dir(&inner.locks_dir, key.as_str());
+        for _ in 0..QUEUE_ROUNDS {
+            let (_, place) = inner.ensure_node(&s, &dir, &ticket, known).await?;
+            match place {
+                Place::Absent => unreachable!("ensure_node returns our node"),
+                Place::Behind { name, predecessor } => {
+                    let armed = inner.with_entry(key, &ticket, |e| {
+                        let State::Waiting { watching } = &mut e.state else {
+                            return true;
+                        };
+                        e.node.get_or_insert(name.clone());
+                        watching.as_deref() == Some(predecessor.as_str())
+                    });
+                    match armed {
+                        None => {
+                            // Released meanwhile: the node we made is nobody's.
+                            inner.doom(s.generation, key, ticket);
+                            return Ok(Attempt::Held { remaining: None });
+                        }
+                        Some(true) => return Ok(Attempt::Held { remaining: None }),
+                        Some(false) => {}
+                    }
+                    if inner.watch_predecessor(&s, key, &dir, &predecessor).await? {
+                        inner.with_entry(key, &ticket, |e| {
+                            if let State::Waiting { watching } = &mut e.state {
+                                *watching = Some(predecessor);
+                            }
+                        });
+                        return Ok(Attempt::Held { remaining: None });
+                    }
+                    // The predecessor went meanwhile: list again.
+                }
+                Place::First { name } => {
+                    let path = format!("{dir}/{name}");
+                    let token = inner.confirm(&s, &path, lease).await?;
+                    let won = inner.with_entry(key, &ticket, |e| {
+                        if e.lease != *lease || e.generation != s.generation {
+                            return false;
+                        }
+                        e.node = Some(name.clone());
+                        e.state = State::Held {
+                            token,
+                            expires: sent + ttl + inner.lock_delay,
+                        };
+                        true
+                    });
+                    inner.count_queue(&inner.entries.lock().expect("entries"));
+                    return Ok(match won {
+                        Some(true) => Attempt::Acquired { token },
+                        // A newer try of this sidecar took the node over:
+                        // this lease id lost, the node is the newer one's.
+                        Some(false) => Attempt::Held { remaining: None },
+                        // Released meanwhile: the node is nobody's.
+                        None => {
+                            inner.doom(s.generation, key, ticket);
+                            Attempt::Held { remaining: None }
+                        }
+                    });
+                }
+            }
+        }
+        Err(BackendError::Unavailable(
+            "ZooKeeper lock queue kept changing; try again".into(),
+        ))
+    }
+
+    async fn renew(
+        &self,
+        key: &LockKey,
+        lease: &LeaseId,
+        ttl: Duration,
+    ) -> Result<Ownership, BackendError> {
+        let inner = &self.inner;
+        let sent = Instant::now();
+        let s = inner.sessions.current()?;
+        let (path, ticket, token) = {
+            let mut entries = inner.entries.lock().expect("entries");
+            let Some(e) = entries.get(key) else {
+                return Ok(Ownership::Free);
+            };
+            if e.generation != s.generation {
+                entries.remove(key);
+                return Ok(Ownership::Free);
+            }
+            match (&e.state, &e.node) {
+                (State::Held { token, expires }, Some(name)) if e.lease == *lease => {
+                    if *expires <= sent {
+                        // Past its TTL: the sweeper deletes it; never revive.
+                        return Ok(Ownership::Free);
+                    }
+                    (
+                        format!("{}/{name}", queue::key_dir(&inner.locks_dir, key.as_str())),
+                        e.ticket.clone(),
+                        *token,
+                    )
+                }
+                (State::Held { .. }, _) => return Ok(Ownership::OtherHolder),
+                _ => return Ok(Ownership::Free),
+            }
+        };
+        match call(
+            inner.timeout,
+            s.client.set_data(&path, lease.as_str().as_bytes(), None),
+        )
+        .await
+        {
+            Ok(_) => {}
+            Err(Failed::Zk(zk::Error::NoNode | zk::Error::SessionExpired)) => {
+                inner.forget(key, &ticket);
+                return Ok(Ownership::Free);
+            }
+            Err(e) => return Err(e.into_backend("renew")),
+        }
+        // A reply that comes after the TTL ran out does not revive the
+        // lease: the sweeper removed the entry (or is about to).
+        let renewed = inner.with_entry(key, &ticket, |e| match &mut e.state {
+            State::Held { expires, .. } if e.lease == *lease && *expires > Instant::now() => {
+                *expires = sent + ttl + inner.lock_delay;
+                true
+            }
+            _ => false,
+        });
+        Ok(if renewed == Some(true) {
+            Ownership::Owned { token }
+        } else {
+            Ownership::Free
+        })
+    }
+
+    async fn renew_many(
+        &self,
+        items: &[(LockKey, LeaseId, Duration)],
+    ) -> Result<Vec<Ownership>, BackendError> {
+        // Requests pipeline on the session's one connection.
+        let results = join_all(items.iter().map(|(k, l, t)| self.renew(k, l, *t))).await;
+        results.into_iter().collect()
+    }
+
+    async fn check_many(
+        &self,
+        items: &[(LockKey, LeaseId)],
+    ) -> Result<Vec<Ownership>, BackendError> {
+        let inner = &self.inner;
+        let s = inner.sessions.current()?;
+        let mut out = Vec::with_capacity(items.len());
+        for (key, lease) in items {
+            let node = {
+                let entries = inner.entries.lock().expect("entries");
+                entries.get(key).and_then(|e| match (&e.state, &e.node) {
+                    (State::Held { token, .. }, Some(name))
+                        if e.lease == *lease && e.generation == s.generation =>
+                    {
+                        Some((
+                            format!("{}/{name}", queue::key_dir(&inner.locks_dir, key.as_str())),
+                            *token,
+                        ))
+                    }
+                    _ => None,
+                })
+            };
+            let Some((path, token)) = node else {
+                out.push(Ownership::Free);
+                continue;
+            };
+            let stat = call(inner.timeout, s.client.check_stat(&path))
+                .await
+                .map_err(|e| e.into_backend("check"))?;
+            let ours = stat.is_some_and(|st| st.ephemeral_owner == s.client.session_id().0);
+            out.push(if ours {
+                Ownership::Owned { token }
+            } else {
+                Ownership::Free
+            });
+        }
+        Ok(out)
+    }
+
+    fn failovers(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        Some(self.inner.sessions.failovers.subscribe())
+    }
+
+    async fn release(&self, key: &LockKey, lease: &LeaseId) -> Result<Ownership, BackendError> {
+        let inner = &self.inner;
+        let removed = {
+            let mut entries = inner.entries.lock().expect("entries");
+            match entries.get(key) {
+                Some(e) if e.lease == *lease => entries.remove(key),
+                Some(Entry {
+                    state: State::Held { .. },
+                    ..
+                }) => return Ok(Ownership::OtherHolder),
+                _ => None,
+            }
+        };
+        let Some(entry) = removed else {
+            return Ok(Ownership::Free);
+        };
+        inner.count_queue(&inner.entries.lock().expect("entries"));
+        let held = match entry.state {
+            State::Held { token, .. } => Some(token),
+            State::Waiting { .. } => None,
+        };
+        let dir = queue::key_dir(&inner.locks_dir, key.as_str());
+        let deleted = match inner.sessions.current() {
+            Ok(s) if s.generation == entry.generation => match &entry.node {
+                Some(name) => inner.delete_node(&s, &format!("{dir}/{name}")).await,
+                None => inner.delete_ticket(&s, &dir, &entry.ticket).await,
+            },
+            // The session is gone, and its nodes with it.
+            _ => Ok(()),
+        };
+        if let Err(e) = deleted {
+            // Keep trying in the background: until the node goes, the key
+            // stays blocked for everyone (never the unsafe side).
+            inner.metrics.cleanup_retries.inc();
+            tracing::warn!(key = %key, error = %e, "release could not delete the lock node; retrying");
+            inner
+                .doomed
+                .lock()
+                .expect("doomed")
+                .push((entry.generation, dir, entry.ticket));
+        }
+        Ok(match held {
+            Some(token) => {
+                inner.wake.released(key.as_str());
+                Ownership::Owned { token }
+            }
+            None => Ownership::Free,
+        })
+    }
+
+    fn held_keeps_a_place(&self) -> bool {
+        true
+    }
+
+    async fn watch(&self, _key: &LockKey, _timeout: Duration) -> WatchGuard {
+        // The predecessor watch is armed by `try_acquire` itself, atomically
+        // with finding the predecessor still there.
+        WatchGuard::none()
+    }
+
+    async fn raise_token_floor(&self, key: &LockKey, floor: u64) -> Result<(), BackendError> {
+        let inner = &self.inner;
+        let s = inner.sessions.current()?;
+        let t = inner.timeout;
+        for _ in 0..5 {
+            let (data, stat) = call(t, s.client.get_data(&inner.offset_path))
+                .await
+                .map_err(|e| e.into_backend("read token offset"))?;
+            // Rewriting the same value tells us the newest zxid: every node
+            // created later has a larger one.
+            let stat2 = match call(
+                t,
+                s.client
+                    .set_data(&inner.offset_path, &data, Some(stat.version)),
+            )
+            .await
+            {
+                Ok(st) => st,
+                Err(Failed::Zk(zk::Error::BadVersion)) => continue,
+                Err(e) => return Err(e.into_backend("touch token offset")),
+            };
+            let old: u64 = String::from_utf8_lossy(&data).trim().parse().unwrap_or(0);
+            let newest = u64::try_from(stat2.mzxid).unwrap_or(0);
+            let new = old.max(floor.saturating_sub(newest) + 1);
+            if new == old {
+                *s.offset.lock().expect("offset") = (old, stat2.version);
+                return Ok(());
+            }
+            match call(
+                t,
+                s.client.set_data(
+                    &inner.offset_path,
+                    new.to_string().as_bytes(),
+                    Some(stat2.version),
+                ),
+            )
+            .await
+            {
+                Ok(st3) => {
+                    tracing::warn!(key = %key, floor, old_offset = old, new_offset = new,
+                        "raised the ZooKeeper token offset past a gateway mark");
+                    *s.offset.lock().expect("offset") = (new, st3.version);
+                    return Ok(());
+                }
+                Err(Failed::Zk(zk::Error::BadVersion)) => continue,
+                Err(e) => return Err(e.into_backend("raise token offset")),
+            }
+        }
+        Err(BackendError::Unavailable(
+            "token offset kept changing".into(),
+        ))
+    }
+
+    fn max_ttl(&self) -> Option<Duration> {
+        let granted = Duration::from_millis(self.inner.sessions.granted_ms.load(Ordering::Relaxed));
+        Some(max_lease(granted, self.inner.lock_delay))
+    }
+
+    async fn ping(&self) -> Result<(), BackendError> {
+        let s = self.inner.sessions.current()?;
+        call(
+            self.inner.timeout,
+            s.client.check_stat(&self.inner.offset_path),
+        )
+        .await
+        .map(|_| ())
+        .map_err(|e| e.into_backend("ping"))
+    }
+}

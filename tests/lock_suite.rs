@@ -30,7 +30,7 @@ struct Harness {
     masters: Vec<RedisServer>,
     /// A one-server ZooKeeper "ensemble" (leader changes have their own
     /// tests in tests/zookeeper.rs).
-    zk: Option<ZooKeeperEnsemble>,
+    _zk: Option<ZooKeeperEnsemble>,
     sidecar: Fencer,
 }
 
@@ -78,7 +78,10 @@ fn harness(backend: Backend, extra: &[(&str, &str)]) -> Harness {
     if let Some(zk) = &zk {
         settings.push(("backend.zookeeper.connect".into(), zk.connect_string()));
         // The suite's 30 s leases need a session of at least 30 / 0.45 s.
-        settings.push(("backend.zookeeper.session_timeout_ms".into(), "70000".into()));
+        settings.push((
+            "backend.zookeeper.session_timeout_ms".into(),
+            "70000".into(),
+        ));
     }
     let mut all: Vec<(&str, &str)> = settings
         .iter()
@@ -96,7 +99,7 @@ fn harness(backend: Backend, extra: &[(&str, &str)]) -> Harness {
         sentinel,
         cluster,
         masters,
-        zk,
+        _zk: zk,
         sidecar,
     }
 }

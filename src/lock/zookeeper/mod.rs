@@ -120,7 +120,7 @@ impl ZooKeeperBackend {
             sessions: sessions.clone(),
             locks_dir: format!("{root}/locks"),
             offset_path: format!("{root}/token-offset"),
-            acls: acls.clone(),
+            acls,
             timeout: settings.request_timeout(),
             lock_delay,
             entries: Mutex::new(HashMap::new()),
@@ -259,8 +259,8 @@ impl Inner {
         ticket: &str,
         known: bool,
     ) -> Result<(Vec<String>, Place), BackendError> {
-        let container = zk::CreateMode::Container.with_acls(self.acls.clone());
-        let ephemeral = zk::CreateMode::EphemeralSequential.with_acls(self.acls.clone());
+        let container = zk::CreateMode::Container.with_acls(self.acls);
+        let ephemeral = zk::CreateMode::EphemeralSequential.with_acls(self.acls);
         // A create whose answer was lost may have happened: look first
         // (only then — a fresh ticket cannot be there).
         let mut look = known;
@@ -322,9 +322,23 @@ impl Inner {
         if stat.is_none() {
             return Ok(false);
         }
-        let (wake, key) = (self.wake.clone(), key.clone());
+        let (wake, key, client) = (self.wake.clone(), key.clone(), s.client.clone());
         tokio::spawn(async move {
-            watcher.changed().await;
+            let mut watcher = watcher;
+            // The holder's renewals and its confirming write change the
+            // node's data, which fires the watch too: only its deletion
+            // (or a session event) is news for the waiter. Re-arm on data
+            // changes instead of waking the waiter for nothing.
+            loop {
+                let event = watcher.changed().await;
+                if event.event_type != zk::EventType::NodeDataChanged {
+                    break;
+                }
+                match client.check_and_watch_stat(&path).await {
+                    Ok((Some(_), next)) => watcher = next,
+                    _ => break,
+                }
+            }
             wake.released(key.as_str());
         });
         Ok(true)

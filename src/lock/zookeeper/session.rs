@@ -93,7 +93,7 @@ impl Connect {
     /// missing (persistent; concurrent sidecars may race, NodeExists is fine).
     async fn prepare(&self, client: &zk::Client) -> Result<(u64, i32), BackendError> {
         let t = self.settings.request_timeout();
-        let persistent = zk::CreateMode::Persistent.with_acls(self.acls.clone());
+        let persistent = zk::CreateMode::Persistent.with_acls(self.acls);
         let mut path = String::new();
         let locks = format!("{}/locks", self.root);
         for seg in locks[1..].split('/') {

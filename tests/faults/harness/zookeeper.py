@@ -20,6 +20,7 @@ a member that serves says `Mode: standalone|leader|follower`; one that is
 electing or syncing says it is "not currently serving requests".
 """
 import os
+import shutil
 import signal
 import socket
 import time
@@ -120,6 +121,8 @@ class ZooKeeperEnsemble:
                 self.stop()
                 if "Address already in use" not in logs or attempt == 2:
                     raise
+                for i in range(n):
+                    shutil.rmtree(self._member_dir(i), ignore_errors=True)
 
     # ------------------------------------------------------------ processes
 
@@ -198,6 +201,10 @@ class ZooKeeperEnsemble:
         self._wait(f"{self.name}-{i} to {'serve' if quorum else 'answer'}", timeout, up)
 
     def pause(self, i):
+        """SIGSTOP member i: it keeps its sockets and sessions but answers
+        nothing, like a frozen machine."""
+        if not self.procs[i].alive():
+            raise RuntimeError(f"{self.name}-{i} is not running")
         self.procs[i].pause()
         self.paused.add(i)
 

@@ -1,0 +1,424 @@
+//! ZooKeeper-specific behaviour and faults: the queue (a waiter that gives
+//! up leaves no node, only the next waiter is woken), tokens across leader
+//! changes, session expiry by partition and by a paused sidecar, a create
+//! whose reply was lost, and the token offset.
+//!
+//! Every test starts its own ZooKeeper (tests/common/zookeeper.rs).
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::tcp_fault::{Mode, TcpFault};
+use common::zookeeper::ZooKeeperEnsemble;
+use common::*;
+use fencer::lock::zookeeper::settings::ZooKeeperSettings;
+use fencer::lock::zookeeper::ZooKeeperBackend;
+use fencer::lock::{Attempt, LeaseId, LockBackend, LockKey, WakeSink};
+use serde_json::json;
+use zookeeper_client as zk;
+
+fn sidecar(connect: &str, extra: &[(&str, &str)]) -> Fencer {
+    let mut all = vec![("backend.zookeeper.connect", connect)];
+    all.extend_from_slice(extra);
+    let s = Fencer::sidecar(Backend::ZooKeeper, None, &all);
+    wait_until(
+        "the sidecar's ZooKeeper session",
+        Duration::from_secs(20),
+        || http_ok(&format!("{}/readyz", s.admin)),
+    );
+    s
+}
+
+/// The lock nodes queued under `key` (what any sidecar would see).
+async fn queue_of(connect: &str, key: &str) -> Vec<String> {
+    let client = zk::Client::connect(connect).await.unwrap();
+    let dir = fencer::lock::zookeeper::queue::key_dir("/fencer/locks", key);
+    match client.list_children(&dir).await {
+        Ok(children) => children,
+        Err(zk::Error::NoNode) => Vec::new(),
+        Err(e) => panic!("list {dir}: {e}"),
+    }
+}
+
+async fn acquire_with(s: &Fencer, key: &str, body: serde_json::Value) -> Resp {
+    s.post(&Fencer::path(key, "acquire"), body).await
+}
+
+/// A waiter's node keeps its place in the key's queue while it waits, and
+/// goes when it gives up: nothing queues behind a ghost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_gives_up_leaves_no_node_behind() {
+    let zk = ZooKeeperEnsemble::with_size(1);
+    let (a, b) = (
+        sidecar(&zk.connect_string(), &[]),
+        sidecar(&zk.connect_string(), &[]),
+    );
+    let held = a.acquire("ghost:1", 10_000, 0).await;
+    assert_eq!(held.status, 200, "{}", held.body);
+    let b = Arc::new(b);
+    let b2 = b.clone();
+    let waiter = tokio::spawn(async move { b2.acquire("ghost:1", 10_000, 1_500).await });
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(queue_of(&zk.connect_string(), "ghost:1").await.len(), 2);
+    assert_eq!(b.metric("fencer_zookeeper_queue_nodes", &[]).await, 1.0);
+    let r = waiter.await.unwrap();
+    assert_eq!(r.code(), "lock_held", "{}", r.body);
+    // A try-lock on a held key leaves nothing either.
+    assert_eq!(b.acquire("ghost:1", 10_000, 0).await.code(), "lock_held");
+    assert!(
+        eventually(Duration::from_secs(3), || {
+            futures_block(queue_of(&zk.connect_string(), "ghost:1")).len() == 1
+        })
+        .await,
+        "the waiter's node outlived its wait: {:?}",
+        queue_of(&zk.connect_string(), "ghost:1").await
+    );
+    assert_eq!(b.metric("fencer_zookeeper_queue_nodes", &[]).await, 0.0);
+    // And the holder's release lets the next one straight in.
+    assert_eq!(a.release("ghost:1", &held.lease()).await.status, 200);
+    let next = b.acquire("ghost:1", 10_000, 0).await;
+    assert_eq!(next.status, 200, "{}", next.body);
+    assert!(next.token() > held.token());
+}
+
+fn futures_block<F: std::future::Future>(f: F) -> F::Output {
+    tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(f))
+}
+
+/// Waiters in different sidecars are served in queue order, and a release
+/// wakes only the next one: the later waiter watches the earlier one's
+/// node, not the holder's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sidecars_are_served_in_queue_order_and_only_the_next_is_woken() {
+    let zk = ZooKeeperEnsemble::with_size(1);
+    let c = zk.connect_string();
+    let (a, b, d) = (
+        sidecar(&c, &[]),
+        Arc::new(sidecar(&c, &[])),
+        Arc::new(sidecar(&c, &[])),
+    );
+    let held = a.acquire("herd:1", 10_000, 0).await;
+    let b2 = b.clone();
+    let first = tokio::spawn(async move { b2.acquire("herd:1", 10_000, 10_000).await });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let d2 = d.clone();
+    let second = tokio::spawn(async move { d2.acquire("herd:1", 10_000, 10_000).await });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let woken_before = d.metric("fencer_waiter_wakeups_total", &[]).await;
+    assert_eq!(a.release("herd:1", &held.lease()).await.status, 200);
+    let got = first.await.unwrap();
+    assert_eq!(got.status, 200, "{}", got.body);
+    assert!(got.token() > held.token());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!second.is_finished(), "the second waiter jumped the queue");
+    assert_eq!(
+        d.metric("fencer_waiter_wakeups_total", &[]).await,
+        woken_before,
+        "the holder's release woke a waiter that was not next"
+    );
+    assert_eq!(b.release("herd:1", &got.lease()).await.status, 200);
+    let last = second.await.unwrap();
+    assert_eq!(last.status, 200, "{}", last.body);
+    assert!(last.token() > got.token());
+    for s in [&b, &d] {
+        let polled = s
+            .metric("fencer_waiter_wakeups_total", &[("cause", "fallback")])
+            .await;
+        assert_eq!(polled, 0.0, "a waiter polled instead of being woken");
+    }
+}
+
+/// A 3-server ensemble loses its leader twice: the sidecar's session moves
+/// to a surviving member (its lease lives on and renews), and tokens keep
+/// increasing — by epoch, the zxid's high 32 bits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_increase_across_leader_changes_and_leases_survive_them() {
+    let mut zk = ZooKeeperEnsemble::start();
+    let s = sidecar(
+        &zk.connect_string(),
+        &[
+            ("backend.zookeeper.session_timeout_ms", "10000"),
+            ("sidecar.default_ttl_ms", "4000"),
+        ],
+    );
+    let held = s.acquire("leader:held", 4_000, 0).await;
+    assert_eq!(held.status, 200, "{}", held.body);
+    let mut last = 0;
+    let mut epochs = Vec::new();
+    for round in 0..3 {
+        for _ in 0..5 {
+            let r = s.acquire("leader:1", 4_000, 3_000).await;
+            assert_eq!(r.status, 200, "round {round}: {}", r.body);
+            assert!(
+                r.token() > last,
+                "token went back: {} after {last}",
+                r.token()
+            );
+            last = r.token();
+            assert_eq!(s.release("leader:1", &r.lease()).await.status, 200);
+        }
+        epochs.push(last >> 32);
+        if round == 2 {
+            break;
+        }
+        let (old, _) = zk.kill_leader();
+        zk.wait_new_leader(old, Duration::from_secs(20));
+        // The session survived the move: the held lease renews.
+        let renewed = {
+            let deadline = Instant::now() + Duration::from_secs(3);
+            loop {
+                let r = s.renew("leader:held", &held.lease(), 4_000).await;
+                if r.status == 200 || Instant::now() > deadline {
+                    break r;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        };
+        assert_eq!(
+            renewed.status,
+            200,
+            "round {round}: {}\n{}",
+            renewed.body,
+            s.logs()
+        );
+        zk.restart(old);
+        zk.wait_healthy(Duration::from_secs(30));
+    }
+    assert!(
+        epochs.windows(2).all(|w| w[1] > w[0]),
+        "epochs did not advance with the leaders: {epochs:?}"
+    );
+    assert_eq!(
+        s.metric(
+            "fencer_zookeeper_session_events_total",
+            &[("event", "expired")]
+        )
+        .await,
+        0.0
+    );
+}
+
+/// The sidecar is cut off from ZooKeeper (half-open: nothing moves either
+/// way). Its lease ends on its own clock before the ensemble expires the
+/// session; only then does the other sidecar get the key. When the
+/// network heals, the old session is found expired and a new one opens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_past_the_session_ends_the_lease_before_anyone_else_gets_the_key() {
+    let zk = ZooKeeperEnsemble::with_size(1);
+    let cut = TcpFault::start(zk.ports()[0]);
+    let session = [
+        ("backend.zookeeper.session_timeout_ms", "4000"),
+        ("backend.zookeeper.request_timeout_ms", "500"),
+        ("sidecar.default_ttl_ms", "1800"),
+    ];
+    let a = sidecar(&format!("127.0.0.1:{}", cut.port), &session);
+    let b = sidecar(&zk.connect_string(), &session);
+    // 45% of 4 s: a longer lease could outlive the session.
+    let long = a.acquire("cut:1", 1_801, 0).await;
+    assert_eq!(
+        (long.status, long.code()),
+        (400, "ttl_too_long"),
+        "{}",
+        long.body
+    );
+    let t_a = Instant::now();
+    let held = a.acquire("cut:1", 1_800, 0).await;
+    assert_eq!(held.status, 200, "{}", held.body);
+    cut.set(Mode::FreezeAll);
+    let got = b.acquire("cut:1", 1_800, 20_000).await;
+    let t_b = Instant::now();
+    assert_eq!(got.status, 200, "{}\n{}", got.body, b.logs());
+    assert!(got.token() > held.token());
+    assert!(
+        t_b - t_a >= Duration::from_millis(4_000),
+        "the key moved {:?} after the cut-off holder acquired it: before its session could expire",
+        t_b - t_a
+    );
+    // The holder's own view: lost, and its proxy will not sign for it.
+    let r = a.renew("cut:1", &held.lease(), 1_000).await;
+    assert_eq!(r.code(), "lease_lost", "{}", r.body);
+    cut.set(Mode::Pass);
+    cut.reset_all();
+    assert!(
+        eventually(Duration::from_secs(20), || {
+            futures_block(a.metric(
+                "fencer_zookeeper_session_events_total",
+                &[("event", "expired")],
+            )) >= 1.0
+                && futures_block(a.metric("fencer_zookeeper_session_up", &[])) == 1.0
+        })
+        .await,
+        "no new session after the partition healed\n{}",
+        a.logs()
+    );
+    assert_eq!(b.release("cut:1", &got.lease()).await.status, 200);
+    let again = a.acquire("cut:1", 1_800, 3_000).await;
+    assert_eq!(again.status, 200, "{}\n{}", again.body, a.logs());
+    assert!(again.token() > got.token());
+}
+
+/// A sidecar frozen (SIGSTOP) past its session timeout: the ensemble
+/// expires the session and another sidecar takes the key. When the
+/// sidecar wakes, every lease of the old session is reported lost at once
+/// (no lease may outlive 45% of the session, so their deadlines have all
+/// passed, and the expired session is noticed besides), none renews, and
+/// a new session serves new acquires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sidecar_paused_past_its_session_loses_every_lease_at_once() {
+    let zk = ZooKeeperEnsemble::with_size(1);
+    let c = zk.connect_string();
+    let session = [
+        ("backend.zookeeper.session_timeout_ms", "3000"),
+        ("backend.zookeeper.request_timeout_ms", "500"),
+        ("sidecar.default_ttl_ms", "1300"),
+    ];
+    let a = sidecar(&c, &session);
+    let b = sidecar(&c, &session);
+    let mut held = Vec::new();
+    for key in ["pause:1", "pause:2", "pause:3"] {
+        let r = acquire_with(
+            &a,
+            key,
+            json!({"ttl_ms": 1_300, "wait_ms": 0, "auto_renew": true}),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        held.push(r);
+    }
+    unsafe { libc::kill(a.pid() as i32, libc::SIGSTOP) };
+    let got = b.acquire("pause:1", 1_300, 15_000).await;
+    assert_eq!(got.status, 200, "{}", got.body);
+    assert!(got.token() > held[0].token());
+    unsafe { libc::kill(a.pid() as i32, libc::SIGCONT) };
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            futures_block(a.metric("fencer_lost_leases_total", &[])) == 3.0
+                && futures_block(a.metric(
+                    "fencer_zookeeper_session_events_total",
+                    &[("event", "expired")],
+                )) == 1.0
+        })
+        .await,
+        "{}\n{}",
+        a.metrics().await,
+        a.logs()
+    );
+    for (key, r) in ["pause:1", "pause:2", "pause:3"].iter().zip(&held) {
+        assert_eq!(a.renew(key, &r.lease(), 1_000).await.code(), "lease_lost");
+    }
+    assert_eq!(b.release("pause:1", &got.lease()).await.status, 200);
+    let again = a.acquire("pause:1", 1_300, 3_000).await;
+    assert_eq!(again.status, 200, "{}\n{}", again.body, a.logs());
+    assert!(again.token() > got.token());
+}
+
+struct NoWake;
+impl WakeSink for NoWake {
+    fn released(&self, _key: &str) {}
+    fn resync(&self) {}
+}
+
+async fn backend(connect: &str, request_timeout_ms: u64) -> ZooKeeperBackend {
+    let settings = ZooKeeperSettings {
+        connect: connect.into(),
+        session_timeout_ms: 6_000,
+        request_timeout_ms,
+        ..Default::default()
+    };
+    let b = ZooKeeperBackend::new(
+        &settings,
+        Duration::ZERO,
+        Arc::new(NoWake),
+        &prometheus::Registry::new(),
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while b.ping().await.is_err() {
+        assert!(Instant::now() < deadline, "no session");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    b
+}
+
+/// The server stalls while a create is on its way: the acquire times out
+/// with the outcome unknown. The retry with the same lease id finds the
+/// node by its ticket and holds with it — never a second node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_whose_reply_was_lost_is_found_not_repeated() {
+    let zk = ZooKeeperEnsemble::with_size(1);
+    let c = zk.connect_string();
+    let be = backend(&c, 300).await;
+    let key = LockKey::parse("lost:1").unwrap();
+    // The key's container exists (a create into a missing one would fail
+    // outright rather than land late).
+    cycle(&be, &key).await;
+    let dir = fencer::lock::zookeeper::queue::key_dir("/fencer/locks", "lost:1");
+    let client = zk::Client::connect(&c).await.unwrap();
+    let creates = || async { client.get_children(&dir).await.unwrap().1.cversion };
+    let before = creates().await;
+    let lease = LeaseId::generate();
+    zk.pause(0);
+    let first = be.try_acquire(&key, &lease, Duration::from_secs(2)).await;
+    zk.resume(0);
+    assert!(first.is_err(), "{first:?}");
+    let mut retry = be.try_acquire(&key, &lease, Duration::from_secs(2)).await;
+    for _ in 0..20 {
+        if retry.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        retry = be.try_acquire(&key, &lease, Duration::from_secs(2)).await;
+    }
+    let Ok(Attempt::Acquired { token }) = retry else {
+        panic!("{retry:?}")
+    };
+    assert_eq!(queue_of(&c, "lost:1").await.len(), 1);
+    // One child change in all: the retry looked before creating again.
+    assert_eq!(creates().await - before, 1, "the lost create was repeated");
+    // Idempotent: the same lease id asks again, the same token comes back.
+    assert_eq!(
+        be.try_acquire(&key, &lease, Duration::from_secs(2))
+            .await
+            .unwrap(),
+        Attempt::Acquired { token }
+    );
+    assert_eq!(queue_of(&c, "lost:1").await.len(), 1);
+}
+
+/// Repair after the ensemble lost its data (zxids restart below the
+/// gateway's marks): the token offset rises past the mark, and another
+/// sidecar still holding the old offset notices at its confirming write
+/// rather than minting a token below the mark.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raised_token_floor_reaches_every_sidecar() {
+    let zk = ZooKeeperEnsemble::with_size(1);
+    let c = zk.connect_string();
+    let (one, two) = (backend(&c, 2_000).await, backend(&c, 2_000).await);
+    let key = LockKey::parse("floor:1").unwrap();
+    let before = cycle(&two, &key).await;
+    let floor = before + 1_000_000_000;
+    one.raise_token_floor(&key, floor).await.unwrap();
+    let after = cycle(&two, &key).await;
+    assert!(
+        after > floor,
+        "{after} <= {floor}: the stale offset was used"
+    );
+    let mine = cycle(&one, &key).await;
+    assert!(mine > after);
+}
+
+/// One acquire + release; the token.
+async fn cycle(be: &ZooKeeperBackend, key: &LockKey) -> u64 {
+    let lease = LeaseId::generate();
+    let attempt = be
+        .try_acquire(key, &lease, Duration::from_secs(2))
+        .await
+        .unwrap();
+    let Attempt::Acquired { token } = attempt else {
+        panic!("{attempt:?}")
+    };
+    be.release(key, &lease).await.unwrap();
+    token
+}

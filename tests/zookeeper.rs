@@ -87,6 +87,34 @@ fn futures_block<F: std::future::Future>(f: F) -> F::Output {
     tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(f))
 }
 
+/// A lease that is not renewed ends on the holder's clock first: the
+/// backend deletes its node only once the TTL has passed since the acquire
+/// was sent, so the next sidecar gets the key after the holder's deadline,
+/// never before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_key_moves_only_after_the_holders_deadline() {
+    let zk = ZooKeeperEnsemble::with_size(1);
+    let c = zk.connect_string();
+    let (a, b) = (sidecar(&c, &[]), sidecar(&c, &[]));
+    for round in 0..3 {
+        let key = format!("deadline:{round}");
+        let sent = Instant::now();
+        let held = a.acquire(&key, 1_000, 0).await;
+        assert_eq!(held.status, 200, "{}", held.body);
+        let got = b.acquire(&key, 1_000, 5_000).await;
+        let moved = sent.elapsed();
+        assert_eq!(got.status, 200, "{}", got.body);
+        assert!(
+            moved >= Duration::from_millis(1_000),
+            "round {round}: the key moved {moved:?} after the acquire was sent, before the holder's 1 s lease ended"
+        );
+        assert_eq!(
+            a.renew(&key, &held.lease(), 1_000).await.code(),
+            "lease_lost"
+        );
+    }
+}
+
 /// Waiters in different sidecars are served in queue order, and a release
 /// wakes only the next one: the later waiter watches the earlier one's
 /// node, not the holder's.

@@ -216,6 +216,9 @@ DIRECTED_MUTANTS = {
     "no_failover_reverify": ("redis_topologies", "lossy_sentinel_failover_loses_the_lease_but_never_reuses_its_token"),
     "sentinel_resolve_once": ("redis_topologies", "sentinel_failover_under_load"),
     "ignore_wait_shortfall": ("redis_topologies", "wait_replicas_grants_only_what_replicas_confirmed"),
+    "zk_early_expiry": ("zookeeper", "the_key_moves_only_after_the_holders_deadline"),
+    "zk_ttl_past_session": ("zookeeper", "a_partition_past_the_session_ends_the_lease_before_anyone_else_gets_the_key"),
+    "zk_waiter_node_left": ("zookeeper", "a_waiter_that_gives_up_leaves_no_node_behind"),
 }
 
 

@@ -407,6 +407,16 @@ impl Inner {
     }
 }
 
+/// How long after the send of an acquire or renewal its node may live
+/// without another renewal: the TTL (the holder's local deadline is
+/// earlier still: drift and safety margin) plus the lock-delay.
+fn node_life(ttl: Duration, lock_delay: Duration) -> Duration {
+    if crate::mutants::active("zk_early_expiry") {
+        return ttl / 2;
+    }
+    ttl + lock_delay
+}
+
 fn token_of(czxid: i64, offset: u64) -> Result<u64, BackendError> {
     u64::try_from(czxid)
         .ok()
@@ -508,7 +518,7 @@ impl LockBackend for ZooKeeperBackend {
                         e.node = Some(name.clone());
                         e.state = State::Held {
                             token,
-                            expires: sent + ttl + inner.lock_delay,
+                            expires: sent + node_life(ttl, inner.lock_delay),
                         };
                         true
                     });
@@ -583,7 +593,7 @@ impl LockBackend for ZooKeeperBackend {
         // lease: the sweeper removed the entry (or is about to).
         let renewed = inner.with_entry(key, &ticket, |e| match &mut e.state {
             State::Held { expires, .. } if e.lease == *lease && *expires > Instant::now() => {
-                *expires = sent + ttl + inner.lock_delay;
+                *expires = sent + node_life(ttl, inner.lock_delay);
                 true
             }
             _ => false,
@@ -698,7 +708,7 @@ impl LockBackend for ZooKeeperBackend {
     }
 
     fn held_keeps_a_place(&self) -> bool {
-        true
+        !crate::mutants::active("zk_waiter_node_left")
     }
 
     async fn watch(&self, _key: &LockKey, _timeout: Duration) -> WatchGuard {
@@ -762,6 +772,9 @@ impl LockBackend for ZooKeeperBackend {
 
     fn max_ttl(&self) -> Option<Duration> {
         let granted = Duration::from_millis(self.inner.sessions.granted_ms.load(Ordering::Relaxed));
+        if crate::mutants::active("zk_ttl_past_session") {
+            return None;
+        }
         Some(max_lease(granted, self.inner.lock_delay))
     }
 

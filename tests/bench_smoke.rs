@@ -150,3 +150,48 @@ fn redis_topologies_scenario_runs_without_lost_updates() {
         "sentinel/single, cluster/single and redlock/single per scenario:\n{text}"
     );
 }
+
+/// `lock-backends` for one second: sidecars on Redis, PostgreSQL and a
+/// 3-member ZooKeeper ensemble each run both lock scenarios, without lost
+/// updates, with their ratios to Redis.
+#[test]
+fn lock_backends_scenario_runs_without_lost_updates() {
+    let out = Command::new(env!("CARGO_BIN_EXE_fencer"))
+        .args([
+            "bench",
+            "--local",
+            "--scenario",
+            "lock-backends",
+            "--seconds",
+            "1",
+            "--runs",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| {
+            ["  redis ", "  postgres ", "  zookeeper "]
+                .iter()
+                .any(|p| l.starts_with(p))
+                && l.contains("cycles/s")
+        })
+        .collect();
+    assert_eq!(lines.len(), 6, "{text}");
+    for l in lines {
+        assert!(l.contains("lost 0 "), "lost updates: {l}");
+        assert!(number_after(l, "cycles/s") > 0.0, "did not run: {l}");
+    }
+    assert_eq!(
+        text.lines().filter(|l| l.contains("/redis ")).count(),
+        4,
+        "postgres/redis and zookeeper/redis per scenario:\n{text}"
+    );
+}

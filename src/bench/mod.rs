@@ -15,16 +15,22 @@
 //!   through sidecars in Redis `single`, `sentinel` and `cluster` mode and
 //!   on 5 RedLock masters, each topology started here ([`redis_topology`]),
 //!   with the ratio to `single`.
+//! - `lock-backends` ([`backends`], `--local` only): the same two lock
+//!   scenarios through sidecars on Redis, PostgreSQL and a 3-member
+//!   ZooKeeper ensemble ([`servers`]), with the ratio to Redis.
 //!
 //! With `--local` the tool starts everything it needs itself (Redis,
 //! fencer processes from this binary, nginx) on free loopback ports.
 
 mod api_conn;
+pub mod backends;
+pub mod compare;
 mod fence_store;
 mod leases;
 pub mod local;
 mod locks;
 pub mod redis_topology;
+pub mod servers;
 pub mod stats;
 pub mod topologies;
 mod write_path;
@@ -36,6 +42,7 @@ const WRITE_PATH: &str = "write-path";
 const FENCE_STORE: &str = "fence-store-pg";
 const LEASES: &str = "leases";
 const TOPOLOGIES: &str = topologies::NAME;
+const BACKENDS: &str = backends::NAME;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
@@ -59,7 +66,7 @@ pub struct BenchArgs {
     #[arg(long)]
     pub postgres: Option<String>,
     /// Comma-separated: uncontended-1, uncontended-16, contended-16,
-    /// spread-64x8, write-path, fence-store-pg, leases, redis-topologies
+    /// spread-64x8, write-path, fence-store-pg, leases, redis-topologies, lock-backends
     /// (--local only); or `all`, or `locks` (the four lock scenarios).
     #[arg(long, default_value = "all")]
     pub scenario: String,
@@ -92,14 +99,16 @@ pub struct Results {
     pub fence_store: Option<(Report, Report)>,
     pub leases: Option<leases::LeaseReport>,
     /// `redis-topologies`: per lock scenario, single vs sentinel vs cluster vs redlock.
-    pub redis_topologies: Vec<topologies::ScenarioResult>,
+    pub redis_topologies: Vec<compare::ScenarioResult>,
+    /// `lock-backends`: per lock scenario, Redis vs PostgreSQL vs ZooKeeper.
+    pub lock_backends: Vec<compare::ScenarioResult>,
 }
 
 fn selected(args: &BenchArgs) -> Result<Vec<&'static str>, String> {
     let all: Vec<&'static str> = SCENARIOS
         .iter()
         .map(|s| s.name)
-        .chain([WRITE_PATH, FENCE_STORE, LEASES, TOPOLOGIES])
+        .chain([WRITE_PATH, FENCE_STORE, LEASES, TOPOLOGIES, BACKENDS])
         .collect();
     let mut out = Vec::new();
     for name in args.scenario.split(',').map(str::trim) {
@@ -111,7 +120,7 @@ fn selected(args: &BenchArgs) -> Result<Vec<&'static str>, String> {
             "all" => out.extend(
                 all.iter()
                     .copied()
-                    .filter(|n| args.local || (*n != LEASES && *n != TOPOLOGIES)),
+                    .filter(|n| args.local || ![LEASES, TOPOLOGIES, BACKENDS].contains(n)),
             ),
             "locks" => out.extend(SCENARIOS.iter().map(|s| s.name)),
             n => match all.iter().find(|a| **a == n) {
@@ -135,6 +144,11 @@ fn selected(args: &BenchArgs) -> Result<Vec<&'static str>, String> {
     if !args.local && out.contains(&TOPOLOGIES) {
         return Err(format!(
             "`{TOPOLOGIES}` starts its own Redis servers (a single one, a Sentinel set, a Cluster) and a sidecar on each; run it with --local"
+        ));
+    }
+    if !args.local && out.contains(&BACKENDS) {
+        return Err(format!(
+            "`{BACKENDS}` starts its own Redis, PostgreSQL and ZooKeeper servers and a sidecar on each; run it with --local"
         ));
     }
     Ok(out)
@@ -350,6 +364,8 @@ pub async fn measure(args: &BenchArgs) -> Result<Results, String> {
                 continue;
             }
             results.redis_topologies = topologies::run(args.seconds, runs).await?;
+        } else if name == BACKENDS {
+            results.lock_backends = backends::run(args.seconds, runs).await?;
         }
     }
     Ok(results)

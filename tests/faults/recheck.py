@@ -27,12 +27,18 @@ COLS = ["commit_seq", "key", "token", "seq", "lease", "prev", "new", "op_id", "c
 def scenario_of(report):
     """The scenario a run was made from, by the name in its report."""
     name, backend = report["scenario"], report["backend"]
-    for mixed in (suite.MIXED, suite.MIXED_SENTINEL, suite.MIXED_CLUSTER, suite.MIXED_REDLOCK):
+    for mixed in (suite.MIXED, suite.MIXED_SENTINEL, suite.MIXED_CLUSTER, suite.MIXED_REDLOCK,
+                  suite.MIXED_ZOOKEEPER):
         if name.startswith(mixed["name"] + "-") and name[len(mixed["name"]) + 1:].isdigit():
             return dict(mixed, backend=backend, name=name)
     for f in suite.FAMILIES + [suite.BASELINE]:
         if f["name"] == name:
             return dict(f, backend=backend)
+    for base, mutants in (("zk-session", suite.ZOOKEEPER_MUTANTS), ("redlock-majority-restarts",
+                                                                     suite.REDLOCK_MUTANTS)):
+        for m in mutants.values():
+            if m["name"] == name:
+                return dict(next(f for f in suite.FAMILIES if f["name"] == base), **m)
     raise SystemExit(f"unknown scenario {name!r}")
 
 
@@ -65,6 +71,10 @@ def recheck(run_dir):
     commits = [dict(zip(COLS, r)) for r in db.execute(f"SELECT {', '.join(COLS)} FROM log ORDER BY commit_seq")]
     nemesis = load_history(os.path.join(run_dir, "nemesis.jsonl"))
     r = checker.check(events, commits, injections(run_dir), [], nemesis, sc)
+    # Bites scraped from the processes during the run (not in the files).
+    for k in ("zk_sessions_expired",):
+        if k in report.get("bites", {}):
+            r.bites[k] = report["bites"][k]
     short = {k: (r.bites.get(k, 0), need) for k, need in sc.get("bite", {}).items() if r.bites.get(k, 0) < need}
     verdict = "FAIL" if r.violations else ("INCONCLUSIVE" if short else "PASS")
     print(json.dumps({"dir": run_dir, "was": report["verdict"], "now": verdict, "bites": r.bites,

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""fencer's fault suite: real fencer processes, Redis and PostgreSQL under
-seeded faults; histories checked for S1–S7 (docs/faults.md).
+"""fencer's fault suite: real fencer processes, Redis, PostgreSQL and
+ZooKeeper under seeded faults; histories checked for S1–S7 (docs/faults.md).
 
   python3 tests/faults/run.py --tier pr                  # the CI tier (~15 min)
   python3 tests/faults/run.py --tier long --minutes 30   # per backend, mixed faults
@@ -12,6 +12,10 @@ seeded faults; histories checked for S1–S7 (docs/faults.md).
   python3 tests/faults/run.py --only redlock-no-quarantine --seed 1 --keep
   python3 tests/faults/run.py --tier long --backend redlock --minutes 10
   python3 tests/faults/run.py --mutant counter_tokens     # M4: must FAIL (S2)
+  python3 tests/faults/run.py --only zk-partition --seed 3 --keep
+  python3 tests/faults/run.py --only zk-session --seed 5      # M1 on ZooKeeper
+  python3 tests/faults/run.py --tier long --backend zookeeper --minutes 10
+  python3 tests/faults/run.py --mutant zk_early_expiry --repeat 10   # must FAIL (M1)
 
 Exit status 0 when every safety run is PASS and every mutant run FAILs.
 Histories, logs and the report of every run that is not a clean PASS are
@@ -130,11 +134,41 @@ FAMILIES += [
        nemesis=["expire", "pause_master", "pause_worker"], long_only=True,
        bite={"stale_at_gateway": 5, "expiries_while_paused": 3}),
 ]
+FAMILIES += [
+    # ZooKeeper (backend.kind = "zookeeper"): a 3-member ensemble, each
+    # sidecar behind proxies of its own to every member, 3 s sessions,
+    # TTL 500 ms. A leader kill takes 3–10 s of nemesis time (election,
+    # restart 1–3 s after the kill, the ensemble healthy again), so it is
+    # listed twice as the failovers are. Leases survive nothing here (their
+    # renewals fail during the election), sessions survive the election.
+    # In the PR tier.
+    sc("zk-leader", backend="zookeeper", self_pause_p=0.3, interval=(0.5, 1.5),
+       nemesis=["kill_zk_leader", "kill_zk_leader", "pause_worker"],
+       bite={"zk_leader_kills": 3, "zk_new_leaders": 3, "stale_at_gateway": 3}),
+    # One sidecar cut off from every member past its session (3.5–5 s): the
+    # ensemble expires the session and deletes its nodes, the others take
+    # its keys; the cut-off sidecar's leases ended on its own clock first
+    # (TTL ≤ 45 % of the session). In the PR tier.
+    sc("zk-partition", backend="zookeeper", self_pause_p=0.3, interval=(0.5, 1.5),
+       nemesis=["partition_zk", "partition_zk", "pause_worker"],
+       bite={"zk_partitions": 3, "zk_sessions_expired": 3, "stale_at_gateway": 3}),
+    # Sessions expired under a frozen sidecar and under a partition, no
+    # worker pauses and no clock faults: mutual exclusion must hold (M1,
+    # spans ended at the client's own TTL bound). Workers think 50–400 ms
+    # so that many leases are still held halfway through their TTL: the
+    # window a premature deletion (mutant zk_early_expiry) opens. In the PR
+    # tier, 30 s (24 s of faults: 4–6 sessions expired) to keep within its
+    # budget.
+    sc("zk-session", backend="zookeeper", self_pause_p=0.0, interval=(0.5, 1.5), think_ms=[50, 400],
+       duration_s=30, nemesis=["pause_sidecar_long", "partition_zk"], exclusive=True,
+       bite={"zk_sessions_expired": 3, "acked": 60}),
+]
 SENTINEL_FAMILIES = [f for f in FAMILIES if f["backend"] == "redis-sentinel"]
 CLUSTER_FAMILIES = [f for f in FAMILIES if f["backend"] == "redis-cluster"]
 REDLOCK_FAMILIES = [f for f in FAMILIES if f["backend"] == "redlock"]
+ZOOKEEPER_FAMILIES = [f for f in FAMILIES if f["backend"] == "zookeeper"]
 # Families bound to the topology they fail: never re-targeted by --backend.
-TOPOLOGY_FAMILIES = SENTINEL_FAMILIES + CLUSTER_FAMILIES + REDLOCK_FAMILIES
+TOPOLOGY_FAMILIES = SENTINEL_FAMILIES + CLUSTER_FAMILIES + REDLOCK_FAMILIES + ZOOKEEPER_FAMILIES
 
 # No faults: the throughput the fault runs are compared with.
 BASELINE = sc("baseline", nemesis=[], self_pause_p=0.0)
@@ -165,6 +199,16 @@ MIXED_REDLOCK = sc("mixed-redlock", backend="redlock",
                                      "expire", "slow_storage"],
                    self_pause_p=0.35, forge_p=0.05, replay_p=0.1, client_timeout_ms=2500)
 
+# The long tier's mixed schedule for ZooKeeper (--backend zookeeper): leader
+# kills, partitions and long freezes that expire sessions, members paused,
+# killed and cut off per link, holder nodes deleted behind the holder's back
+# (expire); sidecars and gateways paused and killed; slow storage.
+MIXED_ZOOKEEPER = sc("mixed-zookeeper", backend="zookeeper",
+                     nemesis=PAUSES + ["pause_sidecar", "kill_sidecar", "kill_gateway", "kill_zk_leader",
+                                       "partition_zk", "pause_sidecar_long", "pause_backend", "kill_backend",
+                                       "net_lock", "net_gateway", "net_storage", "expire", "slow_storage"],
+                     self_pause_p=0.35, forge_p=0.05, replay_p=0.1, client_timeout_ms=2500)
+
 # Mutants killed by a random schedule of this suite: mutant → (scenario
 # overrides, mutants by role).
 RANDOM_MUTANTS = {
@@ -192,6 +236,15 @@ SENTINEL_MUTANTS = {
 REDLOCK_MUTANTS = {
     "redlock_no_quarantine": dict(name="m-redlock-no-quarantine", interval=(0.3, 0.9), duration_s=30, bite={},
                                   mutants={"sidecar": ["redlock_no_quarantine"]}),
+}
+
+# ZooKeeper's premature deletion (a held node deleted at half its TTL, before
+# the holder's local deadline) on the zk-session schedule that promises
+# mutual exclusion (M1): a second holder appears while the first still
+# holds. `--mutant zk_early_expiry` only (the PR tier runs its directed test).
+ZOOKEEPER_MUTANTS = {
+    "zk_early_expiry": dict(name="m-zk-early-expiry", duration_s=30, bite={},
+                            mutants={"sidecar": ["zk_early_expiry"]}),
 }
 
 # Mutants killed by a directed test (deterministic, seconds each): the
@@ -254,7 +307,8 @@ def main():
     ap.add_argument("--tier", choices=["pr", "long"], default=None)
     ap.add_argument("--minutes", type=float, default=30, help="long tier: minutes per backend")
     ap.add_argument("--only", help="run one family (by name)")
-    ap.add_argument("--backend", choices=["redis", "postgres", "redis-sentinel", "redis-cluster", "redlock"])
+    ap.add_argument("--backend", choices=["redis", "postgres", "redis-sentinel", "redis-cluster", "redlock",
+                                          "zookeeper"])
     ap.add_argument("--mutant", help="run one mutant's kill test(s)")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--seed", type=int, default=None)
@@ -278,6 +332,15 @@ def main():
         if r.get("unavailability_ms"):
             u = r["unavailability_ms"]
             bites += f" unavail_ms={u['min']}/{u['median']}/{u['max']}"
+        zm = r.get("zookeeper_metrics")
+        if zm:
+            bites += f" zk_expired_per_sidecar={','.join(str(n) for n in zm['sessions_expired'])}"
+            bites += f" zk_expected={','.join(str(n) for n in zm['expected_expiries'])}"
+            if zm["not_expired"]:
+                bites += f" NOT_EXPIRED={','.join(zm['not_expired'])}"
+        if r.get("zk_election_ms"):
+            e = r["zk_election_ms"]
+            bites += f" election_ms={e['min']}/{e['median']}/{e['max']}"
         fm = r.get("failover_metrics")
         if fm:
             bites += f" lost_by_failover={fm['leases_lost_failover']}"
@@ -307,8 +370,9 @@ def main():
             schedules = [f if f in TOPOLOGY_FAMILIES else dict(f, backend=a.backend) for f in schedules
                          if f not in TOPOLOGY_FAMILIES or a.backend == f["backend"] or a.only]
     if a.tier in ("pr", "long"):
-        # The sentinel and cluster backends' long runs are asked for
-        # explicitly (--backend redis-sentinel / redis-cluster): the default
+        # The sentinel, cluster, RedLock and ZooKeeper backends' long runs
+        # are asked for explicitly (--backend redis-sentinel / redis-cluster
+        # / redlock / zookeeper): the default
         # long tier is the issue's 30 minutes per backend for Redis and
         # PostgreSQL.
         for backend in ([a.backend] if a.backend else ["redis", "postgres"]):
@@ -328,6 +392,13 @@ def main():
                 for i in range(n):
                     schedules.append(dict(MIXED_REDLOCK, duration_s=300, name=f"mixed-redlock-{i}",
                                           bite={"stale_at_gateway": 50, "expiries_while_paused": 10}))
+                continue
+            if backend == "zookeeper":
+                schedules += ZOOKEEPER_FAMILIES
+                for i in range(n):
+                    schedules.append(dict(MIXED_ZOOKEEPER, duration_s=300, name=f"mixed-zookeeper-{i}",
+                                          bite={"stale_at_gateway": 50, "expiries_while_paused": 10,
+                                                "zk_leader_kills": 3, "zk_sessions_expired": 3}))
                 continue
             if backend == "redis-cluster":
                 schedules += CLUSTER_FAMILIES
@@ -357,6 +428,9 @@ def main():
             if m in REDLOCK_MUTANTS and a.mutant:  # the PR tier runs its directed test only
                 base = next(f for f in FAMILIES if f["name"] == "redlock-majority-restarts")
                 record(scenario.run(dict(base, **REDLOCK_MUTANTS[m]), s_seed, a.bin, a.out, a.keep), "FAIL")
+            if m in ZOOKEEPER_MUTANTS and a.mutant:  # the PR tier runs its directed test only
+                base = next(f for f in FAMILIES if f["name"] == "zk-session")
+                record(scenario.run(dict(base, **ZOOKEEPER_MUTANTS[m]), s_seed, a.bin, a.out, a.keep), "FAIL")
             if m in RANDOM_MUTANTS:
                 overrides, roles = RANDOM_MUTANTS[m]
                 base = next((f for f in FAMILIES if f["name"] == "pause-short"), BASE)

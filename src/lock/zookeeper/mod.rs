@@ -12,19 +12,23 @@
 //! [`settings::max_lease`] of the session: the sidecar's local deadline
 //! then always comes first.
 //!
-//! The token is the holder node's creation zxid (plus an offset that only
-//! a repair raises): zxids are assigned by the leader in commit order and
-//! their high 32 bits are the leader's epoch, so they increase across
-//! leader changes; nodes of one queue are created, and so hold, in zxid
-//! order. (The sequence number in the name is *not* a safe token: it is a
-//! per-parent counter that restarts when the container is recreated.)
+//! The token is the holder node's creation zxid plus the token offset in
+//! force when the node was created (a multi checks the offset node's
+//! version with the create, and the offset goes into the node's data).
+//! zxids are assigned by the leader in commit order and their high 32 bits
+//! are the leader's epoch, so they increase across leader changes; nodes of
+//! one queue are created, and so hold, in zxid order; the offset only grows
+//! (a repair raises it, `raise_token_floor`). (The sequence number in the
+//! name is *not* a safe token: a per-parent counter that restarts when the
+//! container is recreated.)
 //!
-//! Becoming the lowest is confirmed by a *write* — a multi that checks the
-//! token offset's version and stamps the lease id into the node — because
-//! a read may be served by a follower that lags or has lost the leader;
-//! a write commits through the leader, fails if the session is gone, and
-//! proves the session alive at the time it was sent. Renewals are writes
-//! for the same reason.
+//! Every acquisition rests on a *write* sent during the try that returns
+//! it: the create itself on the fast path, otherwise a `setData` stamping
+//! the lease id into the node once it is first. A read alone could be
+//! served by a follower that lags or has lost the leader; a write commits
+//! through the leader, fails once the session is gone, and so proves the
+//! session alive after the try began. Renewals are writes for the same
+//! reason.
 //!
 //! Each sidecar keeps at most one node per key. Its local FIFO sends only
 //! the head waiter to the backend, and each try uses a new lease id, so the
@@ -86,11 +90,28 @@ struct Inner {
 struct Entry {
     generation: u64,
     ticket: String,
-    /// The node's name once a listing showed it.
-    node: Option<String>,
+    /// Our node once a create or listing showed it.
+    node: Option<Node>,
     /// The newest lease id that tried this node; only it may release it.
     lease: LeaseId,
     state: State,
+}
+
+/// This sidecar's node in a key's queue, and the token offset it was
+/// created under (written into its data: `<offset> <lease id>`).
+#[derive(Debug, Clone)]
+struct Node {
+    name: String,
+    offset: u64,
+}
+
+/// What [`Inner::ensure_node`] found.
+struct Found {
+    place: Place,
+    node: Node,
+    /// The node was created by this call — a write sent after the try
+    /// began — and, when its reply carried one, its creation zxid.
+    created: Option<Option<i64>>,
 }
 
 enum State {
@@ -251,19 +272,27 @@ impl Inner {
         }
     }
 
-    /// Finds or creates `ticket`'s node in `dir`; returns the listing with it.
+    /// Finds or creates `ticket`'s node in `dir` and its place in the queue.
+    ///
+    /// The create is a multi that also checks the token offset's version,
+    /// so the offset written into the node is the current one at its
+    /// creation: tokens are `czxid + offset at creation`, and both only
+    /// grow along the queue.
     async fn ensure_node(
         &self,
         s: &Session,
         dir: &str,
         ticket: &str,
-        known: bool,
-    ) -> Result<(Vec<String>, Place), BackendError> {
+        lease: &LeaseId,
+        known: Option<Node>,
+        look: bool,
+    ) -> Result<Found, BackendError> {
         let container = zk::CreateMode::Container.with_acls(self.acls);
         let ephemeral = zk::CreateMode::EphemeralSequential.with_acls(self.acls);
         // A create whose answer was lost may have happened: look first
         // (only then — a fresh ticket cannot be there).
-        let mut look = known;
+        let mut look = look;
+        let mut created: Option<(Node, Option<i64>)> = None;
         for _ in 0..QUEUE_ROUNDS {
             if look {
                 match call(self.timeout, s.client.list_children(dir)).await {
@@ -272,23 +301,78 @@ impl Inner {
                         for x in extra {
                             self.delete_node(s, &format!("{dir}/{x}")).await?;
                         }
-                        if place != Place::Absent {
-                            return Ok((children, place));
+                        let name = match &place {
+                            Place::Absent => None,
+                            Place::First { name } | Place::Behind { name, .. } => {
+                                Some(name.clone())
+                            }
+                        };
+                        if let Some(name) = name {
+                            if let Some((node, czxid)) =
+                                created.take().filter(|(n, _)| n.name == name)
+                            {
+                                return Ok(Found {
+                                    place,
+                                    node,
+                                    created: Some(czxid),
+                                });
+                            }
+                            let offset = match &known {
+                                Some(n) if n.name == name => n.offset,
+                                _ => match self.node_offset(s, &format!("{dir}/{name}")).await? {
+                                    Some(o) => o,
+                                    None => continue, // gone meanwhile
+                                },
+                            };
+                            return Ok(Found {
+                                place,
+                                node: Node { name, offset },
+                                created: None,
+                            });
                         }
+                        created = None;
                     }
                     Err(Failed::Zk(zk::Error::NoNode)) => {}
                     Err(e) => return Err(e.into_backend("list")),
                 }
             }
             look = true;
-            match call(
-                self.timeout,
-                s.client
-                    .create(&queue::node_prefix(dir, ticket), b"", &ephemeral),
-            )
+            let (offset, version) = *s.offset.lock().expect("offset");
+            let data = format!("{offset} {}", lease.as_str());
+            let mut multi = s.client.new_multi_writer();
+            multi
+                .add_check_version(&self.offset_path, version)
+                .and_then(|()| {
+                    multi.add_create(
+                        &queue::node_prefix(dir, ticket),
+                        data.as_bytes(),
+                        &ephemeral,
+                    )
+                })
+                .map_err(|e| BackendError::Protocol(e.to_string()))?;
+            match call(self.timeout, async {
+                multi.commit().await.map_err(zk::Error::from)
+            })
             .await
             {
-                Ok(_) => {}
+                Ok(results) => {
+                    created = results.into_iter().find_map(|r| match r {
+                        zk::MultiWriteResult::Create { path, stat } => {
+                            let name = path.rsplit('/').next().unwrap_or_default().to_owned();
+                            Some((
+                                Node { name, offset },
+                                (stat.czxid > 0).then_some(stat.czxid),
+                            ))
+                        }
+                        _ => None,
+                    });
+                }
+                Err(Failed::Zk(zk::Error::BadVersion)) => {
+                    // Another sidecar raised the offset: read it, try again.
+                    *s.offset.lock().expect("offset") =
+                        read_offset(&s.client, &self.offset_path, self.timeout).await?;
+                    look = false;
+                }
                 Err(Failed::Zk(zk::Error::NoNode)) => {
                     // The key's container is missing (first use, or
                     // ZooKeeper removed it when its last child went).
@@ -304,6 +388,21 @@ impl Inner {
         Err(BackendError::Unavailable(
             "ZooKeeper lock queue kept changing; try again".into(),
         ))
+    }
+
+    /// The token offset a node was created under (`None`: it is gone).
+    async fn node_offset(&self, s: &Session, path: &str) -> Result<Option<u64>, BackendError> {
+        match call(self.timeout, s.client.get_data(path)).await {
+            Ok((data, _)) => std::str::from_utf8(&data)
+                .ok()
+                .and_then(|d| d.split(' ').next()?.parse().ok())
+                .map(Some)
+                .ok_or_else(|| {
+                    BackendError::Protocol(format!("{path}: no token offset in its data"))
+                }),
+            Err(Failed::Zk(zk::Error::NoNode)) => Ok(None),
+            Err(e) => Err(e.into_backend("read node")),
+        }
     }
 
     /// Arms a wake-up for when `predecessor` goes. Returns false when it is
@@ -344,46 +443,24 @@ impl Inner {
         Ok(true)
     }
 
-    /// Stamps `lease` into the first node of the queue, atomically with a
-    /// check that the token offset is the one we read: the write that
-    /// makes the acquisition real (see the module comment).
-    async fn confirm(&self, s: &Session, path: &str, lease: &LeaseId) -> Result<u64, BackendError> {
-        for _ in 0..2 {
-            let (offset, version) = *s.offset.lock().expect("offset");
-            let mut multi = s.client.new_multi_writer();
-            multi
-                .add_check_version(&self.offset_path, version)
-                .and_then(|()| multi.add_set_data(path, lease.as_str().as_bytes(), None))
-                .map_err(|e| BackendError::Protocol(e.to_string()))?;
-            match call(self.timeout, async {
-                multi.commit().await.map_err(zk::Error::from)
-            })
-            .await
-            {
-                Ok(results) => {
-                    let czxid = results.iter().find_map(|r| match r {
-                        zk::MultiWriteResult::SetData { stat } => Some(stat.czxid),
-                        _ => None,
-                    });
-                    let czxid = czxid
-                        .ok_or_else(|| BackendError::Protocol("multi without a stat".into()))?;
-                    return token_of(czxid, offset);
-                }
-                Err(Failed::Zk(zk::Error::BadVersion)) => {}
-                Err(Failed::Zk(zk::Error::NoNode)) => {
-                    return Err(BackendError::Unavailable(
-                        "our ZooKeeper lock node vanished".into(),
-                    ))
-                }
-                Err(e) => return Err(e.into_backend("confirm")),
-            }
-            // Another sidecar raised the offset: read it and try again.
-            *s.offset.lock().expect("offset") =
-                read_offset(&s.client, &self.offset_path, self.timeout).await?;
+    /// Stamps `lease` into our node, first in the queue: the write that
+    /// makes an acquisition real when the node was created by an earlier
+    /// try (see the module comment). Returns its creation zxid.
+    async fn confirm(
+        &self,
+        s: &Session,
+        path: &str,
+        node: &Node,
+        lease: &LeaseId,
+    ) -> Result<i64, BackendError> {
+        let data = format!("{} {}", node.offset, lease.as_str());
+        match call(self.timeout, s.client.set_data(path, data.as_bytes(), None)).await {
+            Ok(stat) => Ok(stat.czxid),
+            Err(Failed::Zk(zk::Error::NoNode)) => Err(BackendError::Unavailable(
+                "our ZooKeeper lock node vanished".into(),
+            )),
+            Err(e) => Err(e.into_backend("confirm")),
         }
-        Err(BackendError::Unavailable(
-            "token offset kept changing".into(),
-        ))
     }
 
     /// Our node in `key`'s entry, when it is still the one `ticket` names.
@@ -441,7 +518,7 @@ impl LockBackend for ZooKeeperBackend {
         let inner = &self.inner;
         let sent = Instant::now();
         let s = inner.sessions.current()?;
-        let (ticket, known) = {
+        let (ticket, known, look) = {
             let mut entries = inner.entries.lock().expect("entries");
             if entries
                 .get(key)
@@ -471,22 +548,25 @@ impl LockBackend for ZooKeeperBackend {
                 }
                 State::Waiting { .. } => {
                     entry.lease = lease.clone();
-                    (entry.ticket.clone(), known)
+                    (entry.ticket.clone(), entry.node.clone(), known)
                 }
             }
         };
         inner.count_queue(&inner.entries.lock().expect("entries"));
         let dir = queue::key_dir(&inner.locks_dir, key.as_str());
         for _ in 0..QUEUE_ROUNDS {
-            let (_, place) = inner.ensure_node(&s, &dir, &ticket, known).await?;
-            match place {
+            let found = inner
+                .ensure_node(&s, &dir, &ticket, lease, known.clone(), look)
+                .await?;
+            let node = found.node.clone();
+            match found.place {
                 Place::Absent => unreachable!("ensure_node returns our node"),
-                Place::Behind { name, predecessor } => {
+                Place::Behind { predecessor, .. } => {
                     let armed = inner.with_entry(key, &ticket, |e| {
                         let State::Waiting { watching } = &mut e.state else {
                             return true;
                         };
-                        e.node.get_or_insert(name.clone());
+                        e.node.get_or_insert(node.clone());
                         watching.as_deref() == Some(predecessor.as_str())
                     });
                     match armed {
@@ -510,12 +590,22 @@ impl LockBackend for ZooKeeperBackend {
                 }
                 Place::First { name } => {
                     let path = format!("{dir}/{name}");
-                    let token = inner.confirm(&s, &path, lease).await?;
+                    let czxid = match found.created {
+                        // Created by this try: that write is the proof.
+                        Some(Some(czxid)) => czxid,
+                        Some(None) => match call(inner.timeout, s.client.check_stat(&path)).await {
+                            Ok(Some(stat)) => stat.czxid,
+                            Ok(None) => continue,
+                            Err(e) => return Err(e.into_backend("stat")),
+                        },
+                        None => inner.confirm(&s, &path, &node, lease).await?,
+                    };
+                    let token = token_of(czxid, node.offset)?;
                     let won = inner.with_entry(key, &ticket, |e| {
                         if e.lease != *lease || e.generation != s.generation {
                             return false;
                         }
-                        e.node = Some(name.clone());
+                        e.node = Some(node.clone());
                         e.state = State::Held {
                             token,
                             expires: sent + node_life(ttl, inner.lock_delay),
@@ -551,7 +641,7 @@ impl LockBackend for ZooKeeperBackend {
         let inner = &self.inner;
         let sent = Instant::now();
         let s = inner.sessions.current()?;
-        let (path, ticket, token) = {
+        let (path, data, ticket, token) = {
             let mut entries = inner.entries.lock().expect("entries");
             let Some(e) = entries.get(key) else {
                 return Ok(Ownership::Free);
@@ -561,13 +651,18 @@ impl LockBackend for ZooKeeperBackend {
                 return Ok(Ownership::Free);
             }
             match (&e.state, &e.node) {
-                (State::Held { token, expires }, Some(name)) if e.lease == *lease => {
+                (State::Held { token, expires }, Some(node)) if e.lease == *lease => {
                     if *expires <= sent {
                         // Past its TTL: the sweeper deletes it; never revive.
                         return Ok(Ownership::Free);
                     }
                     (
-                        format!("{}/{name}", queue::key_dir(&inner.locks_dir, key.as_str())),
+                        format!(
+                            "{}/{}",
+                            queue::key_dir(&inner.locks_dir, key.as_str()),
+                            node.name
+                        ),
+                        format!("{} {}", node.offset, lease.as_str()),
                         e.ticket.clone(),
                         *token,
                     )
@@ -578,7 +673,7 @@ impl LockBackend for ZooKeeperBackend {
         };
         match call(
             inner.timeout,
-            s.client.set_data(&path, lease.as_str().as_bytes(), None),
+            s.client.set_data(&path, data.as_bytes(), None),
         )
         .await
         {
@@ -629,7 +724,11 @@ impl LockBackend for ZooKeeperBackend {
                         if e.lease == *lease && e.generation == s.generation =>
                     {
                         Some((
-                            format!("{}/{name}", queue::key_dir(&inner.locks_dir, key.as_str())),
+                            format!(
+                                "{}/{}",
+                                queue::key_dir(&inner.locks_dir, key.as_str()),
+                                name.name
+                            ),
                             *token,
                         ))
                     }
@@ -681,7 +780,7 @@ impl LockBackend for ZooKeeperBackend {
         let dir = queue::key_dir(&inner.locks_dir, key.as_str());
         let deleted = match inner.sessions.current() {
             Ok(s) if s.generation == entry.generation => match &entry.node {
-                Some(name) => inner.delete_node(&s, &format!("{dir}/{name}")).await,
+                Some(node) => inner.delete_node(&s, &format!("{dir}/{}", node.name)).await,
                 None => inner.delete_ticket(&s, &dir, &entry.ticket).await,
             },
             // The session is gone, and its nodes with it.

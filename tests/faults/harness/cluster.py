@@ -8,7 +8,12 @@
                    reach the 3 masters + 3 replicas of RedisClusterSet
                    directly, following MOVED;
                    backend "redlock": N independent masters, each behind a
-                   [lockp] of its own, RedLockMasters)
+                   [lockp] of its own, RedLockMasters;
+                   backend "zookeeper": a 3-member ensemble,
+                   ZooKeeperEnsemble, and every sidecar has a [zkp] of its
+                   own to every member, "sidecar-i->zk-j": its connect
+                   string lists its own proxies, so one sidecar can be cut
+                   off from the whole ensemble while the others are not)
                    └─[gwp_i]──> gateway_a / gateway_b ──[stp_x]──> storage
     (direct workers carry their token to a gateway themselves)
     gateways ──> PostgreSQL (fence store, shared)
@@ -25,6 +30,7 @@ import threading
 import time
 
 from .faultproxy import FaultProxy
+from .zookeeper import ZooKeeperEnsemble
 from .procs import (Fencer, Postgres, Proc, Redis, RedisClusterSet, RedisSentinelSet, RedLockMasters, free_port,
                     http_ok, metric_sum, proc_state, wait_for)
 
@@ -60,8 +66,12 @@ class Cluster:
         sc = self.sc
         self.pg = Postgres(self.run_dir, "pg", settings=sc.get("pg_settings", ()),
                            faketime=sc.get("pg_faketime"))
-        self.redis = self.rset = self.rcluster = self.lockp = self.redlock = None
-        if sc["backend"] == "redlock":
+        self.redis = self.rset = self.rcluster = self.lockp = self.redlock = self.zk = None
+        if sc["backend"] == "zookeeper":
+            # No shared lock-backend proxy: each sidecar gets its own to
+            # every member (below).
+            self.zk = ZooKeeperEnsemble(self.run_dir, sc.get("zk_members", 3))
+        elif sc["backend"] == "redlock":
             self.redlock = RedLockMasters(self.run_dir, sc.get("redlock_masters", 5), aof=sc.get("redis_aof", False))
             self.redlock.proxies = [self.proxy(f"lock-master-{i}", port)
                                     for i, port in enumerate(self.redlock.ports)]
@@ -132,6 +142,9 @@ class Cluster:
                 settings.update(self._sentinel_settings())
             elif self.rcluster:
                 settings.update(self._cluster_settings())
+            elif self.zk:
+                zkp = [self.proxy(f"sidecar-{i}->zk-{j}", port) for j, port in enumerate(self.zk.ports)]
+                settings.update(self._zookeeper_settings(zkp))
             elif self.redlock:
                 settings["backend.redlock.urls"] = ",".join(
                     f"redis://127.0.0.1:{p.port}/0" for p in self.redlock.proxies)
@@ -149,6 +162,7 @@ class Cluster:
             s = Fencer(self.run_dir, f"sidecar-{i}", "sidecar", self.binary, settings,
                        self.mutants("sidecar"), faketime=faketime)
             s.gateway_proxy = gwp
+            s.zk_proxies = zkp if self.zk else []
             self.sidecars.append(s)
             mode = "direct" if i < direct else "proxy"
             self.workers.append(self._worker(i, s, g, mode))
@@ -168,6 +182,50 @@ class Cluster:
             out["backend.redis.wait_replicas"] = sc["wait_replicas"]
             out["backend.redis.wait_timeout_ms"] = sc.get("wait_timeout_ms", 100)
         return out
+
+    def _zookeeper_settings(self, proxies):
+        """A sidecar's `backend.zookeeper`: its own proxies to the members,
+        a 3 s session (a partition or a freeze of 3.5–5 s expires it within
+        a family's run), requests bounded at 500 ms (≤ a third of the
+        session). The 500 ms TTL is below the 45 % of the session minus the
+        lock-delay (1 350 ms) the sidecar checks at start."""
+        sc = self.sc
+        return {
+            "backend.zookeeper.connect": ",".join(f"127.0.0.1:{p.port}" for p in proxies),
+            "backend.zookeeper.session_timeout_ms": sc.get("zk_session_timeout_ms", 3000),
+            "backend.zookeeper.request_timeout_ms": sc.get("zk_request_timeout_ms", 500),
+        }
+
+    def zk_session_s(self):
+        return self.sc.get("zk_session_timeout_ms", 3000) / 1000
+
+    def zookeeper_metrics(self):
+        """What the sidecars counted about their ZooKeeper sessions, scraped
+        from their admin /metrics at the end of the run (a sidecar restarted
+        during the run counts from its restart), beside the faults that
+        should have expired a session: per sidecar, the `partition_zk` and
+        `pause_sidecar_long` that targeted it. A sidecar that counted fewer
+        expiries than that is listed in `not_expired` (informational: two
+        faults back to back on one sidecar may end one session only)."""
+        texts = [s.metrics() for s in self.sidecars]
+
+        def per(event):
+            return [int(metric_sum(t, "fencer_zookeeper_session_events_total", {"event": event})) for t in texts]
+        expired = per("expired")
+        with self.lock:
+            expected = [sum(1 for n in self.nemesis_events
+                            if n.get("kind") in ("partition_zk", "pause_sidecar_long") and n.get("target") == s.name)
+                        for s in self.sidecars]
+        return {
+            "sessions_expired": expired, "expected_expiries": expected,
+            "not_expired": [s.name for s, n, e in zip(self.sidecars, expired, expected) if n < e],
+            "disconnected": sum(per("disconnected")), "reconnected": sum(per("reconnected")),
+            "connected": sum(per("connected")), "connect_failed": sum(per("connect_failed")),
+            "lease_expiries": int(sum(metric_sum(t, "fencer_zookeeper_lease_expiries_total") for t in texts)),
+            "cleanup_retries": int(sum(metric_sum(t, "fencer_zookeeper_cleanup_retries_total") for t in texts)),
+            "leases_lost_failover": int(sum(metric_sum(t, "fencer_lost_leases_total", {"reason": "failover"})
+                                            for t in texts)),
+        }
 
     def _cluster_settings(self):
         """A sidecar's `backend.redis` for the cluster (nodes comma-separated
@@ -310,6 +368,19 @@ class Cluster:
             self.redis.proc.resume()
         if self.redlock:
             self.redlock.resume_all()
+        if self.zk:
+            # Every member running and unpaused (a fault that failed half-way
+            # may have left one down), then one leader and its followers
+            # before the quiet phase.
+            self.zk.resume_all()
+            try:
+                for i in range(self.zk.n):
+                    if not self.zk.alive(i):
+                        self.zk.restart(i)
+                        self.event(kind="restarted", target=f"zk-{i}", by="heal")
+                self.zk.wait_healthy(20)
+            except Exception as e:
+                self.event(kind="nemesis_error", family="heal", error=str(e)[:2000])
         if self.rset:
             self.rset.thaw_links()
         if self.rcluster:
@@ -342,6 +413,8 @@ class Cluster:
             self.redis.stop()
         if self.redlock:
             self.redlock.stop()
+        if self.zk:
+            self.zk.stop()
         if self.rset:
             self.rset.stop()
         if self.rcluster:

@@ -36,6 +36,16 @@ to the histories. Families:
                   once — with the restart quarantine off, a second client
                   gets a majority while the first lease lives
   pause_master    RedLock: SIGSTOP/SIGCONT one master
+  kill_zk_leader  ZooKeeper: kill -9 the ensemble's leader (from a healthy
+                  ensemble); the other two elect a new one; the old member
+                  is restarted 1–3 s after the kill, and the next fault
+                  waits until the ensemble is healthy again
+  partition_zk    ZooKeeper: blackhole one sidecar's links to every member
+                  for session timeout + 0.5–2 s: its session expires on the
+                  ensemble (its nodes go, the others take its keys), then
+                  heal (it learns of the expiry when it reconnects)
+  pause_sidecar_long  ZooKeeper: SIGSTOP one sidecar for session timeout +
+                  0.5–2 s (its session expires while it is frozen), SIGCONT
 
 Backends "redis-sentinel" and "redis-cluster" have no single lock-backend
 process or link, so net_lock, pause_backend and kill_backend are skipped
@@ -43,7 +53,15 @@ there (one "skipped" event); failover and lossy_failover exist only on
 "redis-sentinel", shard_failover only on "redis-cluster". On "redlock",
 net_lock hits one master's link and expire deletes the lock entry on a
 majority of the masters; pause_backend and kill_backend are replaced by the
-per-master families.
+per-master families. On "zookeeper" the single-backend families get a
+member's meaning: net_lock hits one sidecar's link to one member (delay,
+blackhole, reset: the client moves to another member, its session lives),
+pause_backend SIGSTOPs one member (if it leads, a pause past syncLimit,
+1 s, makes the others elect), kill_backend kill -9s one member and starts
+it again at once, and expire deletes the key's holder node (lowest
+sequence) through a session of its own (zkclient.py) — the holder's
+sidecar is not told, the next node in the queue takes the key. The
+ZooKeeper families exist only on "zookeeper".
 """
 import random
 import subprocess
@@ -51,6 +69,7 @@ import threading
 import time
 
 from .procs import lock_key
+from .zkclient import ZkClient, key_dir, sequence
 
 
 # Families that need one lock-backend process / one link to it (lockp), a
@@ -59,14 +78,22 @@ NEEDS_SINGLE_BACKEND = {"net_lock", "pause_backend", "kill_backend"}
 NEEDS_SENTINELS = {"failover", "lossy_failover"}
 NEEDS_CLUSTER = {"shard_failover"}
 NEEDS_REDLOCK = {"kill_master_empty", "kill_masters_empty", "pause_master"}
+NEEDS_ZOOKEEPER = {"kill_zk_leader", "partition_zk", "pause_sidecar_long"}
 MULTI_NODE_BACKENDS = {"redis-sentinel", "redis-cluster"}
 # Nemesis time one failover takes: promotion (~2.3–3.4 s after the kill),
 # the old node back 1–3 s later, and margin. One that could not finish
 # before the heal would eat the quiet phase (L2 would see no writes).
 FAILOVER_BUDGET_S = 8
+# The same for a ZooKeeper leader kill: election (~0.4–2 s), the restart 1–3 s
+# after the kill, the JVM back and synced (1–4 s on 2 busy cores), margin.
+ZK_FAILOVER_BUDGET_S = 10
 
 
 def available(family, backend):
+    if family in NEEDS_ZOOKEEPER:
+        return backend == "zookeeper"
+    if backend == "zookeeper" and family in NEEDS_SINGLE_BACKEND:
+        return True  # per member (see the module docstring)
     if family in NEEDS_REDLOCK:
         return backend == "redlock"
     if family == "net_lock" and backend == "redlock":
@@ -159,6 +186,12 @@ class Nemesis:
         self.hold("pause_gateway", self.pause_len(), g.proc.pause, g.proc.resume, target=g.name)
 
     def pause_backend(self):
+        if self.c.zk:
+            zk = self.c.zk
+            i = self.rng.randrange(zk.n)
+            self.hold("pause_backend", self.pause_len(), lambda: zk.pause(i), lambda: zk.resume(i),
+                      target=f"zk-{i}")
+            return
         if self.c.redis:
             self.hold("pause_backend", self.pause_len(), self.c.redis.proc.pause, self.c.redis.proc.resume,
                       target="redis")
@@ -178,6 +211,14 @@ class Nemesis:
         self.c.event(kind="restarted", target=g.name)
 
     def kill_backend(self):
+        if self.c.zk:
+            zk = self.c.zk
+            i = self.rng.randrange(zk.n)
+            t = zk.kill(i)
+            self.c.event(kind="kill", target=f"zk-{i}", t=t)
+            zk.restart(i)
+            self.c.event(kind="restarted", target=f"zk-{i}")
+            return
         if self.c.redis:
             self.c.event(kind="kill", target="redis")
             self.c.redis.restart()
@@ -204,7 +245,11 @@ class Nemesis:
 
     def net_lock(self):
         modes = ["delay", "blackhole", "reset"] + (["freeze_unscripted"] if self.c.redis else [])
-        self._net(self.c.redlock.proxies if self.c.redlock else [self.c.lockp], modes)
+        if self.c.zk:
+            proxies = [p for s in self.c.sidecars for p in s.zk_proxies]
+        else:
+            proxies = self.c.redlock.proxies if self.c.redlock else [self.c.lockp]
+        self._net(proxies, modes)
 
     def net_gateway(self):
         self._net([s.gateway_proxy for s in self.c.sidecars], ["delay", "blackhole", "reset", "drop_down"])
@@ -214,6 +259,9 @@ class Nemesis:
 
     def expire(self):
         key = self.rng.choice(self.c.sc["keys"])
+        if self.c.zk:
+            self._zk_expire(key)
+            return
         self.c.event(kind="expire", key=key)
         if self.c.redlock:
             n = len(self.c.redlock.masters)
@@ -404,3 +452,107 @@ class Nemesis:
         i = self.rng.randrange(len(rl.masters))
         self.hold("pause_master", self.pause_len(), lambda: rl.pause(i), lambda: rl.resume(i),
                   target=f"redlock-{i}")
+
+    # ------------------------------------------------------------ ZooKeeper
+
+    def _zk_expire(self, key):
+        """Deletes `key`'s holder node (the lowest sequence in its queue)
+        through a session of the nemesis's own on a serving member. The
+        event says which node went (`node`: None if the queue was empty, so
+        nothing was held)."""
+        zk = self.c.zk
+        order = list(range(zk.n))
+        self.rng.shuffle(order)
+        last = None
+        for i in order:
+            if not zk.answering(i):
+                continue
+            try:
+                c = ZkClient(zk.ports[i], timeout=1.0)
+            except (OSError, ConnectionError) as e:
+                last = e
+                continue
+            try:
+                d = key_dir(key)
+                queue = sorted((sequence(n), n) for n in c.children(d) if sequence(n) is not None)
+                node = queue[0][1] if queue else None
+                deleted = c.delete(f"{d}/{node}") if node else False
+            finally:
+                c.close()
+            self.c.event(kind="expire", key=key, node=node, deleted=deleted, member=f"zk-{i}")
+            return
+        raise RuntimeError(f"no ZooKeeper member would take a session: {last}")
+
+    def kill_zk_leader(self):
+        """kill -9 the leader of a healthy ensemble, wait for the new one,
+        start the old member again 1–3 s after the kill, wait until the
+        ensemble is healthy again (so the next fault starts from a whole
+        ensemble). Events: `kill_zk_leader` (t = when SIGKILL went out,
+        target zk-<i>), `zk_leader_elected` (new leader, ms after the kill),
+        `restarted`, `zk_healthy`. The sidecars' sessions outlive the
+        election (3 s session): no lease needs to be lost for it, only
+        requests in flight fail."""
+        zk = self.c.zk
+        family = "kill_zk_leader"
+        back_after = self.rng.uniform(1.0, 3.0)
+        left = self.end - time.monotonic() - ZK_FAILOVER_BUDGET_S
+        try:
+            if left <= 0:
+                raise RuntimeError("no time left to finish it before the heal")
+            zk.wait_healthy(min(15, left))
+        except RuntimeError as e:
+            self.c.event(kind="skipped", families=[family], reason=str(e)[:500])
+            return
+        old, t_kill = zk.kill_leader()
+        self.c.event(kind=family, target=f"zk-{old}", t=t_kill, member=old, back_after_ms=int(back_after * 1000))
+        try:
+            new = zk.wait_new_leader(old, 20)
+            self.c.event(kind="zk_leader_elected", old=old, new=new,
+                         elapsed_ms=round((time.monotonic_ns() - t_kill) / 1e6))
+        finally:
+            time.sleep(max(0.0, t_kill / 1e9 + back_after - time.monotonic()))
+            zk.restart(old)
+            self.c.event(kind="restarted", target=f"zk-{old}")
+        t0 = time.monotonic()
+        zk.wait_healthy(20)
+        self.c.event(kind="zk_healthy", after_restart_ms=round((time.monotonic() - t0) * 1000))
+
+    def _session_plus(self):
+        return self.c.zk_session_s() + self.rng.uniform(0.5, 2.0)
+
+    def partition_zk(self):
+        """Blackholes every link of one sidecar to the ensemble for session
+        timeout + 0.5–2 s (held bytes are delivered at the heal, as TCP
+        would retransmit them), then heals. The ensemble expires its
+        session meanwhile; the sidecar finds out when it reconnects."""
+        s = self.rng.choice(self.c.sidecars)
+        d = self._session_plus()
+        if not self._time_for("partition_zk", d):
+            return
+
+        def apply():
+            for p in s.zk_proxies:
+                p.set("blackhole")
+
+        def heal():
+            for p in s.zk_proxies:
+                p.set("pass")
+        self.hold("partition_zk", d, apply, heal, target=s.name)
+
+    def pause_sidecar_long(self):
+        """SIGSTOP one sidecar for session timeout + 0.5–2 s: its session
+        expires while it is frozen (its leases ended on its own clock long
+        before: TTL ≤ 45 % of the session), SIGCONT."""
+        s = self.rng.choice(self.c.sidecars)
+        d = self._session_plus()
+        if not self._time_for("pause_sidecar_long", d):
+            return
+        self.hold("pause_sidecar_long", d, s.proc.pause, s.proc.resume, target=s.name)
+
+    def _time_for(self, family, d):
+        """Whether a fault of `d` s ends (nearly) before the heal: one that
+        ran on would eat the quiet phase."""
+        if time.monotonic() + d <= self.end + 1.0:
+            return True
+        self.c.event(kind="skipped", families=[family], reason="no time left to finish it before the heal")
+        return False

@@ -69,6 +69,11 @@ def run(sc, seed, binary, out_dir, keep=False):
         report = checker.check(events, commits, inj, cluster.marks, cluster.nemesis_events, sc)
         failover_metrics = cluster.failover_metrics() if (cluster.rset or cluster.rcluster) else None
         redlock_rounds = cluster.redlock_rounds() if cluster.redlock else None
+        zk_metrics = cluster.zookeeper_metrics() if cluster.zk else None
+        if zk_metrics is not None:
+            # Sessions the ensemble expired, as the sidecars counted them:
+            # the bite of partition_zk and pause_sidecar_long.
+            report.bites["zk_sessions_expired"] = sum(zk_metrics["sessions_expired"])
     except Exception as e:
         result = {"name": name, "verdict": "ERROR", "error": repr(e), "dir": run_dir,
                   "seconds": round(time.monotonic() - started, 1)}
@@ -91,7 +96,7 @@ def run(sc, seed, binary, out_dir, keep=False):
         if n.get("kind") == "proxy" and n.get("mode") != "reset":
             continue  # the proxy's own record of a mode the nemesis logged as "net"
         if n.get("kind") not in ("start", "heal", "restarted", "nemesis_error", "promoted", "skipped",
-                                 "cluster_healthy"):
+                                 "cluster_healthy", "zk_healthy", "zk_leader_elected"):
             k = "net_" + n["mode"] if n.get("kind") in ("net", "proxy") else n.get("kind")
             faults_by_kind[k] = faults_by_kind.get(k, 0) + 1
     result = {
@@ -102,7 +107,7 @@ def run(sc, seed, binary, out_dir, keep=False):
         "violations": report.violations, "bites": report.bites, "below_threshold": short,
         "seconds": round(time.monotonic() - started, 1), "dir": run_dir,
     }
-    if any(n.get("kind") in checker.FAILOVER_KINDS for n in cluster.nemesis_events):
+    if any(n.get("kind") in checker.UNAVAILABILITY_KINDS for n in cluster.nemesis_events):
         each = report.stats["unavailability_ms"]
         result["unavailability_ms"] = checker.spread(each)
         result["unavailability_each_ms"] = each
@@ -110,6 +115,11 @@ def run(sc, seed, binary, out_dir, keep=False):
         result["failover_metrics"] = failover_metrics
     if redlock_rounds is not None:
         result["redlock_rounds"] = redlock_rounds
+    if zk_metrics is not None:
+        result["zookeeper_metrics"] = zk_metrics
+        elected = [n["elapsed_ms"] for n in cluster.nemesis_events if n.get("kind") == "zk_leader_elected"]
+        if elected:
+            result["zk_election_ms"] = checker.spread(elected)
     with open(os.path.join(run_dir, "report.json"), "w") as f:
         json.dump(result, f, indent=1, default=str)
     with open(os.path.join(run_dir, "nemesis.jsonl"), "w") as f:

@@ -1,0 +1,256 @@
+//! Lock backends the `--local` benchmarks start for themselves besides
+//! Redis: a private PostgreSQL (initdb in a temp dir) and a ZooKeeper
+//! ensemble, both on free loopback ports, gone when dropped.
+
+use std::io::{Read, Write};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use super::local::{self, Proc};
+
+/// A PostgreSQL server tuned like the tests' (no fsync: the benchmark
+/// measures the lock protocol, not the disk).
+pub async fn postgres() -> Result<(Proc, String), String> {
+    let bin = pg_bin()?;
+    let run_as = if effective_uid()? == 0 {
+        Some(user_ids("postgres")?)
+    } else {
+        None
+    };
+    // As root the server runs as `postgres`, which must reach its files:
+    // /tmp is world-traversable whatever TMPDIR says.
+    let dir = match run_as {
+        Some(_) => {
+            let d = PathBuf::from(format!(
+                "/tmp/fencer-bench-pg-{}-{}",
+                std::process::id(),
+                rand::random::<u32>()
+            ));
+            std::fs::create_dir_all(&d).map_err(|e| format!("{}: {e}", d.display()))?;
+            d
+        }
+        None => local::temp_dir("pg")?,
+    };
+    let data = dir.join("data");
+    if let Some((uid, gid)) = run_as {
+        std::os::unix::fs::chown(&dir, Some(uid), Some(gid)).map_err(|e| e.to_string())?;
+    }
+    let mut initdb = match run_as {
+        Some(_) => {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(bin.join("initdb"));
+            c
+        }
+        None => Command::new(bin.join("initdb")),
+    };
+    let out = initdb
+        .arg("-D")
+        .arg(&data)
+        .args([
+            "-A",
+            "trust",
+            "-U",
+            "postgres",
+            "--no-sync",
+            "-E",
+            "UTF8",
+            "--locale=C",
+        ])
+        .current_dir(&dir)
+        .output()
+        .map_err(|e| format!("initdb: {e} (apt-get install postgresql)"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "initdb failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let port = local::free_port()?;
+    let mut cmd = Command::new(bin.join("postgres"));
+    cmd.arg("-D")
+        .arg(&data)
+        .args(["-p", &port.to_string(), "-k"])
+        .arg(&dir);
+    for setting in [
+        "listen_addresses=127.0.0.1",
+        "fsync=off",
+        "full_page_writes=off",
+        "synchronous_commit=off",
+        "max_connections=200",
+    ] {
+        cmd.args(["-c", setting]);
+    }
+    cmd.current_dir(&dir);
+    if let Some((uid, gid)) = run_as {
+        cmd.uid(uid).gid(gid).env("HOME", &dir);
+    }
+    let mut p = local::spawn("postgres", cmd, dir)?;
+    local::wait_tcp(&mut p, &format!("127.0.0.1:{port}")).await?;
+    let url = format!("postgres://postgres@127.0.0.1:{port}/postgres");
+    // The port opens before logins are accepted.
+    let started = Instant::now();
+    loop {
+        match tokio_postgres::connect(&url, tokio_postgres::NoTls).await {
+            Ok(_) => return Ok((p, url)),
+            Err(e) if started.elapsed() > Duration::from_secs(30) => {
+                return Err(format!(
+                    "postgres never accepted a login: {e}\n{}",
+                    p.log_tail()
+                ))
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+fn pg_bin() -> Result<PathBuf, String> {
+    let base = Path::new("/usr/lib/postgresql");
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir(base)
+        .map_err(|e| format!("{}: {e} (apt-get install postgresql)", base.display()))?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let v = e.file_name().to_str()?.parse::<u32>().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("initdb").exists().then_some((v, bin))
+        })
+        .collect();
+    versions.sort();
+    versions
+        .pop()
+        .map(|(_, b)| b)
+        .ok_or_else(|| "no PostgreSQL server binaries under /usr/lib/postgresql".into())
+}
+
+fn effective_uid() -> Result<u32, String> {
+    let status = std::fs::read_to_string("/proc/self/status").map_err(|e| e.to_string())?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .ok_or_else(|| "no Uid in /proc/self/status".into())
+}
+
+/// (uid, gid) of a local user, from /etc/passwd.
+fn user_ids(name: &str) -> Result<(u32, u32), String> {
+    let passwd = std::fs::read_to_string("/etc/passwd").map_err(|e| e.to_string())?;
+    passwd
+        .lines()
+        .map(|l| l.split(':').collect::<Vec<_>>())
+        .find(|f| f.first() == Some(&name))
+        .and_then(|f| Some((f.get(2)?.parse().ok()?, f.get(3)?.parse().ok()?)))
+        .ok_or_else(|| format!("running as root needs an OS user {name:?} for PostgreSQL"))
+}
+
+/// A ZooKeeper ensemble of `n` members (Debian's `zookeeper` package) on
+/// loopback; returns the members and the connect string once one leads.
+pub async fn zookeeper(n: usize) -> Result<(Vec<Proc>, String), String> {
+    let jars = zookeeper_classpath()?;
+    let ports: Vec<(u16, u16, u16)> = (0..n)
+        .map(|_| {
+            Ok((
+                local::free_port()?,
+                local::free_port()?,
+                local::free_port()?,
+            ))
+        })
+        .collect::<Result<_, String>>()?;
+    let mut members = Vec::new();
+    for (i, (client, _, _)) in ports.iter().enumerate() {
+        let dir = local::temp_dir("zookeeper")?;
+        let data = dir.join("data");
+        std::fs::create_dir_all(&data).map_err(|e| e.to_string())?;
+        std::fs::write(data.join("myid"), format!("{}\n", i + 1)).map_err(|e| e.to_string())?;
+        let mut cfg = format!(
+            "tickTime=200\ninitLimit=20\nsyncLimit=5\ndataDir={}\nclientPort={client}\n\
+             clientPortAddress=127.0.0.1\nadmin.enableServer=false\nmaxClientCnxns=0\n\
+             minSessionTimeout=1000\nmaxSessionTimeout=120000\nreconfigEnabled=false\n\
+             4lw.commands.whitelist=srvr\nforceSync=no\n",
+            data.display()
+        );
+        if n > 1 {
+            for (j, (_, peer, election)) in ports.iter().enumerate() {
+                cfg.push_str(&format!("server.{}=127.0.0.1:{peer}:{election}\n", j + 1));
+            }
+        }
+        let conf = dir.join("zoo.cfg");
+        std::fs::write(&conf, cfg).map_err(|e| e.to_string())?;
+        let mut cmd = Command::new("java");
+        cmd.args([
+            "-Xmx256m",
+            "-XX:+UseSerialGC",
+            "-Dzookeeper.admin.enableServer=false",
+        ])
+        .arg("-cp")
+        .arg(&jars)
+        .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
+        .arg(&conf);
+        members.push(local::spawn("zookeeper", cmd, dir)?);
+    }
+    let started = Instant::now();
+    loop {
+        let modes: Vec<Option<String>> = ports.iter().map(|(p, _, _)| zk_mode(*p)).collect();
+        let leaders = modes
+            .iter()
+            .filter(|m| m.as_deref() == Some("leader"))
+            .count();
+        let serving = modes.iter().filter(|m| m.is_some()).count();
+        if serving == n && (n == 1 || leaders == 1) {
+            break;
+        }
+        for p in members.iter_mut() {
+            if p.exited().is_some() {
+                return Err(format!("a ZooKeeper member exited:\n{}", p.log_tail()));
+            }
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            return Err(format!("ZooKeeper did not form a quorum ({modes:?})"));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let connect = ports
+        .iter()
+        .map(|(p, _, _)| format!("127.0.0.1:{p}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    Ok((members, connect))
+}
+
+/// The member's mode from the `srvr` four-letter word, once it serves.
+fn zk_mode(port: u16) -> Option<String> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_millis(500))).ok()?;
+    s.write_all(b"srvr").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("Mode: "))
+        .map(str::to_owned)
+}
+
+fn zookeeper_classpath() -> Result<String, String> {
+    let jars: Vec<String> = [
+        "zookeeper",
+        "zookeeper-jute",
+        "slf4j-api",
+        "slf4j-simple",
+        "netty-handler",
+        "netty-common",
+        "netty-buffer",
+        "netty-transport",
+        "netty-codec",
+        "netty-resolver",
+        "netty-transport-native-epoll",
+        "netty-transport-native-unix-common",
+        "metrics-core",
+    ]
+    .iter()
+    .map(|j| format!("/usr/share/java/{j}.jar"))
+    .filter(|p| Path::new(p).exists())
+    .collect();
+    if !jars.iter().any(|j| j.ends_with("/zookeeper.jar")) {
+        return Err("ZooKeeper is not installed (apt-get install zookeeper)".into());
+    }
+    Ok(jars.join(":"))
+}

@@ -8,7 +8,7 @@
 //! Redis shared by all, so only the lock backend differs; targets take
 //! turns within each run ([`compare`]).
 
-use super::compare::{self, first_lock, ScenarioResult, Target};
+use super::compare::{self, ScenarioResult, Spec, Target};
 use super::local::{self, Proc};
 use super::servers;
 
@@ -34,68 +34,41 @@ impl Processes {
         let (zk_procs, zk_connect) = servers::zookeeper(ZK_MEMBERS).await?;
         let zk_pids: Vec<u32> = zk_procs.iter().map(Proc::pid).collect();
         let pg_pid = pg_proc.pid();
-        let backends: [(
-            &'static str,
-            Vec<(&'static str, String)>,
-            Vec<u32>,
-            Vec<u32>,
-            String,
-        ); 3] = [
-            (
-                "redis",
-                vec![
+        let specs = vec![
+            Spec {
+                label: "redis",
+                env: vec![
                     ("backend.kind", "redis".into()),
                     ("backend.redis.url", redis_url),
                 ],
-                vec![redis_proc.pid()],
-                vec![],
-                "lock redis".into(),
-            ),
-            (
-                "postgres",
-                vec![
+                masters: vec![redis_proc.pid()],
+                others: vec![],
+                backend_label: "lock redis".into(),
+            },
+            Spec {
+                label: "postgres",
+                env: vec![
                     ("backend.kind", "postgres".into()),
                     ("backend.postgres.url", pg_url),
                 ],
-                // The postmaster; its backends are its children and are
-                // counted with it (see `local::cpu_secs`).
-                vec![pg_pid],
-                vec![],
-                "postgres".into(),
-            ),
-            (
-                "zookeeper",
-                vec![
+                // The postmaster; its backends are its children, counted
+                // with it.
+                masters: vec![pg_pid],
+                others: vec![],
+                backend_label: "postgres".into(),
+            },
+            Spec {
+                label: "zookeeper",
+                env: vec![
                     ("backend.kind", "zookeeper".into()),
                     ("backend.zookeeper.connect", zk_connect),
                 ],
-                zk_pids,
-                vec![],
-                format!("zookeeper ({ZK_MEMBERS} members)"),
-            ),
+                masters: zk_pids,
+                others: vec![],
+                backend_label: format!("zookeeper ({ZK_MEMBERS} members)"),
+            },
         ];
-        let (mut targets, mut sidecars) = (Vec::new(), Vec::new());
-        for (topology, backend, masters, others, backend_label) in backends {
-            let api_addr = format!("127.0.0.1:{}", local::free_port()?);
-            let mut env = vec![
-                ("sidecar.listen", api_addr.clone()),
-                ("proxy.enabled", "false".into()),
-                ("admin.listen", format!("127.0.0.1:{}", local::free_port()?)),
-            ];
-            env.extend(backend);
-            let sidecar = local::fencer("sidecar", &env, &api_addr).await?;
-            let api = format!("http://{api_addr}");
-            first_lock(topology, &api, &sidecar).await?;
-            targets.push(Target {
-                topology,
-                api,
-                sidecar: sidecar.pid(),
-                masters,
-                others,
-                backend_label,
-            });
-            sidecars.push(sidecar);
-        }
+        let (targets, sidecars) = compare::start_sidecars(specs).await?;
         let counters = redis::Client::open(counters_url.as_str()).map_err(|e| e.to_string())?;
         let counters_pid = counters_proc.pid();
         let mut servers = vec![counters_proc, redis_proc, pg_proc];

@@ -57,6 +57,45 @@ pub struct Target {
     pub backend_label: String,
 }
 
+/// A backend to compare: the sidecar settings that select it and the
+/// processes whose CPU counts as its own.
+pub struct Spec {
+    pub label: &'static str,
+    /// `section.field` settings (`backend.kind` and its section).
+    pub env: Vec<(&'static str, String)>,
+    pub masters: Vec<u32>,
+    pub others: Vec<u32>,
+    pub backend_label: String,
+}
+
+/// Starts one sidecar per spec (no egress proxy) and waits until each has
+/// granted a lock.
+pub async fn start_sidecars(specs: Vec<Spec>) -> Result<(Vec<Target>, Vec<Proc>), String> {
+    let (mut targets, mut sidecars) = (Vec::new(), Vec::new());
+    for spec in specs {
+        let api_addr = format!("127.0.0.1:{}", local::free_port()?);
+        let mut env = vec![
+            ("sidecar.listen", api_addr.clone()),
+            ("proxy.enabled", "false".into()),
+            ("admin.listen", format!("127.0.0.1:{}", local::free_port()?)),
+        ];
+        env.extend(spec.env);
+        let sidecar = local::fencer("sidecar", &env, &api_addr).await?;
+        let api = format!("http://{api_addr}");
+        first_lock(spec.label, &api, &sidecar).await?;
+        targets.push(Target {
+            topology: spec.label,
+            api,
+            sidecar: sidecar.pid(),
+            masters: spec.masters,
+            others: spec.others,
+            backend_label: spec.backend_label,
+        });
+        sidecars.push(sidecar);
+    }
+    Ok((targets, sidecars))
+}
+
 /// The targets of one comparison and the counters' Redis they share.
 pub struct Stack<'a> {
     pub name: &'static str,
@@ -90,7 +129,7 @@ impl Stack<'_> {
             ])
         };
         let before = cpu();
-        let r = locks::run_side(Side::Fencer, sc, secs, &t.api, &self.counters).await?;
+        let r = locks::run_side(Side::Fencer, sc, secs, &t.api, self.counters).await?;
         let per_cycle = match (before, cpu()) {
             (Some(b), Some(a)) => {
                 let per = |i: usize| 1e6 * (a[i] - b[i]) / r.cycles.max(1) as f64;
@@ -105,7 +144,7 @@ impl Stack<'_> {
 /// Waits until the sidecar at `api` grants (and releases) a lock: it
 /// listens before its backend is resolved (sentinel: the master asked of
 /// the sentinels; cluster: the slot map).
-pub async fn first_lock(topology: &str, api: &str, sidecar: &Proc) -> Result<(), String> {
+async fn first_lock(topology: &str, api: &str, sidecar: &Proc) -> Result<(), String> {
     let started = Instant::now();
     let mut conn = ApiConn::new(api);
     let mut last = String::new();

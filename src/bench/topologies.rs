@@ -11,7 +11,7 @@
 //! (single, sentinel, cluster, single, …) so drift of this noisy machine
 //! hits them alike; ratios are per run, and their median is reported.
 
-use super::compare::{self, first_lock, ScenarioResult, Target};
+use super::compare::{self, ScenarioResult, Spec, Target};
 use super::local::{self, Proc};
 use super::redis_topology::{self, ClusterSet, SentinelSet, MASTER_NAME};
 
@@ -47,85 +47,63 @@ impl Processes {
             vouch_redlock_master(&url).await?;
             redlock.push((proc, url));
         }
-        let backends: [(&'static str, Env, Vec<u32>, Vec<u32>, &str); 4] = [
-            (
-                "single",
-                vec![
-                    ("backend.redis.mode", "single".into()),
-                    ("backend.redis.url", single_url),
-                ],
-                vec![single_proc.pid()],
-                vec![],
-                "lock redis",
-            ),
-            (
-                "sentinel",
-                vec![
-                    ("backend.redis.mode", "sentinel".into()),
-                    ("backend.redis.sentinels", sentinel.sentinel_addrs.join(",")),
-                    ("backend.redis.master_name", MASTER_NAME.into()),
-                    // Only its scheme and database are used in sentinel
-                    // mode; the port is one nothing listens on, so a
-                    // sidecar that ignored the sentinels could not run.
-                    ("backend.redis.url", "redis://127.0.0.1:1/0".into()),
-                ],
-                sentinel.master_pids(),
-                sentinel.other_pids(),
-                "lock redis (master; others: replicas and sentinels)",
-            ),
-            (
-                "cluster",
-                vec![
-                    ("backend.redis.mode", "cluster".into()),
-                    ("backend.redis.nodes", cluster.node_urls.join(",")),
-                ],
-                cluster.master_pids(),
-                cluster.other_pids(),
-                "lock redis (masters; others: replicas)",
-            ),
-            (
-                "redlock",
-                vec![
+        let redis = |mode: &str, mut env: Env| {
+            env.insert(0, ("backend.kind", "redis".into()));
+            env.insert(1, ("backend.redis.mode", mode.into()));
+            env
+        };
+        let redlock_urls = redlock
+            .iter()
+            .map(|(_, u)| u.as_str())
+            .collect::<Vec<_>>()
+            .join(",");
+        let specs = vec![
+            Spec {
+                label: "single",
+                env: redis("single", vec![("backend.redis.url", single_url)]),
+                masters: vec![single_proc.pid()],
+                others: vec![],
+                backend_label: "lock redis".into(),
+            },
+            Spec {
+                label: "sentinel",
+                env: redis(
+                    "sentinel",
+                    vec![
+                        ("backend.redis.sentinels", sentinel.sentinel_addrs.join(",")),
+                        ("backend.redis.master_name", MASTER_NAME.into()),
+                        // Only its scheme and database are used in sentinel
+                        // mode; the port is one nothing listens on, so a
+                        // sidecar that ignored the sentinels could not run.
+                        ("backend.redis.url", "redis://127.0.0.1:1/0".into()),
+                    ],
+                ),
+                masters: sentinel.master_pids(),
+                others: sentinel.other_pids(),
+                backend_label: "lock redis (master; others: replicas and sentinels)".into(),
+            },
+            Spec {
+                label: "cluster",
+                env: redis(
+                    "cluster",
+                    vec![("backend.redis.nodes", cluster.node_urls.join(","))],
+                ),
+                masters: cluster.master_pids(),
+                others: cluster.other_pids(),
+                backend_label: "lock redis (masters; others: replicas)".into(),
+            },
+            Spec {
+                label: "redlock",
+                env: vec![
                     ("backend.kind", "redlock".into()),
-                    (
-                        "backend.redlock.urls",
-                        redlock
-                            .iter()
-                            .map(|(_, u)| u.as_str())
-                            .collect::<Vec<_>>()
-                            .join(","),
-                    ),
+                    ("backend.redlock.urls", redlock_urls),
                 ],
-                redlock.iter().map(|(p, _)| p.pid()).collect(),
-                vec![],
-                "lock redis (5 masters)",
-            ),
+                masters: redlock.iter().map(|(p, _)| p.pid()).collect(),
+                others: vec![],
+                backend_label: format!("lock redis ({REDLOCK_MASTERS} masters)"),
+            },
         ];
-        let (mut targets, mut sidecars) = (Vec::new(), Vec::new());
-        for (topology, backend, masters, others, label) in backends {
-            let api_addr = format!("127.0.0.1:{}", local::free_port()?);
-            let mut env = vec![
-                ("sidecar.listen", api_addr.clone()),
-                ("proxy.enabled", "false".into()),
-                ("admin.listen", format!("127.0.0.1:{}", local::free_port()?)),
-            ];
-            if !backend.iter().any(|(k, _)| *k == "backend.kind") {
-                env.push(("backend.kind", "redis".into()));
-            }
-            env.extend(backend);
-            let sidecar = local::fencer("sidecar", &env, &api_addr).await?;
-            let api = format!("http://{api_addr}");
-            first_lock(topology, &api, &sidecar).await?;
-            targets.push(Target {
-                topology,
-                api,
-                sidecar: sidecar.pid(),
-                masters,
-                others,
-                backend_label: label.into(),
-            });
-            sidecars.push(sidecar);
-        }
+        let (targets, sidecars) = compare::start_sidecars(specs).await?;
         let counters = redis::Client::open(counters_url.as_str()).map_err(|e| e.to_string())?;
         let counters_pid = counters_proc.pid();
         let mut servers = vec![counters_proc, single_proc];

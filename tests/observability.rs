@@ -200,6 +200,15 @@ async fn workload_round(s: &Fencer, g: &Fencer) {
     s.release("auto:1", &a.lease()).await;
 }
 
+/// A few acquire/release cycles on a ZooKeeper sidecar.
+async fn zookeeper_round(zk: &Fencer) {
+    for _ in 0..5 {
+        let r = zk.acquire("acct:1", 5_000, 1_000).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(zk.release("acct:1", &r.lease()).await.status, 200);
+    }
+}
+
 async fn redlock_round(rl: &Fencer) {
     for _ in 0..5 {
         let r = rl.acquire("acct:1", 5_000, 1_000).await;
@@ -237,10 +246,18 @@ async fn dashboards_and_alerts_work_against_a_real_prometheus() {
             ("backend.redlock.restart_quarantine_ms", "0"),
         ],
     );
+    // And a ZooKeeper sidecar, for the ZooKeeper row.
+    let ensemble = common::zookeeper::ZooKeeperEnsemble::with_size(1);
+    let zk = Fencer::sidecar(
+        Backend::ZooKeeper,
+        None,
+        &[("backend.zookeeper.connect", ensemble.connect_string().as_str())],
+    );
     let prom = start_prometheus(&[
         ("sidecar", s.admin_port),
         ("gateway", g.admin_port),
         ("sidecar-redlock", rl.admin_port),
+        ("sidecar-zookeeper", zk.admin_port),
     ]);
     let client = reqwest::Client::new();
     // Both targets scraped at least once before anything happens, so every
@@ -248,7 +265,7 @@ async fn dashboards_and_alerts_work_against_a_real_prometheus() {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let up = query(&client, &prom.url, "sum(up)").await;
-        if up["data"]["result"][0]["value"][1] == "3" {
+        if up["data"]["result"][0]["value"][1] == "4" {
             break;
         }
         assert!(Instant::now() < deadline, "targets not scraped: {up}");
@@ -256,9 +273,11 @@ async fn dashboards_and_alerts_work_against_a_real_prometheus() {
     }
     workload_round(&s, &g).await;
     redlock_round(&rl).await;
+    zookeeper_round(&zk).await;
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     workload_round(&s, &g).await;
     redlock_round(&rl).await;
+    zookeeper_round(&zk).await;
     // A backend outage: errors and a failed readiness ping.
     redis.kill();
     let r = s.acquire("acct:1", 5_000, 0).await;

@@ -251,7 +251,10 @@ async fn dashboards_and_alerts_work_against_a_real_prometheus() {
     let zk = Fencer::sidecar(
         Backend::ZooKeeper,
         None,
-        &[("backend.zookeeper.connect", ensemble.connect_string().as_str())],
+        &[(
+            "backend.zookeeper.connect",
+            ensemble.connect_string().as_str(),
+        )],
     );
     let prom = start_prometheus(&[
         ("sidecar", s.admin_port),

@@ -114,9 +114,19 @@ struct Found {
     created: Option<Option<i64>>,
 }
 
+/// The task waiting for a predecessor's deletion; ends with its entry (a
+/// waiter that gave up leaves no task behind on a long-held key).
+struct Watch(tokio::task::AbortHandle);
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 enum State {
-    /// Queued; `watching` is the predecessor a wake-up is armed on.
-    Waiting { watching: Option<String> },
+    /// Queued; `watching`: the predecessor a wake-up is armed on.
+    Waiting { watching: Option<(String, Watch)> },
     /// Holds the key. `expires`: the node is deleted then unless renewed
     /// (TTL + lock-delay after the send time of the acquire or renewal).
     Held { token: u64, expires: Instant },
@@ -413,16 +423,16 @@ impl Inner {
         key: &LockKey,
         dir: &str,
         predecessor: &str,
-    ) -> Result<bool, BackendError> {
+    ) -> Result<Option<Watch>, BackendError> {
         let path = format!("{dir}/{predecessor}");
         let (stat, watcher) = call(self.timeout, s.client.check_and_watch_stat(&path))
             .await
             .map_err(|e| e.into_backend("watch"))?;
         if stat.is_none() {
-            return Ok(false);
+            return Ok(None);
         }
         let (wake, key, client) = (self.wake.clone(), key.clone(), s.client.clone());
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             let mut watcher = watcher;
             // The holder's renewals and its confirming write change the
             // node's data, which fires the watch too: only its deletion
@@ -440,7 +450,7 @@ impl Inner {
             }
             wake.released(key.as_str());
         });
-        Ok(true)
+        Ok(Some(Watch(task.abort_handle())))
     }
 
     /// Stamps `lease` into our node, first in the queue: the write that
@@ -567,7 +577,9 @@ impl LockBackend for ZooKeeperBackend {
                             return true;
                         };
                         e.node.get_or_insert(node.clone());
-                        watching.as_deref() == Some(predecessor.as_str())
+                        watching
+                            .as_ref()
+                            .is_some_and(|(p, w)| *p == predecessor && !w.0.is_finished())
                     });
                     match armed {
                         None => {
@@ -578,10 +590,12 @@ impl LockBackend for ZooKeeperBackend {
                         Some(true) => return Ok(Attempt::Held { remaining: None }),
                         Some(false) => {}
                     }
-                    if inner.watch_predecessor(&s, key, &dir, &predecessor).await? {
+                    if let Some(watch) =
+                        inner.watch_predecessor(&s, key, &dir, &predecessor).await?
+                    {
                         inner.with_entry(key, &ticket, |e| {
                             if let State::Waiting { watching } = &mut e.state {
-                                *watching = Some(predecessor);
+                                *watching = Some((predecessor, watch));
                             }
                         });
                         return Ok(Attempt::Held { remaining: None });

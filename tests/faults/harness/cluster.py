@@ -204,18 +204,21 @@ class Cluster:
         from their admin /metrics at the end of the run (a sidecar restarted
         during the run counts from its restart), beside the faults that
         should have expired a session: per sidecar, the `partition_zk` and
-        `pause_sidecar_long` that targeted it. A sidecar that counted fewer
-        expiries than that is listed in `not_expired` (informational: two
-        faults back to back on one sidecar may end one session only)."""
+        `pause_sidecar_long` that targeted it since its last restart
+        (`kill_sidecar` starts its counters again). A sidecar that counted
+        fewer expiries than that is listed in `not_expired`."""
         texts = [s.metrics() for s in self.sidecars]
 
         def per(event):
             return [int(metric_sum(t, "fencer_zookeeper_session_events_total", {"event": event})) for t in texts]
         expired = per("expired")
         with self.lock:
-            expected = [sum(1 for n in self.nemesis_events
-                            if n.get("kind") in ("partition_zk", "pause_sidecar_long") and n.get("target") == s.name)
-                        for s in self.sidecars]
+            events = list(self.nemesis_events)
+        expected = []
+        for s in self.sidecars:
+            since = max([n["t"] for n in events if n.get("kind") == "kill" and n.get("target") == s.name] or [0])
+            expected.append(sum(1 for n in events if n.get("kind") in ("partition_zk", "pause_sidecar_long")
+                                and n.get("target") == s.name and n["t"] > since))
         return {
             "sessions_expired": expired, "expected_expiries": expected,
             "not_expired": [s.name for s, n, e in zip(self.sidecars, expired, expected) if n < e],

@@ -450,3 +450,98 @@ async fn cycle(be: &ZooKeeperBackend, key: &LockKey) -> u64 {
     be.release(key, &lease).await.unwrap();
     token
 }
+
+/// TLS to the ensemble (`backend.zookeeper.tls`, a private CA in
+/// `ca_file`): locks work over it, and a sidecar that does not trust the
+/// server's CA gets no session (its acquires answer 503) rather than
+/// talking in the clear.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_with_a_private_ca() {
+    let certs = make_certs();
+    let d = certs.path();
+    let pem = std::fs::read_to_string(d.join("server.key")).unwrap()
+        + &std::fs::read_to_string(d.join("server.crt")).unwrap();
+    std::fs::write(d.join("server.pem"), pem).unwrap();
+    let (zk, port) = ZooKeeperEnsemble::with_tls(d);
+    let _ = &zk;
+    let connect = format!("127.0.0.1:{port}");
+    let ca = d.join("ca.crt").display().to_string();
+    let s = sidecar(
+        &connect,
+        &[
+            ("backend.zookeeper.tls", "true"),
+            ("backend.zookeeper.ca_file", ca.as_str()),
+        ],
+    );
+    let mut last = 0;
+    for _ in 0..3 {
+        let r = s.acquire("tls:1", 2_000, 0).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert!(r.token() > last);
+        last = r.token();
+        assert_eq!(s.release("tls:1", &r.lease()).await.status, 200);
+    }
+    assert!(s.logs().contains("tcp+tls://"), "{}", s.logs());
+    // The system roots do not include the test CA: no session.
+    let untrusting = Fencer::sidecar(
+        Backend::ZooKeeper,
+        None,
+        &[
+            ("backend.zookeeper.connect", connect.as_str()),
+            ("backend.zookeeper.tls", "true"),
+            ("backend.zookeeper.connect_timeout_ms", "1000"),
+        ],
+    );
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let r = untrusting.acquire("tls:1", 2_000, 0).await;
+    assert_eq!(
+        (r.status, r.code()),
+        (503, "backend_unavailable"),
+        "{}",
+        r.body
+    );
+}
+
+/// Digest auth: fencer's nodes get `creator_all` ACLs, so a client without
+/// the identity can neither delete a holder's node (stealing the lock) nor
+/// read it, while another sidecar with the same identity queues normally.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn digest_auth_keeps_strangers_off_the_lock_nodes() {
+    let zk = ZooKeeperEnsemble::with_size(1);
+    let c = zk.connect_string();
+    let auth = [("backend.zookeeper.auth_digest", "fencer:s3cret")];
+    let (a, b) = (sidecar(&c, &auth), sidecar(&c, &auth));
+    let held = a.acquire("acl:1", 5_000, 0).await;
+    assert_eq!(held.status, 200, "{}", held.body);
+    let dir = fencer::lock::zookeeper::queue::key_dir("/fencer/locks", "acl:1");
+    let friend = zk::Client::connector()
+        .with_auth("digest", b"fencer:s3cret")
+        .connect(&c)
+        .await
+        .unwrap();
+    let nodes = friend.list_children(&dir).await.unwrap();
+    assert_eq!(nodes.len(), 1);
+    let path = format!("{dir}/{}", nodes[0]);
+    let stranger = zk::Client::connect(&c).await.unwrap();
+    assert_eq!(
+        stranger.list_children(&dir).await.err(),
+        Some(zk::Error::NoAuth)
+    );
+    assert_eq!(stranger.delete(&path, None).await, Err(zk::Error::NoAuth));
+    assert_eq!(
+        stranger.get_data(&path).await.err(),
+        Some(zk::Error::NoAuth)
+    );
+    assert_eq!(stranger.get_acl(&path).await.err(), Some(zk::Error::NoAuth));
+    let (acl, _) = friend.get_acl(&path).await.unwrap();
+    assert!(acl.iter().all(|a| a.scheme() == "digest"), "{acl:?}");
+    // The same identity elsewhere: waits, then gets it.
+    let b = Arc::new(b);
+    let b2 = b.clone();
+    let waiter = tokio::spawn(async move { b2.acquire("acl:1", 5_000, 5_000).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(a.release("acl:1", &held.lease()).await.status, 200);
+    let got = waiter.await.unwrap();
+    assert_eq!(got.status, 200, "{}", got.body);
+    assert!(got.token() > held.token());
+}

@@ -178,6 +178,12 @@ pub trait LockBackend: Send + Sync + 'static {
         None
     }
 
+    /// What sets [`LockBackend::max_ttl`], for the error that refuses a
+    /// longer lease.
+    fn max_ttl_why(&self) -> &'static str {
+        ""
+    }
+
     /// Cheap reachability check for `/readyz`.
     async fn ping(&self) -> Result<(), BackendError>;
 }

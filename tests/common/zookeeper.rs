@@ -150,7 +150,13 @@ struct Member {
 impl Member {
     /// Writes `zoo.cfg` (and `myid` when in an ensemble); `peers` are the
     /// (quorum, election) ports of every member, empty for standalone.
-    fn new(id: usize, client_port: u16, dir: PathBuf, peers: &[(u16, u16)]) -> Member {
+    fn new(
+        id: usize,
+        client_port: u16,
+        dir: PathBuf,
+        peers: &[(u16, u16)],
+        extra: &[String],
+    ) -> Member {
         let data = dir.join("data");
         std::fs::create_dir_all(&data).unwrap();
         let mut cfg = vec![
@@ -172,6 +178,7 @@ impl Member {
         for (j, (quorum, election)) in peers.iter().enumerate() {
             cfg.push(format!("server.{}={HOST}:{quorum}:{election}", j + 1));
         }
+        cfg.extend(extra.iter().cloned());
         std::fs::write(dir.join("zoo.cfg"), cfg.join("\n") + "\n").unwrap();
         if !peers.is_empty() {
             std::fs::write(data.join("myid"), format!("{id}\n")).unwrap();
@@ -326,6 +333,32 @@ impl ZooKeeperEnsemble {
     /// before ZooKeeper binds it, so a member that exits with "Address
     /// already in use" means: start again on other ports.
     pub fn with_size(n: usize) -> ZooKeeperEnsemble {
+        ZooKeeperEnsemble::with_config(n, &[])
+    }
+
+    /// A standalone server that also serves TLS, on the returned port, with
+    /// the PEM key and certificate in `server.pem` and the CA in `ca.crt`
+    /// (ZooKeeper's own PEM key store, Netty connection factory).
+    pub fn with_tls(certs: &std::path::Path) -> (ZooKeeperEnsemble, u16) {
+        let port = free_port();
+        let extra = [
+            format!("secureClientPort={port}"),
+            format!("secureClientPortAddress={HOST}"),
+            "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory".into(),
+            format!(
+                "ssl.keyStore.location={}",
+                certs.join("server.pem").display()
+            ),
+            "ssl.keyStore.type=PEM".into(),
+            format!("ssl.trustStore.location={}", certs.join("ca.crt").display()),
+            "ssl.trustStore.type=PEM".into(),
+            "ssl.clientAuth=none".into(),
+        ];
+        (ZooKeeperEnsemble::with_config(1, &extra), port)
+    }
+
+    /// `n` members with `extra` lines in every member's `zoo.cfg`.
+    pub fn with_config(n: usize, extra: &[String]) -> ZooKeeperEnsemble {
         assert!(n >= 1);
         let mut last = String::new();
         for _ in 0..3 {
@@ -341,7 +374,7 @@ impl ZooKeeperEnsemble {
             let members = (0..n)
                 .map(|i| {
                     let d = dir.path().join(format!("member-{i}"));
-                    Member::new(i + 1, free_port(), d, &peers)
+                    Member::new(i + 1, free_port(), d, &peers, extra)
                 })
                 .collect();
             let mut ens = ZooKeeperEnsemble { members, _dir: dir };

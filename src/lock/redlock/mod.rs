@@ -507,6 +507,10 @@ impl LockBackend for RedLockBackend {
         }
     }
 
+    fn max_ttl_why(&self) -> &'static str {
+        "backend.redlock.restart_quarantine_ms"
+    }
+
     fn max_ttl(&self) -> Option<Duration> {
         (!self.quarantine.is_zero()).then_some(self.quarantine)
     }

@@ -883,6 +883,10 @@ impl LockBackend for ZooKeeperBackend {
         ))
     }
 
+    fn max_ttl_why(&self) -> &'static str {
+        "45% of the session timeout the ZooKeeper ensemble granted, minus sidecar.lock_delay_ms: a lease must end before its session could expire"
+    }
+
     fn max_ttl(&self) -> Option<Duration> {
         let granted = Duration::from_millis(self.inner.sessions.granted_ms.load(Ordering::Relaxed));
         if crate::mutants::active("zk_ttl_past_session") {

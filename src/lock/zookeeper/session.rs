@@ -200,6 +200,15 @@ pub fn supervise(
                 .inc();
             tracing::info!(session = %client.session_id(), generation,
                 granted_ms = granted.as_millis() as u64, "ZooKeeper session established");
+            let asked = connect.settings.session_timeout();
+            if granted < asked {
+                // Leases longer than 45% of the granted session are now
+                // refused (400 ttl_too_long), the default TTL included if
+                // it no longer fits: the ensemble's maxSessionTimeout.
+                tracing::warn!(granted_ms = granted.as_millis() as u64,
+                    asked_ms = asked.as_millis() as u64,
+                    "ZooKeeper granted a shorter session than backend.zookeeper.session_timeout_ms asks (the ensemble's maxSessionTimeout): leases are capped at 45% of the granted one");
+            }
             let mut states = client.state_watcher();
             *sessions.current.write().expect("session lock") = Some(Arc::new(Session {
                 client,

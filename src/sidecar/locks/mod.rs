@@ -45,11 +45,12 @@ pub enum LockError {
     MaxHold(LockKey),
     #[error(transparent)]
     Backend(#[from] BackendError),
-    #[error("ttl_ms {} is above {} ms, the longest lease the {} backend keeps safe (backend.redlock.restart_quarantine_ms)", .ttl.as_millis(), .max.as_millis(), .backend)]
+    #[error("ttl_ms {} is above {} ms, the longest lease the {} backend keeps safe ({})", .ttl.as_millis(), .max.as_millis(), .backend, .why)]
     TtlTooLong {
         ttl: Duration,
         max: Duration,
         backend: &'static str,
+        why: &'static str,
     },
     #[error("too many queued waiters (limit {0})")]
     TooManyWaiters(usize),
@@ -137,6 +138,7 @@ impl LockManager {
                 ttl,
                 max,
                 backend: self.backend.name(),
+                why: self.backend.max_ttl_why(),
             }),
             _ => Ok(()),
         }

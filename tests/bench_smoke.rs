@@ -94,9 +94,57 @@ async fn every_benchmark_scenario_runs_without_lost_updates() {
     assert_eq!(number_after(held, "lost"), 0.0, "{text}");
 }
 
-/// `redis-topologies` for one second: sidecars in Redis single, sentinel
-/// and cluster mode and on RedLock each run both lock scenarios, without
-/// lost updates.
+/// Runs a backend comparison (`redis-topologies`, `lock-backends`) for one
+/// second: each target runs both lock scenarios without lost updates, and
+/// every other target gets its ratio to the first.
+fn comparison_runs_without_lost_updates(scenario: &str, targets: &[&str]) {
+    let out = Command::new(env!("CARGO_BIN_EXE_fencer"))
+        .args([
+            "bench",
+            "--local",
+            "--scenario",
+            scenario,
+            "--seconds",
+            "1",
+            "--runs",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for lock_scenario in ["uncontended-16", "contended-16"] {
+        assert!(
+            text.contains(&format!("{scenario}: {lock_scenario} (")),
+            "{lock_scenario} missing:\n{text}"
+        );
+    }
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| {
+            targets.iter().any(|t| l.starts_with(&format!("  {t} "))) && l.contains("cycles/s")
+        })
+        .collect();
+    assert_eq!(lines.len(), 2 * targets.len(), "{text}");
+    for l in lines {
+        assert!(l.contains("lost 0 "), "lost updates: {l}");
+        assert!(number_after(l, "cycles/s") > 0.0, "did not run: {l}");
+    }
+    let ratio = format!("/{} ", targets[0]);
+    assert_eq!(
+        text.lines().filter(|l| l.contains(&ratio)).count(),
+        2 * (targets.len() - 1),
+        "a ratio to {} per other target and scenario:\n{text}",
+        targets[0]
+    );
+}
+
+/// `redis-topologies`: sidecars in Redis single, sentinel and cluster mode
+/// and on RedLock.
 #[test]
 fn redis_topologies_scenario_runs_without_lost_updates() {
     for tool in ["redis-server", "redis-cli"] {
@@ -105,93 +153,15 @@ fn redis_topologies_scenario_runs_without_lost_updates() {
             return;
         }
     }
-    let out = Command::new(env!("CARGO_BIN_EXE_fencer"))
-        .args([
-            "bench",
-            "--local",
-            "--scenario",
-            "redis-topologies",
-            "--seconds",
-            "1",
-            "--runs",
-            "1",
-        ])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    for scenario in ["uncontended-16", "contended-16"] {
-        assert!(
-            text.contains(&format!("redis-topologies: {scenario} (")),
-            "{scenario} missing:\n{text}"
-        );
-    }
-    let lines: Vec<&str> = text
-        .lines()
-        .filter(|l| {
-            ["  single ", "  sentinel ", "  cluster ", "  redlock "]
-                .iter()
-                .any(|p| l.starts_with(p))
-                && l.contains("cycles/s")
-        })
-        .collect();
-    assert_eq!(lines.len(), 8, "{text}");
-    for l in lines {
-        assert!(l.contains("lost 0 "), "lost updates: {l}");
-        assert!(number_after(l, "cycles/s") > 0.0, "did not run: {l}");
-    }
-    assert_eq!(
-        text.lines().filter(|l| l.contains("/single ")).count(),
-        6,
-        "sentinel/single, cluster/single and redlock/single per scenario:\n{text}"
+    comparison_runs_without_lost_updates(
+        "redis-topologies",
+        &["single", "sentinel", "cluster", "redlock"],
     );
 }
 
-/// `lock-backends` for one second: sidecars on Redis, PostgreSQL and a
-/// 3-member ZooKeeper ensemble each run both lock scenarios, without lost
-/// updates, with their ratios to Redis.
+/// `lock-backends`: sidecars on Redis, PostgreSQL and a 3-member ZooKeeper
+/// ensemble.
 #[test]
 fn lock_backends_scenario_runs_without_lost_updates() {
-    let out = Command::new(env!("CARGO_BIN_EXE_fencer"))
-        .args([
-            "bench",
-            "--local",
-            "--scenario",
-            "lock-backends",
-            "--seconds",
-            "1",
-            "--runs",
-            "1",
-        ])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let lines: Vec<&str> = text
-        .lines()
-        .filter(|l| {
-            ["  redis ", "  postgres ", "  zookeeper "]
-                .iter()
-                .any(|p| l.starts_with(p))
-                && l.contains("cycles/s")
-        })
-        .collect();
-    assert_eq!(lines.len(), 6, "{text}");
-    for l in lines {
-        assert!(l.contains("lost 0 "), "lost updates: {l}");
-        assert!(number_after(l, "cycles/s") > 0.0, "did not run: {l}");
-    }
-    assert_eq!(
-        text.lines().filter(|l| l.contains("/redis ")).count(),
-        4,
-        "postgres/redis and zookeeper/redis per scenario:\n{text}"
-    );
+    comparison_runs_without_lost_updates("lock-backends", &["redis", "postgres", "zookeeper"]);
 }

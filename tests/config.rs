@@ -341,39 +341,31 @@ fn redlock_settings_are_checked_and_redacted() {
     assert!(out.status.success(), "{}", stderr(&out));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("m1:6379") && !text.contains("pw1"), "{text}");
-    for (var, value, field) in [
-        (
-            "FENCER__BACKEND__REDLOCK__URLS",
-            "redis://m1:6379,redis://m2:6379",
-            "backend.redlock.urls",
-        ),
-        (
-            "FENCER__BACKEND__REDLOCK__URLS",
-            "redis://m1:6379,redis://m2:6379,redis://m1:6379",
-            "backend.redlock.urls",
-        ),
-        (
-            "FENCER__SIDECAR__DEFAULT_TTL_MS",
-            "60001",
-            "sidecar.default_ttl_ms",
-        ),
-        (
-            "FENCER__BACKEND__REDLOCK__REQUEST_TIMEOUT_MS",
-            "1001",
-            "backend.redlock.request_timeout_ms",
-        ),
-    ] {
-        let mut env = base.to_vec();
-        env.retain(|(k, _)| *k != var);
-        env.push((var, value));
-        let out = fencer(&["check-config"], &env);
-        assert_eq!(out.status.code(), Some(2), "{var}={value}");
-        assert!(
-            stderr(&out).contains(field),
-            "{var}={value}: {}",
-            stderr(&out)
-        );
-    }
+    refused_each(
+        &base,
+        &[
+            (
+                "FENCER__BACKEND__REDLOCK__URLS",
+                "redis://m1:6379,redis://m2:6379",
+                "backend.redlock.urls",
+            ),
+            (
+                "FENCER__BACKEND__REDLOCK__URLS",
+                "redis://m1:6379,redis://m2:6379,redis://m1:6379",
+                "backend.redlock.urls",
+            ),
+            (
+                "FENCER__SIDECAR__DEFAULT_TTL_MS",
+                "60001",
+                "sidecar.default_ttl_ms",
+            ),
+            (
+                "FENCER__BACKEND__REDLOCK__REQUEST_TIMEOUT_MS",
+                "1001",
+                "backend.redlock.request_timeout_ms",
+            ),
+        ],
+    );
     // The quarantine off (appendfsync always on every master): any TTL.
     let mut env = base.to_vec();
     env.push(("FENCER__BACKEND__REDLOCK__RESTART_QUARANTINE_MS", "0"));
@@ -402,51 +394,60 @@ fn zookeeper_settings_are_checked_and_redacted() {
         text.contains("zk-1:2181") && !text.contains("s3cret-digest"),
         "{text}"
     );
-    for (var, value, field) in [
-        (
-            "FENCER__BACKEND__ZOOKEEPER__CONNECT",
-            "",
-            "backend.zookeeper.connect",
-        ),
-        (
-            "FENCER__BACKEND__ZOOKEEPER__CONNECT",
-            "zk-0:2181/chroot",
-            "backend.zookeeper.connect",
-        ),
-        (
-            "FENCER__BACKEND__ZOOKEEPER__ROOT",
-            "/zookeeper/fencer",
-            "backend.zookeeper.root",
-        ),
-        // 45% of the default 30 s session is 13.5 s.
-        (
-            "FENCER__SIDECAR__DEFAULT_TTL_MS",
-            "13501",
-            "sidecar.default_ttl_ms",
-        ),
-        (
-            "FENCER__BACKEND__ZOOKEEPER__SESSION_TIMEOUT_MS",
-            "20000",
-            "sidecar.default_ttl_ms",
-        ),
-        (
-            "FENCER__SIDECAR__LOCK_DELAY_MS",
-            "4000",
-            "sidecar.default_ttl_ms",
-        ),
-        (
-            "FENCER__BACKEND__ZOOKEEPER__REQUEST_TIMEOUT_MS",
-            "10001",
-            "backend.zookeeper.request_timeout_ms",
-        ),
-        (
-            "FENCER__BACKEND__ZOOKEEPER__AUTH_DIGEST",
-            "no-colon",
-            "backend.zookeeper.auth_digest",
-        ),
-    ] {
+    refused_each(
+        &base,
+        &[
+            (
+                "FENCER__BACKEND__ZOOKEEPER__CONNECT",
+                "",
+                "backend.zookeeper.connect",
+            ),
+            (
+                "FENCER__BACKEND__ZOOKEEPER__CONNECT",
+                "zk-0:2181/chroot",
+                "backend.zookeeper.connect",
+            ),
+            (
+                "FENCER__BACKEND__ZOOKEEPER__ROOT",
+                "/zookeeper/fencer",
+                "backend.zookeeper.root",
+            ),
+            // 45% of the default 30 s session is 13.5 s.
+            (
+                "FENCER__SIDECAR__DEFAULT_TTL_MS",
+                "13501",
+                "sidecar.default_ttl_ms",
+            ),
+            (
+                "FENCER__BACKEND__ZOOKEEPER__SESSION_TIMEOUT_MS",
+                "20000",
+                "sidecar.default_ttl_ms",
+            ),
+            (
+                "FENCER__SIDECAR__LOCK_DELAY_MS",
+                "4000",
+                "sidecar.default_ttl_ms",
+            ),
+            (
+                "FENCER__BACKEND__ZOOKEEPER__REQUEST_TIMEOUT_MS",
+                "10001",
+                "backend.zookeeper.request_timeout_ms",
+            ),
+            (
+                "FENCER__BACKEND__ZOOKEEPER__AUTH_DIGEST",
+                "no-colon",
+                "backend.zookeeper.auth_digest",
+            ),
+        ],
+    );
+}
+
+/// Each `(variable, value, field)` on top of `base` makes `check-config`
+/// exit 2 naming `field`.
+fn refused_each(base: &[(&str, &str)], cases: &[(&str, &str, &str)]) {
+    for (var, value, field) in cases {
         let mut env = base.to_vec();
-        env.retain(|(k, _)| *k != var);
+        env.retain(|(k, _)| k != var);
         env.push((var, value));
         let out = fencer(&["check-config"], &env);
         assert_eq!(out.status.code(), Some(2), "{var}={value}");

@@ -229,7 +229,9 @@ fn zk_mode(port: u16) -> Option<String> {
         .map(str::to_owned)
 }
 
-fn zookeeper_classpath() -> Result<String, String> {
+/// The jars of Debian's `zookeeper` package and its dependencies that
+/// exist, `:`-joined.
+pub fn zookeeper_classpath() -> Result<String, String> {
     let jars: Vec<String> = [
         "zookeeper",
         "zookeeper-jute",

@@ -36,21 +36,6 @@ use super::{free_port, signal};
 const HOST: &str = "127.0.0.1";
 const JAVA: &str = "/usr/bin/java";
 const MAIN: &str = "org.apache.zookeeper.server.quorum.QuorumPeerMain";
-const JARS: &[&str] = &[
-    "zookeeper",
-    "zookeeper-jute",
-    "slf4j-api",
-    "slf4j-simple",
-    "netty-handler",
-    "netty-common",
-    "netty-buffer",
-    "netty-transport",
-    "netty-codec",
-    "netty-resolver",
-    "netty-transport-native-epoll",
-    "netty-transport-native-unix-common",
-    "metrics-core",
-];
 /// tickTime: ZooKeeper's time unit (heartbeats, session expiry buckets).
 pub const TICK_MS: u64 = 200;
 /// How long a server or ensemble may take to come up before the test panics.
@@ -60,18 +45,10 @@ pub const START_TIMEOUT: Duration = Duration::from_secs(30);
 const PROBE_TIMEOUT: Duration = Duration::from_millis(700);
 
 /// The installed jars of the Debian `zookeeper` package and its
-/// dependencies (those that exist), `:`-joined.
+/// dependencies, `:`-joined (the same list `fencer bench` starts with).
 pub fn classpath() -> String {
-    let main = format!("/usr/share/java/{}.jar", JARS[0]);
-    assert!(
-        Path::new(&main).exists(),
-        "{main} missing: the Debian package zookeeper must be installed (tests/run.sh installs it)"
-    );
-    JARS.iter()
-        .map(|j| format!("/usr/share/java/{j}.jar"))
-        .filter(|p| Path::new(p).exists())
-        .collect::<Vec<_>>()
-        .join(":")
+    fencer::bench::servers::zookeeper_classpath()
+        .unwrap_or_else(|e| panic!("{e}: tests/run.sh installs the Debian package zookeeper"))
 }
 
 /// A four-letter word's whole answer (the server closes the connection
@@ -339,7 +316,7 @@ impl ZooKeeperEnsemble {
     /// A standalone server that also serves TLS, on the returned port, with
     /// the PEM key and certificate in `server.pem` and the CA in `ca.crt`
     /// (ZooKeeper's own PEM key store, Netty connection factory).
-    pub fn with_tls(certs: &std::path::Path) -> (ZooKeeperEnsemble, u16) {
+    pub fn with_tls(certs: &Path) -> (ZooKeeperEnsemble, u16) {
         let port = free_port();
         let extra = [
             format!("secureClientPort={port}"),

@@ -139,9 +139,8 @@ FAMILIES += [
     # sidecar behind proxies of its own to every member, 3 s sessions,
     # TTL 500 ms. A leader kill takes 3–10 s of nemesis time (election,
     # restart 1–3 s after the kill, the ensemble healthy again), so it is
-    # listed twice as the failovers are. Leases survive nothing here (their
-    # renewals fail during the election), sessions survive the election.
-    # In the PR tier.
+    # listed twice as the failovers are. The sessions outlive the election;
+    # requests (and so renewals) fail while it lasts. In the PR tier.
     sc("zk-leader", backend="zookeeper", self_pause_p=0.3, interval=(0.5, 1.5),
        nemesis=["kill_zk_leader", "kill_zk_leader", "pause_worker"],
        bite={"zk_leader_kills": 3, "zk_new_leaders": 3, "stale_at_gateway": 3}),
@@ -157,8 +156,8 @@ FAMILIES += [
     # spans ended at the client's own TTL bound). Workers think 50–400 ms
     # so that many leases are still held halfway through their TTL: the
     # window a premature deletion (mutant zk_early_expiry) opens. In the PR
-    # tier, 30 s (24 s of faults: 4–6 sessions expired) to keep within its
-    # budget.
+    # tier, 30 s (24 s of faults: 4 sessions expired in every run measured)
+    # to keep within its budget.
     sc("zk-session", backend="zookeeper", self_pause_p=0.0, interval=(0.5, 1.5), think_ms=[50, 400],
        duration_s=30, nemesis=["pause_sidecar_long", "partition_zk"], exclusive=True,
        bite={"zk_sessions_expired": 3, "acked": 60}),

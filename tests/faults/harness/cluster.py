@@ -45,7 +45,16 @@ class Cluster:
         self.proxies = []
         self.stop_flag = threading.Event()
         self.marks = []
-        self._build()
+        # What shutdown() looks at exists before anything is started, so a
+        # build that fails part-way stops what it had started.
+        self.workers, self.sidecars, self.gateways = [], [], []
+        self.storage = self.pg = None
+        self.redis = self.rset = self.rcluster = self.lockp = self.redlock = self.zk = None
+        try:
+            self._build()
+        except BaseException:
+            self.shutdown()
+            raise
 
     def event(self, **kv):
         """A nemesis event, at `t` (monotonic ns) if given (a kill records
@@ -409,7 +418,8 @@ class Cluster:
             s.proc.kill()
         for g in self.gateways:
             g.proc.kill()
-        self.storage.kill()
+        if self.storage:
+            self.storage.kill()
         for p in self.proxies:
             p.close()
         if self.redis:
@@ -422,4 +432,5 @@ class Cluster:
             self.rset.stop()
         if self.rcluster:
             self.rcluster.stop()
-        self.pg.stop()
+        if self.pg:
+            self.pg.stop()

@@ -464,6 +464,11 @@ impl Fencer {
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(30))
                 .pool_max_idle_per_host(64)
+                // The API closes a keep-alive connection idle for its
+                // header timeout (10 s); a pooled connection reused just
+                // then fails with IncompleteMessage. Retire them earlier,
+                // as README tells clients to.
+                .pool_idle_timeout(Duration::from_secs(5))
                 .build()
                 .unwrap(),
         };

@@ -19,6 +19,7 @@ pub mod http;
 pub mod lock;
 pub mod metrics;
 pub mod mutants;
+pub mod mysql;
 pub mod pg;
 pub mod proxy;
 pub mod routes;

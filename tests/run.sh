@@ -14,6 +14,7 @@ command -v curl >/dev/null 2>&1 || need+=(curl)
 command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
 command -v kubectl >/dev/null 2>&1 || need+=(kubectl)
 ls /usr/share/java/zookeeper.jar >/dev/null 2>&1 || need+=(zookeeper)   # the ZooKeeper backend's own test servers
+{ command -v mariadbd && command -v mariadb-install-db && command -v mariadb; } >/dev/null 2>&1 || need+=(mariadb-server mariadb-client)   # the MySQL backend's own test servers
 [ -x /usr/sbin/nginx ] || need+=(nginx)   # fencer bench's write-path comparison
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""

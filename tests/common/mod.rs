@@ -6,6 +6,7 @@
 
 #![allow(dead_code)]
 
+pub mod mariadb;
 pub mod postgres;
 pub mod redis_topology;
 pub mod tcp_fault;

@@ -1,0 +1,289 @@
+//! A private MariaDB server for one test.
+//!
+//! Like [`super::postgres::PgServer`]: a free port, a socket and data dir in
+//! a temp dir, nothing shared with the machine's own server on 3306 (which
+//! the tests never touch). `mariadb-install-db` creates the system tables
+//! (~0.7 s); `mariadbd` is spawned directly as our child — one process with
+//! threads — so `kill`, `pause` and `resume` act on the real server.
+//! Settings are tuned for tests (8 MB redo log, 16 MB buffer pool) but keep
+//! `innodb_flush_log_at_trx_commit=1` unless a test asks otherwise, so
+//! every acknowledged commit survives [`MariaDb::kill`].
+//!
+//! `root@127.0.0.1` has no password; [`MariaDb::url`] names database
+//! `fencer`, created at start.
+
+use std::fs::{File, OpenOptions};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::free_port;
+
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+pub struct MariaDb {
+    pub port: u16,
+    /// Extra `--name=value` server options, after (so overriding) ours.
+    options: Vec<String>,
+    /// Run under libfaketime with this `FAKETIME` spec (e.g. `+30s`).
+    faketime: Option<String>,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl MariaDb {
+    pub fn start() -> MariaDb {
+        MariaDb::start_with(&[])
+    }
+
+    /// With extra server options, e.g. `&[("innodb_flush_log_at_trx_commit", "2")]`.
+    pub fn start_with(options: &[(&str, &str)]) -> MariaDb {
+        let dir = tempfile::Builder::new()
+            .prefix("fencer-mariadb-")
+            .tempdir_in("/tmp")
+            .expect("create temp dir for MariaDB");
+        let mut server = MariaDb {
+            port: free_port(),
+            options: options.iter().map(|(k, v)| format!("--{k}={v}")).collect(),
+            faketime: None,
+            dir,
+            child: None,
+        };
+        server.install();
+        server.spawn();
+        server.sql("CREATE DATABASE IF NOT EXISTS fencer");
+        server
+    }
+
+    pub fn url(&self) -> String {
+        format!("mysql://root@127.0.0.1:{}/fencer", self.port)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("server is not running").id()
+    }
+
+    pub fn socket(&self) -> PathBuf {
+        self.dir.path().join("sock")
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join("mariadb.log")
+    }
+
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// Runs SQL with the `mariadb` client over the socket (as root) and
+    /// returns its tab-separated output without headers. Panics on failure.
+    pub fn sql(&self, sql: &str) -> String {
+        let out = Command::new("mariadb")
+            .arg("--no-defaults")
+            .arg(format!("--socket={}", self.socket().display()))
+            .args(["-uroot", "-N", "-B", "fencer", "-e"])
+            .arg(sql)
+            .stdin(Stdio::null())
+            .output()
+            .expect("the mariadb client must be installed");
+        // `fencer` may not exist yet on the very first call.
+        if !out.status.success()
+            && String::from_utf8_lossy(&out.stderr).contains("Unknown database")
+        {
+            let out = Command::new("mariadb")
+                .arg("--no-defaults")
+                .arg(format!("--socket={}", self.socket().display()))
+                .args(["-uroot", "-N", "-B", "-e"])
+                .arg(sql)
+                .stdin(Stdio::null())
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{sql}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            return String::from_utf8_lossy(&out.stdout).into_owned();
+        }
+        assert!(
+            out.status.success(),
+            "{sql}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// SIGKILL: a server crash; the next start runs crash recovery.
+    pub fn kill(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    /// Normal shutdown (SIGTERM), waiting for the process to exit.
+    pub fn stop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        signal(child.id(), libc::SIGCONT);
+        signal(child.id(), libc::SIGTERM);
+        let start = Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if start.elapsed() > START_TIMEOUT {
+                let _ = child.kill();
+                let _ = child.wait();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Stops (if running) and starts again on the same port and data.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.spawn();
+    }
+
+    /// Restarts the server under libfaketime with `spec` (e.g. `"+30s"`,
+    /// `"-10s"`): its clock, and so every lease expiry it computes, jumps.
+    pub fn restart_with_faketime(&mut self, spec: &str) {
+        self.faketime = Some(spec.to_owned());
+        self.restart();
+    }
+
+    /// SIGSTOP: connections stay open, nothing answers.
+    pub fn pause(&self) {
+        signal(self.pid(), libc::SIGSTOP);
+    }
+
+    pub fn resume(&self) {
+        signal(self.pid(), libc::SIGCONT);
+    }
+
+    fn install(&self) {
+        let log = self.log_file();
+        let status = Command::new("mariadb-install-db")
+            .arg("--no-defaults")
+            .arg(format!("--datadir={}", self.data_dir().display()))
+            .args(["--auth-root-authentication-method=normal", "--skip-test-db"])
+            .args(["--skip-name-resolve", "--innodb-log-file-size=8M"])
+            .args(user_arg())
+            .current_dir(self.dir.path())
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .status()
+            .expect("mariadb-install-db must be installed (apt-get install mariadb-server)");
+        assert!(
+            status.success(),
+            "mariadb-install-db failed:\n{}",
+            self.logs()
+        );
+    }
+
+    fn spawn(&mut self) {
+        assert!(self.child.is_none(), "mariadb already running");
+        let log = self.log_file();
+        let mut cmd = match &self.faketime {
+            Some(spec) => {
+                let mut c = Command::new("faketime");
+                c.arg("-f").arg(spec).arg("mariadbd");
+                c
+            }
+            None => Command::new("mariadbd"),
+        };
+        cmd.arg("--no-defaults")
+            .arg(format!("--datadir={}", self.data_dir().display()))
+            .arg(format!("--port={}", self.port))
+            .arg(format!("--socket={}", self.socket().display()))
+            .arg(format!(
+                "--pid-file={}",
+                self.dir.path().join("pid").display()
+            ))
+            .args([
+                "--bind-address=127.0.0.1",
+                "--skip-name-resolve",
+                "--innodb-log-file-size=8M",
+                "--innodb-buffer-pool-size=16M",
+                "--max-connections=500",
+                "--skip-log-bin",
+            ])
+            .args(user_arg())
+            .args(&self.options)
+            .current_dir(self.dir.path())
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log);
+        self.child = Some(cmd.spawn().expect("spawn mariadbd"));
+        self.wait_ready();
+    }
+
+    fn wait_ready(&mut self) {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                self.child = None;
+                panic!("mariadbd exited with {status}:\n{}", self.logs());
+            }
+            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                let ok = Command::new("mariadb")
+                    .arg("--no-defaults")
+                    .arg(format!("--socket={}", self.socket().display()))
+                    .args(["-uroot", "-e", "SELECT 1"])
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status()
+                    .map(|s| s.success())
+                    .unwrap_or(false);
+                if ok {
+                    return;
+                }
+            }
+            if start.elapsed() > START_TIMEOUT {
+                self.kill();
+                panic!("mariadbd did not accept connections:\n{}", self.logs());
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+
+    fn log_file(&self) -> File {
+        OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .unwrap()
+    }
+}
+
+impl Drop for MariaDb {
+    fn drop(&mut self) {
+        if let Some(child) = &self.child {
+            signal(child.id(), libc::SIGCONT);
+        }
+        self.kill();
+    }
+}
+
+/// mariadbd refuses to run as root unless told to.
+fn user_arg() -> Vec<&'static str> {
+    if unsafe { libc::geteuid() } == 0 {
+        vec!["--user=root"]
+    } else {
+        vec![]
+    }
+}
+
+fn signal(pid: u32, sig: i32) {
+    unsafe {
+        libc::kill(pid as i32, sig);
+    }
+}

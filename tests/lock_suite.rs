@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::mariadb::MariaDb;
 use common::postgres::PgServer;
 use common::redis_topology::{ClusterSet, SentinelOpts, SentinelSet};
 use common::zookeeper::ZooKeeperEnsemble;
@@ -31,6 +32,7 @@ struct Harness {
     /// A one-server ZooKeeper "ensemble" (leader changes have their own
     /// tests in tests/zookeeper.rs).
     _zk: Option<ZooKeeperEnsemble>,
+    _mysql: Option<MariaDb>,
     sidecar: Fencer,
 }
 
@@ -50,8 +52,10 @@ fn harness(backend: Backend, extra: &[(&str, &str)]) -> Harness {
         Vec::new()
     };
     let zk = (backend == Backend::ZooKeeper).then(|| ZooKeeperEnsemble::with_size(1));
+    let mysql = (backend == Backend::MySql).then(MariaDb::start);
     let url = match (&pg, backend) {
         (Some(pg), _) => Some(pg.url()),
+        (None, Backend::MySql) => mysql.as_ref().map(MariaDb::url),
         (None, Backend::Redis) => Some(redis.url()),
         _ => None,
     };
@@ -100,6 +104,7 @@ fn harness(backend: Backend, extra: &[(&str, &str)]) -> Harness {
         cluster,
         masters,
         _zk: zk,
+        _mysql: mysql,
         sidecar,
     }
 }
@@ -820,6 +825,12 @@ macro_rules! suite {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() { super::$name(super::Backend::ZooKeeper).await }
+            )*
+        }
+        mod mysql {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() { super::$name(super::Backend::MySql).await }
             )*
         }
     };

@@ -18,6 +18,7 @@ pub mod channels;
 pub mod key;
 pub mod lease_id;
 pub mod memory;
+pub mod mysql;
 pub mod postgres;
 pub mod redis;
 pub mod redlock;

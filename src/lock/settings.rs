@@ -2,6 +2,7 @@
 
 use serde::Deserialize;
 
+pub use super::mysql::settings::MySqlSettings;
 pub use super::postgres::settings::PostgresSettings;
 pub use super::redis::settings::{RedisMode, RedisSettings, TokenMode};
 pub use super::redlock::settings::RedLockSettings;
@@ -18,8 +19,10 @@ pub enum BackendKind {
     Postgres,
     /// Curator's lock recipe on a ZooKeeper ensemble.
     ZooKeeper,
+    /// A lock table in MySQL or MariaDB.
+    MySql,
 }
-config_enum!(BackendKind { Memory => "memory", Redis => "redis", RedLock => "redlock", Postgres => "postgres", ZooKeeper => "zookeeper" });
+config_enum!(BackendKind { Memory => "memory", Redis => "redis", RedLock => "redlock", Postgres => "postgres", ZooKeeper => "zookeeper", MySql => "mysql" });
 
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(default, deny_unknown_fields)]
@@ -31,6 +34,7 @@ pub struct BackendSettings {
     pub redlock: RedLockSettings,
     pub postgres: PostgresSettings,
     pub zookeeper: ZooKeeperSettings,
+    pub mysql: MySqlSettings,
 }
 
 impl BackendSettings {
@@ -42,6 +46,7 @@ impl BackendSettings {
             .validate(self.kind == Some(BackendKind::Postgres))?;
         self.zookeeper
             .validate(self.kind == Some(BackendKind::ZooKeeper))?;
+        self.mysql.validate(self.kind == Some(BackendKind::MySql))?;
         Ok(())
     }
 }

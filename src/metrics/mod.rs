@@ -13,6 +13,7 @@ pub mod gateway;
 pub mod redis;
 pub mod redlock;
 pub mod sidecar;
+pub mod mysql;
 pub mod zookeeper;
 
 use prometheus::{Encoder, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};

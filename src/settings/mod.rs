@@ -197,6 +197,7 @@ impl Settings {
             s.backend.zookeeper.auth_digest = Some("REDACTED".into());
         }
         s.backend.postgres.url = redact_url(&s.backend.postgres.url);
+        s.backend.mysql.url = redact_url(&s.backend.mysql.url);
         s.gateway.postgres_url = redact_url(&s.gateway.postgres_url);
         s.storage.postgres_url = redact_url(&s.storage.postgres_url);
         s

@@ -28,6 +28,7 @@ use crate::lock::memory::MemoryBackend;
 use crate::lock::postgres::PgBackend;
 use crate::lock::redis::RedisBackend;
 use crate::lock::redlock::RedLockBackend;
+use crate::lock::mysql::MySqlBackend;
 use crate::lock::zookeeper::ZooKeeperBackend;
 use crate::lock::{DynBackend, WakeSink};
 use crate::metrics::Metrics;
@@ -47,7 +48,7 @@ pub fn build_backend(
         None => {
             return Err(StartError::config(
                 "backend.kind",
-                "required: redis, redlock, postgres, zookeeper, or memory (development only: locks vanish with the process)",
+                "required: redis, redlock, postgres, zookeeper, mysql, or memory (development only: locks vanish with the process)",
             ))
         }
         Some(BackendKind::Memory) => Arc::new(MemoryBackend::new(delay, wake)),
@@ -68,6 +69,12 @@ pub fn build_backend(
         Some(BackendKind::Postgres) => {
             Arc::new(PgBackend::new(&settings.backend.postgres, delay, wake)?)
         }
+        Some(BackendKind::MySql) => Arc::new(MySqlBackend::new(
+            &settings.backend.mysql,
+            delay,
+            wake,
+            registry,
+        )?),
         Some(BackendKind::ZooKeeper) => Arc::new(ZooKeeperBackend::new(
             &settings.backend.zookeeper,
             delay,

@@ -72,6 +72,12 @@ impl MariaDb {
         self.dir.path().join("data")
     }
 
+    fn tmp_dir(&self) -> PathBuf {
+        let p = self.dir.path().join("tmp");
+        std::fs::create_dir_all(&p).expect("create MariaDB tmpdir");
+        p
+    }
+
     pub fn log_path(&self) -> PathBuf {
         self.dir.path().join("mariadb.log")
     }
@@ -172,6 +178,9 @@ impl MariaDb {
         let status = Command::new("mariadb-install-db")
             .arg("--no-defaults")
             .arg(format!("--datadir={}", self.data_dir().display()))
+            // Its own tmpdir: concurrent installs sharing /tmp clash on
+            // temporary table names ("Unknown table 'mysql.tmp_user_sys'").
+            .arg(format!("--tmpdir={}", self.tmp_dir().display()))
             .args(["--auth-root-authentication-method=normal", "--skip-test-db"])
             .args(["--skip-name-resolve", "--innodb-log-file-size=8M"])
             .args(user_arg())
@@ -207,6 +216,7 @@ impl MariaDb {
                 "--pid-file={}",
                 self.dir.path().join("pid").display()
             ))
+            .arg(format!("--tmpdir={}", self.tmp_dir().display()))
             .args([
                 "--bind-address=127.0.0.1",
                 "--skip-name-resolve",

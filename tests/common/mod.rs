@@ -279,6 +279,8 @@ pub enum Backend {
     Postgres,
     /// ZooKeeper; the test passes the ensemble's connect string.
     ZooKeeper,
+    /// MySQL/MariaDB.
+    MySql,
 }
 
 impl Backend {
@@ -290,6 +292,7 @@ impl Backend {
             Backend::RedLock => "redlock",
             Backend::Postgres => "postgres",
             Backend::ZooKeeper => "zookeeper",
+            Backend::MySql => "mysql",
         }
     }
 }
@@ -355,6 +358,7 @@ impl Fencer {
         match (backend, url) {
             (Backend::Redis, Some(url)) => env.push(("backend.redis.url".into(), url.into())),
             (Backend::Postgres, Some(url)) => env.push(("backend.postgres.url".into(), url.into())),
+            (Backend::MySql, Some(url)) => env.push(("backend.mysql.url".into(), url.into())),
             _ => {}
         }
         for (k, v) in extra {

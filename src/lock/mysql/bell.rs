@@ -1,0 +1,397 @@
+//! Cross-sidecar wake-ups without polling: per-key "bells" made of MySQL
+//! named locks (`GET_LOCK`), because MySQL has no LISTEN/NOTIFY.
+//!
+//! While this sidecar holds a lease on a key, one of its bell connections
+//! holds the key's named lock (`fencer:<hash of the key>`). A sidecar
+//! waiting for the key blocks in `GET_LOCK` on that name on a wake
+//! connection of its own; when the lease ends here, the bell is released
+//! and the server hands the named lock to the first blocked waiter at
+//! once. That waiter releases it immediately (`RELEASE_LOCK`), which hands
+//! it to the next — every waiting sidecar wakes, one round trip apart, and
+//! retries its acquire.
+//!
+//! Why it cannot lose a wake-up: the bell is level-triggered. A waiter
+//! that reaches `GET_LOCK` after the release finds the name free and
+//! returns at once; it does not need to have been waiting at the moment
+//! of the release. Why it does not spin: the acquire statement reports who
+//! holds the bell (`IS_USED_LOCK`); a waiter only waits on a bell that
+//! another sidecar's connection holds. A lease without a bell (its
+//! sidecar died and the server released its bell, or it could not take
+//! it) is waited out on the lease's expiry timer, the bounded fallback.
+//! If a bell connection drops, the server frees its names (waiters wake,
+//! find the key still held, and wait again); it reconnects and re-takes
+//! the bells of the leases still held.
+//!
+//! The bell is taken *before* the acquire statement, so by the time any
+//! other sidecar can see the lease, its bell is normally already held.
+//! A lease outlives its bell only by the janitor's period: bells of
+//! leases whose deadline passed without renewal or release are freed.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use mysql_async::prelude::Queryable;
+use mysql_async::{Conn, Opts};
+use sha2::{Digest, Sha256};
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+use crate::metrics::mysql::MySqlMetrics;
+
+/// Bound on one bell statement.
+const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+const JANITOR_INTERVAL: Duration = Duration::from_millis(500);
+/// How long a bell that could not be taken is retried in the background.
+const RETAKE_EVERY: Duration = Duration::from_millis(20);
+
+/// The named lock of a key (≤ 64 characters, MySQL's limit).
+pub fn bell_name(key: &str) -> String {
+    let digest = Sha256::digest(key.as_bytes());
+    let hex: String = digest[..20].iter().map(|b| format!("{b:02x}")).collect();
+    format!("fencer:{hex}")
+}
+
+enum Command {
+    /// `GET_LOCK(name, 0)`; answers whether it is held now.
+    Take(String, oneshot::Sender<bool>),
+    Free(String),
+}
+
+struct Entry {
+    name: String,
+    /// Leases of this sidecar on the key, with their local deadlines.
+    leases: HashMap<String, Instant>,
+    /// Acquires in progress that took (or share) the bell.
+    pending: usize,
+    held: bool,
+}
+
+struct Shard {
+    tx: mpsc::UnboundedSender<Command>,
+    /// The shard connection's id on the server (0 while disconnected).
+    conn_id: Arc<std::sync::atomic::AtomicU32>,
+}
+
+pub struct Bells {
+    shards: Vec<Shard>,
+    entries: Mutex<HashMap<String, Entry>>,
+    metrics: Arc<MySqlMetrics>,
+}
+
+impl Bells {
+    pub fn start(opts: Opts, shards: usize, metrics: Arc<MySqlMetrics>) -> Arc<Bells> {
+        let mut list = Vec::new();
+        let mut rxs = Vec::new();
+        for _ in 0..shards.max(1) {
+            let (tx, rx) = mpsc::unbounded_channel();
+            list.push(Shard {
+                tx,
+                conn_id: Arc::new(std::sync::atomic::AtomicU32::new(0)),
+            });
+            rxs.push(rx);
+        }
+        let bells = Arc::new(Bells {
+            shards: list,
+            entries: Mutex::new(HashMap::new()),
+            metrics,
+        });
+        for (i, rx) in rxs.into_iter().enumerate() {
+            tokio::spawn(shard_task(
+                Arc::downgrade(&bells),
+                i,
+                opts.clone(),
+                rx,
+                bells.shards[i].conn_id.clone(),
+            ));
+        }
+        tokio::spawn(janitor(Arc::downgrade(&bells)));
+        bells
+    }
+
+    fn shard_of(&self, name: &str) -> usize {
+        let h = name
+            .bytes()
+            .fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(b as usize));
+        h % self.shards.len()
+    }
+
+    /// Whether `conn_id` (from `IS_USED_LOCK`) is one of ours.
+    pub fn is_ours(&self, conn_id: u32) -> bool {
+        self.shards
+            .iter()
+            .any(|s| s.conn_id.load(std::sync::atomic::Ordering::Relaxed) == conn_id)
+    }
+
+    /// Before an acquire: makes sure this sidecar holds the key's bell
+    /// (shared by its leases on the key). Pair with [`Bells::acquired`] or
+    /// [`Bells::not_acquired`].
+    pub async fn before_acquire(&self, key: &str) {
+        let name = {
+            let mut entries = self.entries.lock().expect("bells poisoned");
+            let e = entries.entry(key.to_owned()).or_insert_with(|| Entry {
+                name: bell_name(key),
+                leases: HashMap::new(),
+                pending: 0,
+                held: false,
+            });
+            e.pending += 1;
+            if e.held {
+                return;
+            }
+            e.name.clone()
+        };
+        let held = self.take(&name).await;
+        let mut entries = self.entries.lock().expect("bells poisoned");
+        if let Some(e) = entries.get_mut(key) {
+            e.held |= held;
+        } else if held {
+            // Cannot happen (pending keeps the entry), but never leak a lock.
+            self.free_name(name);
+        }
+    }
+
+    /// The acquire succeeded: the lease keeps the bell until `deadline`
+    /// (moved by renewals). A bell that could not be taken is retried.
+    pub fn acquired(self: &Arc<Self>, key: &str, lease: &str, deadline: Instant) {
+        let retake = {
+            let mut entries = self.entries.lock().expect("bells poisoned");
+            let Some(e) = entries.get_mut(key) else {
+                return;
+            };
+            e.pending = e.pending.saturating_sub(1);
+            e.leases.insert(lease.to_owned(), deadline);
+            (!e.held).then(|| e.name.clone())
+        };
+        if let Some(name) = retake {
+            self.metrics
+                .bell_events
+                .with_label_values(&["missed"])
+                .inc();
+            let bells = self.clone();
+            let key = key.to_owned();
+            tokio::spawn(async move { bells.retake(key, name).await });
+        }
+    }
+
+    /// The acquire did not get the key (or failed).
+    pub fn not_acquired(&self, key: &str) {
+        let mut entries = self.entries.lock().expect("bells poisoned");
+        if let Some(e) = entries.get_mut(key) {
+            e.pending = e.pending.saturating_sub(1);
+        }
+        self.settle(&mut entries, key);
+    }
+
+    /// A renewal moved the lease's deadline.
+    pub fn renewed(&self, key: &str, lease: &str, deadline: Instant) {
+        let mut entries = self.entries.lock().expect("bells poisoned");
+        if let Some(d) = entries.get_mut(key).and_then(|e| e.leases.get_mut(lease)) {
+            *d = deadline;
+        }
+    }
+
+    /// The lease ended here (released, found lost): rings the bell if no
+    /// other lease of this sidecar holds the key.
+    pub fn ended(&self, key: &str, lease: &str) {
+        let mut entries = self.entries.lock().expect("bells poisoned");
+        if let Some(e) = entries.get_mut(key) {
+            e.leases.remove(lease);
+        }
+        self.settle(&mut entries, key);
+    }
+
+    /// Frees the bell of an entry nobody uses any more.
+    fn settle(&self, entries: &mut HashMap<String, Entry>, key: &str) {
+        let unused = entries
+            .get(key)
+            .is_some_and(|e| e.leases.is_empty() && e.pending == 0);
+        if unused {
+            let e = entries.remove(key).expect("checked");
+            if e.held {
+                self.free_name(e.name);
+            }
+        }
+    }
+
+    fn free_name(&self, name: String) {
+        self.metrics.bell_events.with_label_values(&["rung"]).inc();
+        let shard = self.shard_of(&name);
+        let _ = self.shards[shard].tx.send(Command::Free(name));
+    }
+
+    async fn take(&self, name: &str) -> bool {
+        let (tx, rx) = oneshot::channel();
+        let shard = self.shard_of(name);
+        if self.shards[shard]
+            .tx
+            .send(Command::Take(name.to_owned(), tx))
+            .is_err()
+        {
+            return false;
+        }
+        matches!(tokio::time::timeout(CALL_TIMEOUT, rx).await, Ok(Ok(true)))
+    }
+
+    /// Retries taking a bell a lease holds without one (a waiter was just
+    /// passing it on), while the lease lasts.
+    async fn retake(self: Arc<Self>, key: String, name: String) {
+        loop {
+            tokio::time::sleep(RETAKE_EVERY).await;
+            {
+                let entries = self.entries.lock().expect("bells poisoned");
+                match entries.get(&key) {
+                    Some(e) if !e.held && e.name == name => {}
+                    _ => return,
+                }
+            }
+            if self.take(&name).await {
+                let mut entries = self.entries.lock().expect("bells poisoned");
+                match entries.get_mut(&key) {
+                    Some(e) if e.name == name => e.held = true,
+                    _ => self.free_name(name),
+                }
+                return;
+            }
+        }
+    }
+
+    /// Frees bells of leases whose deadline passed (no renewal, no release
+    /// seen: the lease is over, whatever the application thinks).
+    fn sweep(&self) {
+        let now = Instant::now();
+        let mut entries = self.entries.lock().expect("bells poisoned");
+        let keys: Vec<String> = entries
+            .iter_mut()
+            .filter_map(|(k, e)| {
+                e.leases.retain(|_, d| *d > now);
+                (e.leases.is_empty() && e.pending == 0).then(|| k.clone())
+            })
+            .collect();
+        for k in keys {
+            self.settle(&mut entries, &k);
+        }
+    }
+
+    /// The names a reconnected shard must take again.
+    fn held_names(&self, shard: usize) -> Vec<String> {
+        let mut entries = self.entries.lock().expect("bells poisoned");
+        entries
+            .values_mut()
+            .filter(|e| self.shard_of(&e.name) == shard)
+            .map(|e| {
+                e.held = false;
+                e.name.clone()
+            })
+            .collect()
+    }
+
+    fn mark_held(&self, name: &str) {
+        let mut entries = self.entries.lock().expect("bells poisoned");
+        if let Some(e) = entries.values_mut().find(|e| e.name == name) {
+            e.held = true;
+        }
+    }
+}
+
+async fn janitor(bells: std::sync::Weak<Bells>) {
+    let mut tick = tokio::time::interval(JANITOR_INTERVAL);
+    loop {
+        tick.tick().await;
+        let Some(b) = bells.upgrade() else { return };
+        b.sweep();
+    }
+}
+
+async fn connect(opts: &Opts) -> Option<Conn> {
+    match tokio::time::timeout(CALL_TIMEOUT * 2, Conn::new(opts.clone())).await {
+        Ok(Ok(c)) => Some(c),
+        failed => {
+            tracing::debug!(error = ?failed.map(|r| r.err()), "bell connection failed");
+            None
+        }
+    }
+}
+
+async fn get_lock(conn: &mut Conn, name: &str) -> Result<bool, ()> {
+    let r = tokio::time::timeout(
+        CALL_TIMEOUT,
+        conn.exec_first::<Option<i64>, _, _>("SELECT GET_LOCK(?, 0)", (name,)),
+    )
+    .await;
+    match r {
+        Ok(Ok(Some(v))) => Ok(v == Some(1)),
+        _ => Err(()),
+    }
+}
+
+/// Serves one bell connection: takes and frees names in order, reconnects
+/// (re-taking the bells still wanted) when the connection fails.
+async fn shard_task(
+    bells: std::sync::Weak<Bells>,
+    shard: usize,
+    opts: Opts,
+    mut rx: mpsc::UnboundedReceiver<Command>,
+    conn_id: Arc<std::sync::atomic::AtomicU32>,
+) {
+    let mut backoff = Duration::from_millis(50);
+    'connect: loop {
+        conn_id.store(0, std::sync::atomic::Ordering::Relaxed);
+        let Some(mut conn) = connect(&opts).await else {
+            // Answer what queued meanwhile: not held.
+            while let Ok(cmd) = rx.try_recv() {
+                if let Command::Take(_, reply) = cmd {
+                    let _ = reply.send(false);
+                }
+            }
+            if bells.upgrade().is_none() {
+                return;
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(2));
+            continue;
+        };
+        backoff = Duration::from_millis(50);
+        conn_id.store(conn.id(), std::sync::atomic::Ordering::Relaxed);
+        if let Some(b) = bells.upgrade() {
+            for name in b.held_names(shard) {
+                match get_lock(&mut conn, &name).await {
+                    Ok(true) => b.mark_held(&name),
+                    Ok(false) => {}
+                    Err(()) => continue 'connect,
+                }
+            }
+            b.metrics
+                .bell_events
+                .with_label_values(&["reconnected"])
+                .inc();
+        }
+        while let Some(cmd) = rx.recv().await {
+            match cmd {
+                Command::Take(name, reply) => match get_lock(&mut conn, &name).await {
+                    Ok(held) => {
+                        let _ = reply.send(held);
+                    }
+                    Err(()) => {
+                        let _ = reply.send(false);
+                        tracing::warn!("bell connection failed; reconnecting");
+                        continue 'connect;
+                    }
+                },
+                Command::Free(name) => {
+                    let r = tokio::time::timeout(
+                        CALL_TIMEOUT,
+                        conn.exec_drop("DO RELEASE_LOCK(?)", (name,)),
+                    )
+                    .await;
+                    if !matches!(r, Ok(Ok(()))) {
+                        // Dropping the connection frees all its names.
+                        tracing::warn!("bell release failed; reconnecting");
+                        continue 'connect;
+                    }
+                }
+            }
+        }
+        return;
+    }
+}

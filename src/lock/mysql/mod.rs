@@ -1,0 +1,485 @@
+//! The MySQL / MariaDB lock backend: the seeds' first design (a lock row in
+//! the database the application already has), made safe.
+//!
+//! What a naive database lock gets wrong, and what this one does instead:
+//! - **No transaction held while the application works.** Each operation
+//!   is one stored-procedure call: a short transaction that locks the
+//!   key's row, decides, and commits ([`sql`]). A lease is a row with an
+//!   expiry, not an open transaction or a `GET_LOCK` on a connection that
+//!   dies with it.
+//! - **Leases on the server's clock** (`SYSDATE(6)` in UTC), never the
+//!   sidecar's, counted from the moment the row lock is granted.
+//! - **Tokens never go back**, including after idle rows are deleted: a
+//!   new row starts above the token floor, which the clean-up raises first.
+//! - **Idempotent acquire**: a retry with the same lease id after an
+//!   unknown outcome gets the same token, and a statement whose caller
+//!   gave up is killed and, if it was granted anyway, released on its own
+//!   connection ([`crate::mysql::runner`]).
+//! - **Wake-ups without polling**: the sidecar's FIFO per key, plus bells
+//!   ([`bell`], [`wake`]): named locks that wake other sidecars the moment
+//!   a lease ends; the fallback timer only for leases that expire.
+
+pub mod bell;
+pub mod settings;
+pub mod sql;
+pub mod wake;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use mysql_async::prelude::Queryable;
+use mysql_async::{Conn, Params, Pool, Row, Value};
+use tokio::time::Instant;
+
+use self::bell::{bell_name, Bells};
+use self::settings::MySqlSettings;
+use self::wake::Waker;
+use super::{
+    Attempt, BackendError, LeaseId, LockBackend, LockKey, Ownership, WakeSink, WatchGuard,
+};
+use crate::metrics::mysql::MySqlMetrics;
+use crate::mysql::runner::Compensation;
+use crate::mysql::{MyOptions, RunError, Runner};
+
+pub struct MySqlBackend {
+    runner: Runner,
+    lock_delay_ms: i64,
+    bells: Arc<Bells>,
+    waker: Waker,
+    wake: Arc<dyn WakeSink>,
+    /// Per key, the bell holder (connection id, 0: none) the last `Held`
+    /// answer reported, for the `watch` that follows it.
+    holders: Mutex<HashMap<String, u32>>,
+    ready: Arc<AtomicBool>,
+}
+
+fn unavailable(e: impl std::fmt::Display) -> BackendError {
+    BackendError::Unavailable(e.to_string())
+}
+
+fn ms(d: Duration) -> i64 {
+    d.as_millis().min(i64::MAX as u128) as i64
+}
+
+fn int(row: &Row, i: usize) -> Result<i64, BackendError> {
+    row.get_opt::<Option<i64>, _>(i)
+        .and_then(|r| r.ok())
+        .map(|v| v.unwrap_or(0))
+        .ok_or_else(|| BackendError::Protocol(format!("column {i} is not an integer")))
+}
+
+/// Frees the bell's pending slot of an acquire that ends without the key
+/// (answered `Held`, failed, or its caller went away).
+struct PendingBell<'a> {
+    bells: &'a Bells,
+    key: &'a str,
+    armed: bool,
+}
+
+impl Drop for PendingBell<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.bells.not_acquired(self.key);
+        }
+    }
+}
+
+impl MySqlBackend {
+    /// Creates the backend without waiting for the server: the schema is
+    /// created by a background task as soon as it answers, and the sidecar
+    /// reports not-ready until then.
+    pub fn new(
+        settings: &MySqlSettings,
+        lock_delay: Duration,
+        wake: Arc<dyn WakeSink>,
+        registry: &prometheus::Registry,
+    ) -> Result<MySqlBackend, BackendError> {
+        let metrics = Arc::new(MySqlMetrics::new(registry));
+        let options = |pool_size| MyOptions {
+            url: &settings.url,
+            ca_file: settings.ca_file.as_deref(),
+            pool_size,
+            statement_timeout: settings.statement_timeout(),
+        };
+        let pool = crate::mysql::pool(&options(settings.pool_size)).map_err(unavailable)?;
+        let wake_pool = (settings.wake_connections > 0)
+            .then(|| crate::mysql::pool(&options(settings.wake_connections)))
+            .transpose()
+            .map_err(unavailable)?;
+        let bell_opts = crate::mysql::opts(&options(1)).map_err(unavailable)?;
+        let ready = Arc::new(AtomicBool::new(false));
+        tokio::spawn(maintain(
+            pool.clone(),
+            ready.clone(),
+            metrics.clone(),
+            Duration::from_millis(settings.idle_cleanup_after_ms),
+            Duration::from_millis(settings.cleanup_interval_ms),
+        ));
+        Ok(MySqlBackend {
+            runner: Runner::new(pool, Duration::from_millis(settings.request_timeout_ms)),
+            lock_delay_ms: ms(lock_delay),
+            bells: Bells::start(bell_opts, settings.bell_connections, metrics.clone()),
+            waker: Waker::new(wake_pool, wake.clone(), metrics),
+            wake,
+            holders: Mutex::new(HashMap::new()),
+            ready,
+        })
+    }
+
+    /// Runs one statement through the runner (first result set's rows);
+    /// `compensate` undoes it if it succeeds after its caller gave up.
+    async fn call(
+        &self,
+        statement: &'static str,
+        params: Vec<Value>,
+        compensate: Option<Compensation<Vec<Row>>>,
+    ) -> Result<Vec<Row>, BackendError> {
+        self.runner
+            .run(
+                move |mut conn: Conn| async move {
+                    let r = conn
+                        .exec::<Row, _, _>(statement, Params::Positional(params))
+                        .await;
+                    (conn, r)
+                },
+                compensate,
+            )
+            .await
+            .map_err(|e| match e {
+                // The server refused it: not applied.
+                RunError::Db(e) if !crate::mysql::connection_suspect(&e) => {
+                    BackendError::Protocol(crate::mysql::describe(&e))
+                }
+                other => unavailable(other),
+            })
+    }
+
+    fn ownership(&self, rows: &[Row]) -> Result<Ownership, BackendError> {
+        let Some(row) = rows.first() else {
+            return Err(BackendError::Protocol("no status row".into()));
+        };
+        Ok(match int(row, 0)? {
+            1 => Ownership::Owned {
+                token: int(row, 1)? as u64,
+            },
+            0 => Ownership::Free,
+            _ => Ownership::OtherHolder,
+        })
+    }
+}
+
+fn key_value(key: &LockKey) -> Value {
+    Value::Bytes(key.as_str().as_bytes().to_vec())
+}
+
+fn lease_value(lease: &LeaseId) -> Value {
+    Value::Bytes(lease.as_str().as_bytes().to_vec())
+}
+
+const ACQUIRE: &str = "CALL fencer_lock_acquire_v1(?, ?, ?, ?, ?)";
+const RENEW: &str = "CALL fencer_lock_renew_v1(?, ?, ?)";
+const RENEW_MANY: &str = "CALL fencer_lock_renew_many_v1(?)";
+const RELEASE: &str = "CALL fencer_lock_release_v1(?, ?)";
+
+/// Releases, on the acquire's own connection, a lock that an acquire whose
+/// caller gave up was granted after all.
+fn release_if_granted(key: Value, lease: Value) -> Compensation<Vec<Row>> {
+    Box::new(move |mut conn: Conn, rows: Vec<Row>| {
+        Box::pin(async move {
+            let granted = rows.first().is_some_and(|r| int(r, 0).ok() == Some(1));
+            if granted {
+                let r = conn
+                    .exec_drop(RELEASE, Params::Positional(vec![key, lease]))
+                    .await;
+                tracing::info!(
+                    released = r.is_ok(),
+                    "released a lock granted to an abandoned acquire"
+                );
+            }
+            conn
+        })
+    })
+}
+
+/// Creates the schema once reachable, then periodically deletes rows of
+/// keys idle for `idle` (bounded batches), keeping tokens monotonic.
+async fn maintain(
+    pool: Pool,
+    ready: Arc<AtomicBool>,
+    metrics: Arc<MySqlMetrics>,
+    idle: Duration,
+    every: Duration,
+) {
+    let mut delay = Duration::from_millis(50);
+    loop {
+        match tokio::time::timeout(Duration::from_secs(30), migrate(&pool)).await {
+            Ok(Ok(())) => break,
+            failed => {
+                tracing::debug!(error = ?failed.map(|r| r.err()), "mysql schema not created yet; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+    ready.store(true, Ordering::Release);
+    tracing::info!("mysql lock schema ready");
+    let mut tick = tokio::time::interval(every);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        match tokio::time::timeout(Duration::from_secs(30), cleanup(&pool, idle)).await {
+            Ok(Ok(Some(0))) => {}
+            Ok(Ok(Some(n))) => {
+                metrics.cleanup_rows.inc_by(n as u64);
+                tracing::info!(rows = n, "deleted idle lock rows");
+            }
+            Ok(Ok(None)) => tracing::debug!("idle lock clean-up skipped: new keys being created"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "idle lock clean-up failed"),
+            Err(_) => tracing::warn!("idle lock clean-up timed out"),
+        }
+    }
+}
+
+/// Creates what is missing of the schema, serialized between starting
+/// sidecars by a named lock. The catalog is read first: a start against an
+/// up-to-date database runs no DDL (no metadata lock on the busy table).
+pub async fn migrate(pool: &Pool) -> Result<(), mysql_async::Error> {
+    let mut conn = pool.get_conn().await?;
+    let pieces = sql::pieces();
+    let mut complete = true;
+    for (_, exists, _) in &pieces {
+        if conn.query_first::<i64, _>(exists.as_str()).await? != Some(1) {
+            complete = false;
+            break;
+        }
+    }
+    if complete {
+        return Ok(());
+    }
+    let locked: Option<i64> = conn
+        .query_first("SELECT GET_LOCK('fencer:schema', 10)")
+        .await?;
+    if locked != Some(1) {
+        return Err(mysql_async::Error::Other("schema lock not granted".into()));
+    }
+    let result = async {
+        for (name, exists, create) in &pieces {
+            if conn.query_first::<i64, _>(exists.as_str()).await? != Some(1) {
+                tracing::info!(piece = name, "creating schema piece");
+                conn.query_drop(*create).await?;
+            }
+        }
+        Ok(())
+    }
+    .await;
+    let _ = conn.query_drop("DO RELEASE_LOCK('fencer:schema')").await;
+    result
+}
+
+/// One clean-up round ([`sql::CLEANUP_LOCK`]); `Ok(None)` when skipped
+/// because acquires were creating rows (the floor's lock was taken).
+pub async fn cleanup(pool: &Pool, idle: Duration) -> Result<Option<i64>, mysql_async::Error> {
+    let mut conn = pool.get_conn().await?;
+    let mut tx = conn
+        .start_transaction(mysql_async::TxOpts::default())
+        .await?;
+    match tx.query_drop(sql::CLEANUP_LOCK).await {
+        Ok(()) => {}
+        // 1205 / 3572: lock wait timeout / NOWAIT refused.
+        Err(e) if matches!(crate::mysql::server_code(&e), Some(1205 | 3572)) => {
+            tx.rollback().await?;
+            return Ok(None);
+        }
+        Err(e) => return Err(e),
+    }
+    let idle_ms = ms(idle);
+    let any: Option<i64> = tx.exec_first(sql::cleanup_count(), (idle_ms,)).await?;
+    if any != Some(1) {
+        tx.commit().await?;
+        return Ok(Some(0));
+    }
+    tx.query_drop(sql::CLEANUP_RAISE).await?;
+    tx.exec_drop(sql::cleanup_delete(), (idle_ms, 1000i64))
+        .await?;
+    let n = tx.affected_rows() as i64;
+    tx.commit().await?;
+    Ok(Some(n))
+}
+
+#[async_trait]
+impl LockBackend for MySqlBackend {
+    fn name(&self) -> &'static str {
+        "mysql"
+    }
+
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        lease: &LeaseId,
+        ttl: Duration,
+    ) -> Result<Attempt, BackendError> {
+        let started = Instant::now();
+        self.bells.before_acquire(key.as_str()).await;
+        let mut pending = PendingBell {
+            bells: &self.bells,
+            key: key.as_str(),
+            armed: true,
+        };
+        let bell = bell_name(key.as_str());
+        let rows = self
+            .call(
+                ACQUIRE,
+                vec![
+                    key_value(key),
+                    lease_value(lease),
+                    Value::Int(ms(ttl)),
+                    Value::Int(self.lock_delay_ms),
+                    Value::Bytes(bell.into_bytes()),
+                ],
+                Some(release_if_granted(key_value(key), lease_value(lease))),
+            )
+            .await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| BackendError::Protocol("acquire returned no row".into()))?;
+        let (status, token, remaining, holder) =
+            (int(row, 0)?, int(row, 1)?, int(row, 2)?, int(row, 3)?);
+        if status == 1 {
+            pending.armed = false;
+            self.bells
+                .acquired(key.as_str(), lease.as_str(), started + ttl);
+            return Ok(Attempt::Acquired {
+                token: token as u64,
+            });
+        }
+        self.holders.lock().expect("holders poisoned").insert(
+            key.as_str().to_owned(),
+            holder.clamp(0, u32::MAX as i64) as u32,
+        );
+        Ok(Attempt::Held {
+            remaining: Some(Duration::from_millis(remaining.max(0) as u64)),
+        })
+    }
+
+    async fn renew(
+        &self,
+        key: &LockKey,
+        lease: &LeaseId,
+        ttl: Duration,
+    ) -> Result<Ownership, BackendError> {
+        let started = Instant::now();
+        let rows = self
+            .call(
+                RENEW,
+                vec![key_value(key), lease_value(lease), Value::Int(ms(ttl))],
+                None,
+            )
+            .await?;
+        let o = self.ownership(&rows)?;
+        match o {
+            Ownership::Owned { .. } => {
+                self.bells
+                    .renewed(key.as_str(), lease.as_str(), started + ttl)
+            }
+            _ => self.bells.ended(key.as_str(), lease.as_str()),
+        }
+        Ok(o)
+    }
+
+    async fn renew_many(
+        &self,
+        items: &[(LockKey, LeaseId, Duration)],
+    ) -> Result<Vec<Ownership>, BackendError> {
+        let started = Instant::now();
+        let json: Vec<(String, &str, i64)> = items
+            .iter()
+            .map(|(k, l, t)| (hex(k.as_str().as_bytes()), l.as_str(), ms(*t)))
+            .collect();
+        let json =
+            serde_json::to_string(&json).map_err(|e| BackendError::Protocol(e.to_string()))?;
+        let rows = self
+            .call(RENEW_MANY, vec![Value::Bytes(json.into_bytes())], None)
+            .await?;
+        if rows.len() != items.len() {
+            return Err(BackendError::Protocol(format!(
+                "renewed {} of {} leases",
+                rows.len(),
+                items.len()
+            )));
+        }
+        let mut out = Vec::with_capacity(items.len());
+        for (row, (key, lease, ttl)) in rows.iter().zip(items) {
+            if int(row, 0)? == 1 {
+                self.bells
+                    .renewed(key.as_str(), lease.as_str(), started + *ttl);
+                out.push(Ownership::Owned {
+                    token: int(row, 1)? as u64,
+                });
+            } else {
+                self.bells.ended(key.as_str(), lease.as_str());
+                out.push(Ownership::Free);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn release(&self, key: &LockKey, lease: &LeaseId) -> Result<Ownership, BackendError> {
+        let rows = self
+            .call(RELEASE, vec![key_value(key), lease_value(lease)], None)
+            .await?;
+        let o = self.ownership(&rows)?;
+        // Rings the bell: remote waiters wake.
+        self.bells.ended(key.as_str(), lease.as_str());
+        if matches!(o, Ownership::Owned { .. }) {
+            // Waiters of this sidecar.
+            self.wake.released(key.as_str());
+        }
+        Ok(o)
+    }
+
+    async fn raise_token_floor(&self, key: &LockKey, floor: u64) -> Result<(), BackendError> {
+        let floor = i64::try_from(floor)
+            .map_err(|_| BackendError::Protocol("floor out of range".into()))?;
+        self.call(
+            sql::RAISE_FLOOR,
+            vec![key_value(key), Value::Int(floor)],
+            None,
+        )
+        .await
+        .map(|_| ())
+    }
+
+    async fn watch(&self, key: &LockKey, _timeout: Duration) -> WatchGuard {
+        let holder = self
+            .holders
+            .lock()
+            .expect("holders poisoned")
+            .remove(key.as_str());
+        match holder {
+            // Another sidecar's bell: wait on it.
+            Some(id) if id != 0 && !self.bells.is_ours(id) => {
+                match self.waker.watch(key.as_str(), bell_name(key.as_str())) {
+                    Some(g) => WatchGuard::new(g),
+                    None => WatchGuard::none(),
+                }
+            }
+            // Ours (this sidecar's release wakes its own queue), or none
+            // (the lease is waited out on the fallback timer).
+            _ => WatchGuard::none(),
+        }
+    }
+
+    async fn ping(&self) -> Result<(), BackendError> {
+        if !self.ready.load(Ordering::Acquire) {
+            return Err(unavailable("mysql lock schema not created yet"));
+        }
+        self.call("SELECT 1", Vec::new(), None).await.map(|_| ())
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

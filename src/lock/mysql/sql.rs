@@ -1,0 +1,270 @@
+//! The SQL of the MySQL/MariaDB lock backend.
+//!
+//! MySQL has no `UPDATE … RETURNING`, so each operation is a stored
+//! procedure: one round trip, one short transaction (`START TRANSACTION`,
+//! the key's row locked `FOR UPDATE`, `COMMIT`) that never outlives the
+//! call — no transaction or row lock is held while the application works.
+//! Every time is the server's: `SYSDATE(6)` (the moment of execution, so a
+//! lease counts from when its row lock was granted, not from before a wait
+//! for it — `NOW(6)` is the statement's start, the PostgreSQL `now()` bug
+//! of issue 10), in UTC (the session's `time_zone` is pinned).
+//!
+//! Procedures carry a version in their name: a newer fencer adds new ones
+//! instead of replacing what older sidecars still call.
+
+/// What the schema needs, in order: (name, how to tell it exists, DDL).
+/// A piece is created only when the check says it is missing
+/// ([`super::schema`]).
+pub fn pieces() -> Vec<(&'static str, String, &'static str)> {
+    let table = |t: &str| {
+        format!(
+            "SELECT COUNT(*) FROM information_schema.tables \
+             WHERE table_schema = DATABASE() AND table_name = '{t}'"
+        )
+    };
+    let routine = |r: &str| {
+        format!(
+            "SELECT COUNT(*) FROM information_schema.routines \
+             WHERE routine_schema = DATABASE() AND routine_name = '{r}'"
+        )
+    };
+    vec![
+        ("fencer_locks", table("fencer_locks"), LOCKS),
+        ("fencer_token_floor", table("fencer_token_floor"), FLOOR),
+        (
+            "fencer_token_floor row",
+            "SELECT COUNT(*) FROM fencer_token_floor WHERE id = 1".into(),
+            "INSERT IGNORE INTO fencer_token_floor (id, floor) VALUES (1, 0)",
+        ),
+        (
+            "fencer_lock_acquire_v1",
+            routine("fencer_lock_acquire_v1"),
+            ACQUIRE_PROC,
+        ),
+        (
+            "fencer_lock_renew_v1",
+            routine("fencer_lock_renew_v1"),
+            RENEW_PROC,
+        ),
+        (
+            "fencer_lock_renew_many_v1",
+            routine("fencer_lock_renew_many_v1"),
+            RENEW_MANY_PROC,
+        ),
+        (
+            "fencer_lock_release_v1",
+            routine("fencer_lock_release_v1"),
+            RELEASE_PROC,
+        ),
+    ]
+}
+
+/// One row per key; a released or expired row is reused by the next
+/// acquire and its `token` is the key's counter. Keys and lease ids are
+/// binary strings: compared byte for byte ('A' ≠ 'a', trailing spaces
+/// count), never through a collation.
+const LOCKS: &str = "CREATE TABLE IF NOT EXISTS fencer_locks (
+  lock_key   VARBINARY(512) NOT NULL PRIMARY KEY,
+  lease_id   VARBINARY(128) NULL,
+  token      BIGINT NOT NULL,
+  expires_at DATETIME(6) NULL,
+  updated_at DATETIME(6) NOT NULL,
+  -- Lock-delay of the current lease: after an expiry (not a release) the
+  -- key stays unavailable until expires_at + delay_ms.
+  delay_ms   BIGINT NOT NULL DEFAULT 0,
+  KEY fencer_locks_updated_at (updated_at)
+) ENGINE=InnoDB";
+
+/// The token floor: a key whose row was deleted by the clean-up starts
+/// above it, so its tokens never go backwards.
+const FLOOR: &str = "CREATE TABLE IF NOT EXISTS fencer_token_floor (
+  id    TINYINT NOT NULL PRIMARY KEY,
+  floor BIGINT NOT NULL
+) ENGINE=InnoDB";
+
+/// (key, lease, ttl ms, lock-delay ms, bell name) → one row
+/// (status, token, remaining ms, bell holder): status 1 acquired (or
+/// already this lease's), -1 held by another lease; `bell holder` is the
+/// connection id holding the key's bell (`IS_USED_LOCK`), 0 if none.
+///
+/// A new key's row is created above the floor, reading it under a shared
+/// lock that the clean-up's exclusive lock orders against. Two first
+/// acquires of a key race on the primary key: the loser's INSERT waits for
+/// the winner's commit, fails with 1062 (handled), and reads the row the
+/// winner committed.
+pub const ACQUIRE_PROC: &str = "CREATE PROCEDURE fencer_lock_acquire_v1(
+  IN p_key VARBINARY(512), IN p_lease VARBINARY(128), IN p_ttl BIGINT,
+  IN p_delay BIGINT, IN p_bell VARCHAR(64))
+proc: BEGIN
+  DECLARE v_found INT DEFAULT 1;
+  DECLARE v_dup INT DEFAULT 0;
+  DECLARE v_lease VARBINARY(128);
+  DECLARE v_token BIGINT;
+  DECLARE v_exp DATETIME(6);
+  DECLARE v_delay BIGINT;
+  DECLARE v_floor BIGINT;
+  DECLARE v_now DATETIME(6);
+  DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_found = 0;
+  DECLARE CONTINUE HANDLER FOR 1062 SET v_dup = 1;
+  DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+  START TRANSACTION;
+  SELECT lease_id, token, expires_at, delay_ms INTO v_lease, v_token, v_exp, v_delay
+    FROM fencer_locks WHERE lock_key = p_key FOR UPDATE;
+  IF v_found = 0 THEN
+    SET v_found = 1;
+    SELECT floor INTO v_floor FROM fencer_token_floor WHERE id = 1 LOCK IN SHARE MODE;
+    SET v_now = SYSDATE(6);
+    INSERT INTO fencer_locks (lock_key, lease_id, token, expires_at, updated_at, delay_ms)
+      VALUES (p_key, p_lease, v_floor + 1,
+              TIMESTAMPADD(MICROSECOND, p_ttl * 1000, v_now), v_now, p_delay);
+    IF v_dup = 0 THEN
+      COMMIT;
+      SELECT 1, v_floor + 1, 0, 0;
+      LEAVE proc;
+    END IF;
+    SELECT lease_id, token, expires_at, delay_ms INTO v_lease, v_token, v_exp, v_delay
+      FROM fencer_locks WHERE lock_key = p_key FOR UPDATE;
+  END IF;
+  SET v_now = SYSDATE(6);
+  IF v_lease IS NULL OR TIMESTAMPADD(MICROSECOND, v_delay * 1000, v_exp) <= v_now THEN
+    UPDATE fencer_locks
+       SET lease_id = p_lease, token = v_token + 1,
+           expires_at = TIMESTAMPADD(MICROSECOND, p_ttl * 1000, v_now),
+           updated_at = v_now, delay_ms = p_delay
+     WHERE lock_key = p_key;
+    COMMIT;
+    SELECT 1, v_token + 1, 0, 0;
+  ELSEIF v_lease = p_lease AND v_exp > v_now THEN
+    COMMIT;
+    SELECT 1, v_token, 0, 0;
+  ELSE
+    COMMIT;
+    SELECT -1, v_token,
+           GREATEST(0, TIMESTAMPDIFF(MICROSECOND, v_now,
+                         TIMESTAMPADD(MICROSECOND, v_delay * 1000, v_exp)) DIV 1000),
+           COALESCE(IS_USED_LOCK(p_bell), 0);
+  END IF;
+END";
+
+/// (key, lease, ttl ms) → (status, token): 1 renewed, 0 not held (expired
+/// or released), -1 held by another lease.
+pub const RENEW_PROC: &str = "CREATE PROCEDURE fencer_lock_renew_v1(
+  IN p_key VARBINARY(512), IN p_lease VARBINARY(128), IN p_ttl BIGINT)
+BEGIN
+  DECLARE v_found INT DEFAULT 1;
+  DECLARE v_lease VARBINARY(128);
+  DECLARE v_token BIGINT;
+  DECLARE v_exp DATETIME(6);
+  DECLARE v_now DATETIME(6);
+  DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_found = 0;
+  DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+  START TRANSACTION;
+  SELECT lease_id, token, expires_at INTO v_lease, v_token, v_exp
+    FROM fencer_locks WHERE lock_key = p_key FOR UPDATE;
+  SET v_now = SYSDATE(6);
+  IF v_found = 0 THEN
+    COMMIT;
+    SELECT 0, 0;
+  ELSEIF v_lease = p_lease AND v_exp > v_now THEN
+    UPDATE fencer_locks
+       SET expires_at = TIMESTAMPADD(MICROSECOND, p_ttl * 1000, v_now), updated_at = v_now
+     WHERE lock_key = p_key;
+    COMMIT;
+    SELECT 1, v_token;
+  ELSE
+    COMMIT;
+    SELECT IF(v_lease IS NULL OR v_lease = p_lease OR v_exp <= v_now, 0, -1), v_token;
+  END IF;
+END";
+
+/// (JSON `[[hex key, lease, ttl ms], …]`) → one row per item, in order:
+/// (renewed 0/1, token). One transaction, one moment (`v_now`) for all:
+/// a lease renewed from an earlier instant only ends earlier.
+pub const RENEW_MANY_PROC: &str = "CREATE PROCEDURE fencer_lock_renew_many_v1(IN p_items LONGTEXT)
+BEGIN
+  DECLARE v_now DATETIME(6);
+  DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+  START TRANSACTION;
+  SET v_now = SYSDATE(6);
+  UPDATE fencer_locks l
+    JOIN JSON_TABLE(p_items, '$[*]' COLUMNS (
+           k VARCHAR(1024) PATH '$[0]', le VARCHAR(256) PATH '$[1]', ttl BIGINT PATH '$[2]')) t
+      ON l.lock_key = UNHEX(t.k) AND l.lease_id = CAST(t.le AS BINARY)
+     SET l.expires_at = TIMESTAMPADD(MICROSECOND, t.ttl * 1000, v_now), l.updated_at = v_now
+   WHERE l.expires_at > v_now;
+  SELECT IF(l.updated_at = v_now AND l.lease_id = CAST(t.le AS BINARY), 1, 0),
+         COALESCE(l.token, 0)
+    FROM JSON_TABLE(p_items, '$[*]' COLUMNS (
+           n FOR ORDINALITY, k VARCHAR(1024) PATH '$[0]', le VARCHAR(256) PATH '$[1]')) t
+    LEFT JOIN fencer_locks l ON l.lock_key = UNHEX(t.k)
+   ORDER BY t.n;
+  COMMIT;
+END";
+
+/// (key, lease) → (status, token), statuses as for renew. Releasing frees
+/// the key at once (no lock-delay: the holder said it is done).
+pub const RELEASE_PROC: &str = "CREATE PROCEDURE fencer_lock_release_v1(
+  IN p_key VARBINARY(512), IN p_lease VARBINARY(128))
+BEGIN
+  DECLARE v_found INT DEFAULT 1;
+  DECLARE v_lease VARBINARY(128);
+  DECLARE v_token BIGINT;
+  DECLARE v_exp DATETIME(6);
+  DECLARE v_now DATETIME(6);
+  DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_found = 0;
+  DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+  START TRANSACTION;
+  SELECT lease_id, token, expires_at INTO v_lease, v_token, v_exp
+    FROM fencer_locks WHERE lock_key = p_key FOR UPDATE;
+  SET v_now = SYSDATE(6);
+  IF v_found = 0 THEN
+    COMMIT;
+    SELECT 0, 0;
+  ELSEIF v_lease = p_lease AND v_exp > v_now THEN
+    UPDATE fencer_locks SET lease_id = NULL, expires_at = NULL, updated_at = v_now
+     WHERE lock_key = p_key;
+    COMMIT;
+    SELECT 1, v_token;
+  ELSE
+    COMMIT;
+    SELECT IF(v_lease IS NULL OR v_lease = p_lease OR v_exp <= v_now, 0, -1), v_token;
+  END IF;
+END";
+
+/// The idle-row clean-up, run by the sidecar in one transaction:
+/// [`CLEANUP_LOCK`], then [`CLEANUP_COUNT`] (nothing to do: commit), then
+/// [`CLEANUP_RAISE`] and [`CLEANUP_DELETE`].
+///
+/// The floor row is taken exclusively with `NOWAIT` (a round is skipped
+/// rather than making new-key acquires queue behind it; MariaDB refuses
+/// NOWAIT inside procedures, hence no procedure here), the floor is raised
+/// to the highest token in the table, then up to a batch of rows of keys
+/// idle for the given time are deleted. The floor is raised past every
+/// token, not just the deleted ones: it only has to exceed them, and the
+/// table's maximum needs no list of what was deleted (MySQL's DELETE
+/// returns none). A row acquired meanwhile is not idle any more, and
+/// DELETE re-checks its condition on each row it locks.
+pub const CLEANUP_LOCK: &str =
+    "SELECT floor FROM fencer_token_floor WHERE id = 1 FOR UPDATE NOWAIT";
+
+const IDLE: &str =
+    "(lease_id IS NULL OR TIMESTAMPADD(MICROSECOND, delay_ms * 1000, expires_at) <= SYSDATE(6))
+   AND updated_at < TIMESTAMPADD(MICROSECOND, -? * 1000, SYSDATE(6))";
+
+/// (idle ms) → rows that the clean-up would delete (up to 1).
+pub fn cleanup_count() -> String {
+    format!("SELECT COUNT(*) FROM (SELECT 1 FROM fencer_locks WHERE {IDLE} LIMIT 1) t")
+}
+
+pub const CLEANUP_RAISE: &str = "UPDATE fencer_token_floor
+   SET floor = GREATEST(floor, (SELECT COALESCE(MAX(token), 0) FROM fencer_locks)) WHERE id = 1";
+
+/// (idle ms, batch).
+pub fn cleanup_delete() -> String {
+    format!("DELETE FROM fencer_locks WHERE {IDLE} ORDER BY updated_at LIMIT ?")
+}
+
+/// (key, floor): the key's next token will be above `floor`.
+pub const RAISE_FLOOR: &str = "INSERT INTO fencer_locks (lock_key, token, updated_at)
+VALUES (?, ?, SYSDATE(6))
+ON DUPLICATE KEY UPDATE token = GREATEST(token, VALUES(token))";

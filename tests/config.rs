@@ -458,3 +458,66 @@ fn refused_each(base: &[(&str, &str)], cases: &[(&str, &str, &str)]) {
         );
     }
 }
+
+#[test]
+fn gateway_mysql_settings_are_checked_and_redacted() {
+    let base = [
+        ("FENCER__GATEWAY__FENCE_STORE", "mysql"),
+        (
+            "FENCER__GATEWAY__MYSQL_URL",
+            "mysql://fencer:s3cret-pw@db-0.example:3306/fencer",
+        ),
+    ];
+    let out = fencer(&["check-config"], &base);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("db-0.example:3306") && !text.contains("s3cret-pw"),
+        "{text}"
+    );
+    refused_each(
+        &base,
+        &[
+            ("FENCER__GATEWAY__MYSQL_URL", "", "gateway.mysql_url"),
+            (
+                "FENCER__GATEWAY__MYSQL_URL",
+                "postgres://fencer@db/fencer",
+                "gateway.mysql_url",
+            ),
+            (
+                "FENCER__GATEWAY__MYSQL_CA_FILE",
+                "/nonexistent/ca.pem",
+                "gateway.mysql_ca_file",
+            ),
+            (
+                "FENCER__GATEWAY__MYSQL_POOL_SIZE",
+                "0",
+                "gateway.mysql_pool_size",
+            ),
+            (
+                "FENCER__GATEWAY__MYSQL_REQUEST_TIMEOUT_MS",
+                "5",
+                "gateway.mysql_request_timeout_ms",
+            ),
+            // The demo storage has no MySQL engine.
+            ("FENCER__STORAGE__BACKEND", "mysql", "storage.backend"),
+        ],
+    );
+    // An unknown store lists mysql among the allowed ones.
+    let out = fencer(
+        &["check-config"],
+        &[("FENCER__GATEWAY__FENCE_STORE", "mongo")],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("mysql"), "{}", stderr(&out));
+    // The PostgreSQL settings are untouched by a MySQL store and vice versa.
+    let out = fencer(
+        &["check-config"],
+        &[
+            ("FENCER__GATEWAY__FENCE_STORE", "postgres"),
+            ("FENCER__GATEWAY__POSTGRES_URL", "postgres://f@db/f"),
+            ("FENCER__GATEWAY__POSTGRES_REQUEST_TIMEOUT_MS", "3000"),
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+}

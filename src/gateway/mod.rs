@@ -5,7 +5,8 @@
 //! - [`verify`] — token signature, key and path binding;
 //! - [`fenced`] — admission and forward of a fenced request, in its own task;
 //! - [`key_queue`] — per-key turns inside one process;
-//! - [`fence_store`] — marks and in-flight stamps (memory, PostgreSQL);
+//! - [`fence_store`] — marks and in-flight stamps (memory, PostgreSQL,
+//!   MySQL/MariaDB);
 //! - [`preregister`] — the sidecars' token pre-registration endpoint.
 
 pub mod fence_store;
@@ -22,6 +23,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use self::fence_store::memory::MemoryFences;
+use self::fence_store::mysql::{MyFenceOptions, MyFences};
 use self::fence_store::postgres::{PgFenceOptions, PgFences};
 use self::fence_store::FenceStore;
 use self::handler::Gateway;
@@ -58,7 +60,7 @@ pub async fn build(
         None => {
             return Err(config_err(
                 "gateway.fence_store",
-                "required: `postgres` (durable, shared by replicas) or `memory` (development only: marks are lost on restart)",
+                "required: `postgres` or `mysql` (durable, shared by replicas) or `memory` (development only: marks are lost on restart)",
             ))
         }
         Some(FenceStoreKind::Memory) => Arc::new(MemoryFences::default()),
@@ -73,6 +75,18 @@ pub async fn build(
             .await
             .map_err(|e| StartError::Store(e.to_string()))?
             .with_metrics(metrics.remote_waits.clone()),
+        ),
+        Some(FenceStoreKind::Mysql) => Arc::new(
+            MyFences::connect(&MyFenceOptions {
+                url: &g.mysql_url,
+                ca_file: g.mysql_ca_file.as_deref(),
+                pool_size: g.mysql_pool_size,
+                request_timeout: Duration::from_millis(g.mysql_request_timeout_ms),
+                startup: Duration::from_secs(30),
+            })
+            .await
+            .map_err(|e| StartError::Store(e.to_string()))?
+            .with_metrics(metrics.remote_waits.clone(), registry),
         ),
     };
     let forwarder = Forwarder::new(

@@ -15,8 +15,9 @@ use crate::settings::{
 pub enum FenceStoreKind {
     Memory,
     Postgres,
+    Mysql,
 }
-config_enum!(FenceStoreKind { Memory => "memory", Postgres => "postgres" });
+config_enum!(FenceStoreKind { Memory => "memory", Postgres => "postgres", Mysql => "mysql" });
 
 /// One accepted signing key of the gateway (several during a rotation).
 #[derive(Debug, Clone, Deserialize)]
@@ -51,14 +52,26 @@ pub struct GatewaySettings {
     pub routes: Vec<crate::routes::RouteSpec>,
     /// Accepted signing keys. Empty: the `[signing]` key.
     pub keys: Vec<VerifyKey>,
-    /// Required for `fencer gateway`: `postgres`, or `memory` chosen
-    /// explicitly for development (marks are lost on restart).
+    /// Required for `fencer gateway`: `postgres` or `mysql` (durable,
+    /// shared by replicas), or `memory` chosen explicitly for development
+    /// (marks are lost on restart).
     pub fence_store: Option<FenceStoreKind>,
     pub postgres_url: String,
     pub postgres_ca_file: Option<String>,
     pub postgres_pool_size: usize,
-    /// Bound on one fence-store call (check-and-advance, clearing a stamp).
+    /// Bound on one fence-store call (check-and-advance, clearing a stamp)
+    /// with `fence_store = "postgres"`.
     pub postgres_request_timeout_ms: u64,
+    /// `mysql://user:password@host:3306/database` (MySQL 8 or MariaDB
+    /// 10.11; `?require_ssl=true` for TLS). The server must run with
+    /// `innodb_flush_log_at_trx_commit = 1` for acknowledged marks to
+    /// survive its crash.
+    pub mysql_url: String,
+    /// CA certificate(s) that verify the server (turns TLS on).
+    pub mysql_ca_file: Option<String>,
+    pub mysql_pool_size: usize,
+    /// Bound on one fence-store call with `fence_store = "mysql"`.
+    pub mysql_request_timeout_ms: u64,
     /// How long a fenced request waits for the previous one on its key.
     pub serialize_timeout_ms: u64,
     pub connect_timeout_ms: u64,
@@ -85,6 +98,10 @@ impl Default for GatewaySettings {
             postgres_ca_file: None,
             postgres_pool_size: 32,
             postgres_request_timeout_ms: 2_000,
+            mysql_url: String::new(),
+            mysql_ca_file: None,
+            mysql_pool_size: 32,
+            mysql_request_timeout_ms: 2_000,
             serialize_timeout_ms: 5_000,
             connect_timeout_ms: 1_000,
             upstream_timeout_ms: 10_000,
@@ -103,8 +120,16 @@ impl GatewaySettings {
         self.connect_timeout_ms
             + self.upstream_timeout_ms
             + self.uncertain_hold_ms
-            + 2 * self.postgres_request_timeout_ms
+            + 2 * self.store_request_timeout_ms()
             + 1_000
+    }
+
+    /// The bound on one call to the selected fence store.
+    pub fn store_request_timeout_ms(&self) -> u64 {
+        match self.fence_store {
+            Some(FenceStoreKind::Mysql) => self.mysql_request_timeout_ms,
+            _ => self.postgres_request_timeout_ms,
+        }
     }
 
     /// The longest a request can spend in the gateway before the storage
@@ -152,6 +177,32 @@ impl GatewaySettings {
                 "required when gateway.fence_store = \"postgres\"",
             ));
         }
+        if g.fence_store == Some(FenceStoreKind::Mysql) {
+            if g.mysql_url.is_empty() {
+                return Err(invalid(
+                    "gateway.mysql_url",
+                    "required when gateway.fence_store = \"mysql\"",
+                ));
+            }
+            crate::mysql::opts(&crate::mysql::MyOptions {
+                url: &g.mysql_url,
+                ca_file: None,
+                pool_size: 1,
+                statement_timeout: std::time::Duration::from_secs(1),
+            })
+            .map_err(|e| invalid("gateway.mysql_url", e))?;
+            if let Some(ca) = &g.mysql_ca_file {
+                std::fs::metadata(ca)
+                    .map_err(|e| invalid("gateway.mysql_ca_file", format!("{ca}: {e}")))?;
+            }
+        }
+        check_range("gateway.mysql_pool_size", g.mysql_pool_size as u64, 1, 1024)?;
+        check_range(
+            "gateway.mysql_request_timeout_ms",
+            g.mysql_request_timeout_ms,
+            10,
+            60_000,
+        )?;
         check_range(
             "gateway.postgres_pool_size",
             g.postgres_pool_size as u64,
@@ -195,5 +246,28 @@ impl GatewaySettings {
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_stamp_hold_counts_the_selected_stores_timeout() {
+        let mut g = GatewaySettings {
+            postgres_request_timeout_ms: 3_000,
+            mysql_request_timeout_ms: 500,
+            ..GatewaySettings::default()
+        };
+        let base = g.connect_timeout_ms + g.upstream_timeout_ms + g.uncertain_hold_ms + 1_000;
+        g.fence_store = Some(FenceStoreKind::Postgres);
+        assert_eq!(g.stamp_hold_ms(), base + 6_000);
+        g.fence_store = Some(FenceStoreKind::Mysql);
+        assert_eq!(g.stamp_hold_ms(), base + 1_000);
+        assert_eq!(
+            FenceStoreKind::try_from("mysql".to_owned()),
+            Ok(FenceStoreKind::Mysql)
+        );
     }
 }

@@ -199,6 +199,7 @@ impl Settings {
         s.backend.postgres.url = redact_url(&s.backend.postgres.url);
         s.backend.mysql.url = redact_url(&s.backend.mysql.url);
         s.gateway.postgres_url = redact_url(&s.gateway.postgres_url);
+        s.gateway.mysql_url = redact_url(&s.gateway.mysql_url);
         s.storage.postgres_url = redact_url(&s.storage.postgres_url);
         s
     }

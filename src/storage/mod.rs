@@ -107,6 +107,14 @@ pub async fn build(settings: &Settings) -> Result<Arc<dyn KvStore>, StartError> 
             .await
             .map_err(|e| StartError::Store(e.to_string()))?,
         ),
+        // Refused by `StorageSettings::validate`; the demo storage has no
+        // MySQL engine.
+        FenceStoreKind::Mysql => {
+            return Err(StartError::config(
+                "storage.backend",
+                "the demo storage supports `memory` and `postgres`",
+            ))
+        }
     })
 }
 

@@ -29,6 +29,12 @@ impl Default for StorageSettings {
 
 impl StorageSettings {
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        if self.backend == FenceStoreKind::Mysql {
+            return Err(invalid(
+                "storage.backend",
+                "the demo storage supports `memory` and `postgres`, not `mysql`",
+            ));
+        }
         if self.backend == FenceStoreKind::Postgres && self.postgres_url.is_empty() {
             return Err(invalid(
                 "storage.postgres_url",

@@ -26,6 +26,8 @@
 //! request is forwarded or waits its turn (issue 9 item 9).
 
 pub mod memory;
+pub mod mysql;
+mod mysql_sql;
 pub mod postgres;
 mod sql;
 

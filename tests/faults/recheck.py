@@ -28,14 +28,15 @@ def scenario_of(report):
     """The scenario a run was made from, by the name in its report."""
     name, backend = report["scenario"], report["backend"]
     for mixed in (suite.MIXED, suite.MIXED_SENTINEL, suite.MIXED_CLUSTER, suite.MIXED_REDLOCK,
-                  suite.MIXED_ZOOKEEPER):
+                  suite.MIXED_ZOOKEEPER, suite.MIXED_MYSQL):
         if name.startswith(mixed["name"] + "-") and name[len(mixed["name"]) + 1:].isdigit():
             return dict(mixed, backend=backend, name=name)
     for f in suite.FAMILIES + [suite.BASELINE]:
         if f["name"] == name:
             return dict(f, backend=backend)
     for base, mutants in (("zk-session", suite.ZOOKEEPER_MUTANTS), ("redlock-majority-restarts",
-                                                                     suite.REDLOCK_MUTANTS)):
+                                                                     suite.REDLOCK_MUTANTS),
+                            ("mysql-cut", suite.MYSQL_MUTANTS)):
         for m in mutants.values():
             if m["name"] == name:
                 return dict(next(f for f in suite.FAMILIES if f["name"] == base), **m)

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""fencer's fault suite: real fencer processes, Redis, PostgreSQL and
-ZooKeeper under seeded faults; histories checked for S1–S7 (docs/faults.md).
+"""fencer's fault suite: real fencer processes, Redis, PostgreSQL,
+ZooKeeper and MariaDB under seeded faults; histories checked for S1–S7 (docs/faults.md).
 
   python3 tests/faults/run.py --tier pr                  # the CI tier (~15 min)
   python3 tests/faults/run.py --tier long --minutes 30   # per backend, mixed faults
@@ -16,6 +16,9 @@ ZooKeeper under seeded faults; histories checked for S1–S7 (docs/faults.md).
   python3 tests/faults/run.py --only zk-session --seed 5      # M1 on ZooKeeper
   python3 tests/faults/run.py --tier long --backend zookeeper --minutes 10
   python3 tests/faults/run.py --mutant zk_early_expiry --repeat 10   # must FAIL (M1)
+  python3 tests/faults/run.py --only mysql-clock --seed 3 --keep      # MariaDB's clock jumps
+  python3 tests/faults/run.py --tier long --backend mysql --minutes 10
+  python3 tests/faults/run.py --mutant no_enforcement --backend mysql --skip-directed
 
 Exit status 0 when every safety run is PASS and every mutant run FAILs.
 Histories, logs and the report of every run that is not a clean PASS are
@@ -163,12 +166,42 @@ FAMILIES += [
        duration_s=30, nemesis=["pause_sidecar_long", "partition_zk"], exclusive=True,
        bite={"zk_sessions_expired": 3, "acked": 60}),
 ]
+FAMILIES += [
+    # MySQL/MariaDB (backend.kind = "mysql"): a private MariaDB, each
+    # sidecar behind a proxy of its own to it; leases are rows with an
+    # expiry on the server's clock, TTL 500 ms, statements bounded at 1 s.
+    # kill -9 of the server (restarted 0.3–2 s later, crash recovery), with
+    # worker pauses for stale writes. In the PR tier.
+    sc("mysql-kill", backend="mysql", self_pause_p=0.3, interval=(0.8, 2.0),
+       nemesis=["kill_mysql", "pause_worker"],
+       bite={"mysql_kills": 3, "stale_at_gateway": 3}),
+    # One sidecar's connections cut (black-holed or reset) for 1.2–3 s, and
+    # server kills, without worker pauses or clock faults: mutual exclusion
+    # must hold (M1) — the cut sidecar's leases end on its own clock before
+    # their rows expire on the server's. Workers think 50–400 ms, so many
+    # leases are still held late in their TTL (the window a premature
+    # expiry opens). In the PR tier.
+    sc("mysql-cut", backend="mysql", self_pause_p=0.0, interval=(0.5, 1.5), think_ms=[50, 400],
+       duration_s=35, nemesis=["cut_mysql", "cut_mysql", "kill_mysql"], exclusive=True,
+       bite={"mysql_cuts": 4, "acked": 60}),
+    # Clocks: sidecar 0's wall clock an hour ahead for the whole run (leases
+    # are on the server's clock: it must not matter), and the server's own
+    # clock jumping 1–4 s while it runs (forward in 70 %: live leases end
+    # early on the server and another sidecar takes the key while the
+    # holder's deadline is still ahead — the gateway must refuse the older
+    # holder), and back. Worker pauses. In the PR tier.
+    sc("mysql-clock", backend="mysql", self_pause_p=0.3, interval=(0.5, 1.5), first_sidecar_faketime="+1h",
+       nemesis=["clock_mysql", "clock_mysql", "pause_worker"],
+       bite={"mysql_forward_jumps": 2, "stale_at_gateway": 3}),
+]
 SENTINEL_FAMILIES = [f for f in FAMILIES if f["backend"] == "redis-sentinel"]
 CLUSTER_FAMILIES = [f for f in FAMILIES if f["backend"] == "redis-cluster"]
 REDLOCK_FAMILIES = [f for f in FAMILIES if f["backend"] == "redlock"]
 ZOOKEEPER_FAMILIES = [f for f in FAMILIES if f["backend"] == "zookeeper"]
+MYSQL_FAMILIES = [f for f in FAMILIES if f["backend"] == "mysql"]
 # Families bound to the topology they fail: never re-targeted by --backend.
-TOPOLOGY_FAMILIES = SENTINEL_FAMILIES + CLUSTER_FAMILIES + REDLOCK_FAMILIES + ZOOKEEPER_FAMILIES
+TOPOLOGY_FAMILIES = (SENTINEL_FAMILIES + CLUSTER_FAMILIES + REDLOCK_FAMILIES + ZOOKEEPER_FAMILIES
+                     + MYSQL_FAMILIES)
 
 # No faults: the throughput the fault runs are compared with.
 BASELINE = sc("baseline", nemesis=[], self_pause_p=0.0)
@@ -209,6 +242,17 @@ MIXED_ZOOKEEPER = sc("mixed-zookeeper", backend="zookeeper",
                                        "net_lock", "net_gateway", "net_storage", "expire", "slow_storage"],
                      self_pause_p=0.35, forge_p=0.05, replay_p=0.1, client_timeout_ms=2500)
 
+# The long tier's mixed schedule for MySQL (--backend mysql): server kills,
+# one sidecar's link cut, the server's clock jumping, the server frozen,
+# links delayed / black-holed / reset, lease rows expired behind their
+# holders; sidecar 0 an hour ahead; sidecars and gateways paused and
+# killed; slow storage.
+MIXED_MYSQL = sc("mixed-mysql", backend="mysql", first_sidecar_faketime="+1h",
+                 nemesis=PAUSES + ["pause_sidecar", "kill_sidecar", "kill_gateway", "kill_mysql", "cut_mysql",
+                                   "clock_mysql", "pause_backend", "net_lock", "net_gateway", "net_storage",
+                                   "expire", "slow_storage"],
+                 self_pause_p=0.35, forge_p=0.05, replay_p=0.1, client_timeout_ms=2500)
+
 # Mutants killed by a random schedule of this suite: mutant → (scenario
 # overrides, mutants by role).
 RANDOM_MUTANTS = {
@@ -245,6 +289,21 @@ REDLOCK_MUTANTS = {
 ZOOKEEPER_MUTANTS = {
     "zk_early_expiry": dict(name="m-zk-early-expiry", duration_s=30, bite={},
                             mutants={"sidecar": ["zk_early_expiry"]}),
+}
+
+# MySQL, on the mysql-cut schedule that promises mutual exclusion (M1).
+# mysql_early_expiry: a mutant the Rust side does not have yet (proposed:
+# the acquire procedure writes the row's expiry at half the TTL, before
+# the holder's local deadline) — until src/mutants.rs knows it, the
+# sidecars log "unknown mutant" and this run survives (BAD).
+# mysql_rows_expired_early: the same defect, injected from outside: the
+# `expire` nemesis sets live lease rows' expiry to the server's now every
+# 0.2–0.6 s (the `expire` family's mechanism; no FENCER_MUTANT). M1 must
+# see the second holder. `--mutant` only.
+MYSQL_MUTANTS = {
+    "mysql_early_expiry": dict(name="m-mysql-early-expiry", bite={}, mutants={"sidecar": ["mysql_early_expiry"]}),
+    "mysql_rows_expired_early": dict(name="m-mysql-rows-expired-early", bite={}, interval=(0.2, 0.6),
+                                     nemesis=["expire"]),
 }
 
 # Mutants killed by a directed test (deterministic, seconds each): the
@@ -308,7 +367,7 @@ def main():
     ap.add_argument("--minutes", type=float, default=30, help="long tier: minutes per backend")
     ap.add_argument("--only", help="run one family (by name)")
     ap.add_argument("--backend", choices=["redis", "postgres", "redis-sentinel", "redis-cluster", "redlock",
-                                          "zookeeper"])
+                                          "zookeeper", "mysql"])
     ap.add_argument("--mutant", help="run one mutant's kill test(s)")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--seed", type=int, default=None)
@@ -338,6 +397,13 @@ def main():
             bites += f" zk_expected={','.join(str(n) for n in zm['expected_expiries'])}"
             if zm["not_expired"]:
                 bites += f" NOT_EXPIRED={','.join(zm['not_expired'])}"
+        mm = r.get("mysql_metrics")
+        if mm:
+            bites += (f" mysql_cleanup_rows={mm.get('cleanup_rows', 0)} floor_at_end={mm.get('token_floor_at_end')}"
+                      f" bells_rung={mm.get('bell_events.rung', 0)} bells_missed={mm.get('bell_events.missed', 0)}")
+        if r.get("mysql_recovery_ms"):
+            e = r["mysql_recovery_ms"]
+            bites += f" recovery_ms={e['min']}/{e['median']}/{e['max']}"
         if r.get("zk_election_ms"):
             e = r["zk_election_ms"]
             bites += f" election_ms={e['min']}/{e['median']}/{e['max']}"
@@ -393,6 +459,13 @@ def main():
                     schedules.append(dict(MIXED_REDLOCK, duration_s=300, name=f"mixed-redlock-{i}",
                                           bite={"stale_at_gateway": 50, "expiries_while_paused": 10}))
                 continue
+            if backend == "mysql":
+                schedules += MYSQL_FAMILIES
+                for i in range(n):
+                    schedules.append(dict(MIXED_MYSQL, duration_s=300, name=f"mixed-mysql-{i}",
+                                          bite={"stale_at_gateway": 50, "expiries_while_paused": 10,
+                                                "mysql_kills": 3, "mysql_forward_jumps": 3}))
+                continue
             if backend == "zookeeper":
                 schedules += ZOOKEEPER_FAMILIES
                 for i in range(n):
@@ -433,9 +506,16 @@ def main():
             if m in ZOOKEEPER_MUTANTS and a.mutant:  # the PR tier runs its directed test only
                 base = next(f for f in FAMILIES if f["name"] == "zk-session")
                 record(scenario.run(dict(base, **ZOOKEEPER_MUTANTS[m]), s_seed, a.bin, a.out, a.keep), "FAIL")
+            if m in MYSQL_MUTANTS and a.mutant:  # not in the PR tier
+                base = next(f for f in FAMILIES if f["name"] == "mysql-cut")
+                record(scenario.run(dict(base, **MYSQL_MUTANTS[m]), s_seed, a.bin, a.out, a.keep), "FAIL")
             if m in RANDOM_MUTANTS:
                 overrides, roles = RANDOM_MUTANTS[m]
                 base = next((f for f in FAMILIES if f["name"] == "pause-short"), BASE)
+                if a.backend and a.mutant:
+                    # The gateway-side mutants on another lock backend's
+                    # sidecars (--mutant <name> --backend mysql).
+                    base = dict(base, backend=a.backend)
                 s = with_mutants(dict(base, duration_s=25, bite={}), overrides, roles)
                 record(scenario.run(s, s_seed, a.bin, a.out, a.keep), "FAIL")
             if m in DIRECTED_MUTANTS and not a.skip_directed:

@@ -157,6 +157,11 @@ def check(events, commits, injections, marks, nemesis, cfg):
         "pauses": sum(len(v) for v in pauses.values()),
         "expiries_while_paused": expiries_while_paused(events, pauses),
         "overlaps": overlaps(events),
+        # The pairs M1 would flag (spans clipped at the client's own TTL
+        # bound): without worker pauses' help, only a lease ended early
+        # where it is kept (premature expiry, a forward jump of a server
+        # clock leases run on, a frozen sidecar) makes one.
+        "m1_overlaps": len(overlapping(events, clip_at_ttl=True)),
         "indeterminate": len(writes_info),
         "applied": len(commits),
         "acked": len(writes_ok),
@@ -179,6 +184,16 @@ def check(events, commits, injections, marks, nemesis, cfg):
         r.bites["zk_partitions"] = kinds.count("partition_zk")
         r.bites["zk_long_pauses"] = kinds.count("pause_sidecar_long")
         r.bites["zk_holders_deleted"] = sum(1 for n in nemesis if n.get("kind") == "expire" and n.get("deleted"))
+    if cfg.get("backend") == "mysql":
+        # The MySQL faults that landed: server kills, one sidecar's link cut,
+        # jumps of the server's clock (forward ones end live leases early).
+        kinds = [n.get("kind") for n in nemesis]
+        r.bites["mysql_kills"] = kinds.count("kill_mysql")
+        r.bites["mysql_cuts"] = kinds.count("cut_mysql")
+        jumps = [n for n in nemesis if n.get("kind") == "clock_mysql"]
+        r.bites["mysql_clock_jumps"] = len(jumps)
+        r.bites["mysql_forward_jumps"] = sum(1 for n in jumps if n.get("jump_s", 0) > 0)
+        r.bites["mysql_rows_expired"] = sum(1 for n in nemesis if n.get("kind") == "expire" and n.get("deleted"))
     tags = {lease_tag(l) for toks in issued.values() for ls in toks.values() for l in ls}
     r.stats = {"leases": len(tags), "unavailability_ms": unavailability(events, nemesis)}
     return r
@@ -279,9 +294,10 @@ def overlapping(events, clip_at_ttl=False):
 
 
 FAILOVER_KINDS = ("failover", "lossy_failover", "shard_failover")
-# Kills whose unavailability is timed: the failovers and ZooKeeper leader
-# kills (kill → first acquire granted to a call invoked after it).
-UNAVAILABILITY_KINDS = FAILOVER_KINDS + ("kill_zk_leader",)
+# Kills whose unavailability is timed: the failovers, ZooKeeper leader
+# kills and MariaDB kills (kill → first acquire granted to a call invoked
+# after it).
+UNAVAILABILITY_KINDS = FAILOVER_KINDS + ("kill_zk_leader", "kill_mysql")
 # Nemesis events that report rather than inflict.
 NOT_FAULTS = ("heal", "cluster_healthy", "zk_healthy", "zk_leader_elected")
 

@@ -13,7 +13,10 @@
                    ZooKeeperEnsemble, and every sidecar has a [zkp] of its
                    own to every member, "sidecar-i->zk-j": its connect
                    string lists its own proxies, so one sidecar can be cut
-                   off from the whole ensemble while the others are not)
+                   off from the whole ensemble while the others are not;
+                   backend "mysql": a private MariaDB, and every sidecar
+                   reaches it through a [myp] of its own, "sidecar-i->mysql",
+                   so one sidecar's connections can be cut alone)
                    └─[gwp_i]──> gateway_a / gateway_b ──[stp_x]──> storage
     (direct workers carry their token to a gateway themselves)
     gateways ──> PostgreSQL (fence store, shared)
@@ -31,7 +34,7 @@ import time
 
 from .faultproxy import FaultProxy
 from .zookeeper import ZooKeeperEnsemble
-from .procs import (Fencer, Postgres, Proc, Redis, RedisClusterSet, RedisSentinelSet, RedLockMasters, free_port,
+from .procs import (Fencer, MariaDB, Postgres, Proc, Redis, RedisClusterSet, RedisSentinelSet, RedLockMasters, free_port,
                     http_ok, metric_sum, proc_state, wait_for)
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -49,7 +52,7 @@ class Cluster:
         # build that fails part-way stops what it had started.
         self.workers, self.sidecars, self.gateways = [], [], []
         self.storage = self.pg = None
-        self.redis = self.rset = self.rcluster = self.lockp = self.redlock = self.zk = None
+        self.redis = self.rset = self.rcluster = self.lockp = self.redlock = self.zk = self.my = None
         try:
             self._build()
         except BaseException:
@@ -75,8 +78,12 @@ class Cluster:
         sc = self.sc
         self.pg = Postgres(self.run_dir, "pg", settings=sc.get("pg_settings", ()),
                            faketime=sc.get("pg_faketime"))
-        self.redis = self.rset = self.rcluster = self.lockp = self.redlock = self.zk = None
-        if sc["backend"] == "zookeeper":
+        self.redis = self.rset = self.rcluster = self.lockp = self.redlock = self.zk = self.my = None
+        if sc["backend"] == "mysql":
+            # No shared lock-backend proxy: each sidecar gets its own
+            # (below). clock_mysql needs the server under libfaketime.
+            self.my = MariaDB(self.run_dir, clock_file="clock_mysql" in sc["nemesis"])
+        elif sc["backend"] == "zookeeper":
             # No shared lock-backend proxy: each sidecar gets its own to
             # every member (below).
             self.zk = ZooKeeperEnsemble(self.run_dir, sc.get("zk_members", 3))
@@ -154,6 +161,9 @@ class Cluster:
             elif self.zk:
                 zkp = [self.proxy(f"sidecar-{i}->zk-{j}", port) for j, port in enumerate(self.zk.ports)]
                 settings.update(self._zookeeper_settings(zkp))
+            elif self.my:
+                myp = self.proxy(f"sidecar-{i}->mysql", self.my.port)
+                settings.update(self._mysql_settings(myp))
             elif self.redlock:
                 settings["backend.redlock.urls"] = ",".join(
                     f"redis://127.0.0.1:{p.port}/0" for p in self.redlock.proxies)
@@ -172,6 +182,7 @@ class Cluster:
                        self.mutants("sidecar"), faketime=faketime)
             s.gateway_proxy = gwp
             s.zk_proxies = zkp if self.zk else []
+            s.mysql_proxy = myp if self.my else None
             self.sidecars.append(s)
             mode = "direct" if i < direct else "proxy"
             self.workers.append(self._worker(i, s, g, mode))
@@ -204,6 +215,50 @@ class Cluster:
             "backend.zookeeper.session_timeout_ms": sc.get("zk_session_timeout_ms", 3000),
             "backend.zookeeper.request_timeout_ms": sc.get("zk_request_timeout_ms", 500),
         }
+
+    def _mysql_settings(self, proxy):
+        """A sidecar's `backend.mysql`: its own proxy to the server, a small
+        pool, statements bounded at 1 s (0.8 s on the server), and an
+        idle-row clean-up every 500 ms of rows free for 1 s — so keys the
+        faults leave idle are deleted and come back above the token floor
+        (a forward jump of the server's clock makes every free row idle at
+        once)."""
+        sc = self.sc
+        return {
+            "backend.mysql.url": self.my.url(proxy.port),
+            "backend.mysql.pool_size": sc.get("mysql_pool_size", 4),
+            "backend.mysql.wake_connections": sc.get("mysql_wake_connections", 4),
+            "backend.mysql.bell_connections": 2,
+            "backend.mysql.request_timeout_ms": sc.get("mysql_request_timeout_ms", 1000),
+            "backend.mysql.connect_timeout_ms": 500,
+            "backend.mysql.idle_cleanup_after_ms": sc.get("mysql_idle_cleanup_after_ms", 1000),
+            "backend.mysql.cleanup_interval_ms": sc.get("mysql_cleanup_interval_ms", 500),
+        }
+
+    def mysql_metrics(self):
+        """What the sidecars counted on the MySQL backend (scraped from their
+        admin /metrics at the end of the run; a sidecar restarted during the
+        run counts from its restart): every `fencer_mysql_*` series, summed
+        over the sidecars (`bell_events.rung`, `cleanup_rows`, …), and the
+        server's lock rows and token floor at the end."""
+        out = {}
+        for s in self.sidecars:
+            for line in s.metrics().splitlines():
+                if line.startswith("fencer_mysql_") and " " in line:
+                    series = line.rsplit(" ", 1)[0]
+                    name = series.split("{")[0][len("fencer_mysql_"):].removesuffix("_total")
+                    if "{" in series:
+                        name += "." + series.split('="', 1)[1].split('"', 1)[0]
+                    try:
+                        out[name] = out.get(name, 0) + float(line.rsplit(" ", 1)[1])
+                    except ValueError:
+                        pass
+        try:
+            out["rows_at_end"] = int(self.my.sql("SELECT COUNT(*) FROM fencer_locks").strip() or 0)
+            out["token_floor_at_end"] = int(self.my.sql("SELECT floor FROM fencer_token_floor").strip() or 0)
+        except Exception:
+            pass
+        return {k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in out.items()}
 
     def zk_session_s(self):
         return self.sc.get("zk_session_timeout_ms", 3000) / 1000
@@ -378,6 +433,19 @@ class Cluster:
             g.proc.resume()
         if self.redis:
             self.redis.proc.resume()
+        if self.my:
+            # Running (a fault that failed half-way may have left it down),
+            # unpaused, on the real clock.
+            try:
+                self.my.resume()
+                if not self.my.alive():
+                    self.my.restart()
+                    self.event(kind="restarted", target="mysql", by="heal")
+                if self.my.clock_file and self.my.offset_s:
+                    self.event(kind="clock_mysql", offset_s=0, by="heal",
+                               landed_ms=self.my.set_offset(0))
+            except Exception as e:
+                self.event(kind="nemesis_error", family="heal", error=str(e)[:2000])
         if self.redlock:
             self.redlock.resume_all()
         if self.zk:
@@ -428,6 +496,8 @@ class Cluster:
             self.redlock.stop()
         if self.zk:
             self.zk.stop()
+        if self.my:
+            self.my.stop()
         if self.rset:
             self.rset.stop()
         if self.rcluster:

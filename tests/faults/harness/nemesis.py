@@ -46,6 +46,22 @@ to the histories. Families:
                   heal (it learns of the expiry when it reconnects)
   pause_sidecar_long  ZooKeeper: SIGSTOP one sidecar for session timeout +
                   0.5–2 s (its session expires while it is frozen), SIGCONT
+  kill_mysql      MySQL: kill -9 mariadbd, restart it 0.3–2 s later on the
+                  same data dir and port (InnoDB crash recovery; commits
+                  were flushed at each commit, so no acknowledged lease or
+                  token is lost)
+  cut_mysql       MySQL: one sidecar's connections to the server cut for
+                  1.2–3 s (longer than the 500 ms lease and the 1 s
+                  statement bound): either black-holed (bytes held, then
+                  delivered at the heal: statements the sidecar gave up on
+                  reach the server late) or reset (RST, then new
+                  connections held, then RST again: what was sent is lost)
+  clock_mysql     MySQL: the server's wall clock (the clock leases run on)
+                  jumps by 1–4 s — forward in 70 % of the faults, which
+                  ends every live lease early on the server, backward
+                  otherwise, which makes them last longer — while mariadbd
+                  keeps running, and back to the real clock 2–4 s later
+                  (the opposite jump)
 
 Backends "redis-sentinel" and "redis-cluster" have no single lock-backend
 process or link, so net_lock, pause_backend and kill_backend are skipped
@@ -61,7 +77,12 @@ pause_backend SIGSTOPs one member (if it leads, a pause past syncLimit,
 it again at once, and expire deletes the key's holder node (lowest
 sequence) through a session of its own (zkclient.py) — the holder's
 sidecar is not told, the next node in the queue takes the key. The
-ZooKeeper families exist only on "zookeeper".
+ZooKeeper families exist only on "zookeeper". On "mysql" (a private
+MariaDB, each sidecar behind a proxy of its own) net_lock hits one
+sidecar's link to the server, pause_backend SIGSTOPs mariadbd, kill_backend
+is kill_mysql, and expire sets the key's lease row's `expires_at` to the
+server's now behind the holder's back; kill_mysql, cut_mysql and
+clock_mysql exist only there.
 """
 import random
 import subprocess
@@ -79,6 +100,7 @@ NEEDS_SENTINELS = {"failover", "lossy_failover"}
 NEEDS_CLUSTER = {"shard_failover"}
 NEEDS_REDLOCK = {"kill_master_empty", "kill_masters_empty", "pause_master"}
 NEEDS_ZOOKEEPER = {"kill_zk_leader", "partition_zk", "pause_sidecar_long"}
+NEEDS_MYSQL = {"kill_mysql", "cut_mysql", "clock_mysql"}
 MULTI_NODE_BACKENDS = {"redis-sentinel", "redis-cluster"}
 # Nemesis time one failover takes: promotion (~2.3–3.4 s after the kill),
 # the old node back 1–3 s later, and margin. One that could not finish
@@ -90,6 +112,8 @@ ZK_FAILOVER_BUDGET_S = 10
 
 
 def available(family, backend):
+    if family in NEEDS_MYSQL:
+        return backend == "mysql"
     if family in NEEDS_ZOOKEEPER:
         return backend == "zookeeper"
     if backend == "zookeeper" and family in NEEDS_SINGLE_BACKEND:
@@ -192,6 +216,9 @@ class Nemesis:
             self.hold("pause_backend", self.pause_len(), lambda: zk.pause(i), lambda: zk.resume(i),
                       target=f"zk-{i}")
             return
+        if self.c.my:
+            self.hold("pause_backend", self.pause_len(), self.c.my.pause, self.c.my.resume, target="mysql")
+            return
         if self.c.redis:
             self.hold("pause_backend", self.pause_len(), self.c.redis.proc.pause, self.c.redis.proc.resume,
                       target="redis")
@@ -218,6 +245,9 @@ class Nemesis:
             self.c.event(kind="kill", target=f"zk-{i}", t=t)
             zk.restart(i)
             self.c.event(kind="restarted", target=f"zk-{i}")
+            return
+        if self.c.my:
+            self.kill_mysql()
             return
         if self.c.redis:
             self.c.event(kind="kill", target="redis")
@@ -247,6 +277,8 @@ class Nemesis:
         modes = ["delay", "blackhole", "reset"] + (["freeze_unscripted"] if self.c.redis else [])
         if self.c.zk:
             proxies = [p for s in self.c.sidecars for p in s.zk_proxies]
+        elif self.c.my:
+            proxies = [s.mysql_proxy for s in self.c.sidecars]
         else:
             proxies = self.c.redlock.proxies if self.c.redlock else [self.c.lockp]
         self._net(proxies, modes)
@@ -261,6 +293,15 @@ class Nemesis:
         key = self.rng.choice(self.c.sc["keys"])
         if self.c.zk:
             self._zk_expire(key)
+            return
+        if self.c.my:
+            # The holder's sidecar is not told; its local deadline is still
+            # ahead. Only a row with a lease is touched (a free row's
+            # expiry means nothing).
+            out = self.c.my.sql("UPDATE fencer_locks SET expires_at = SYSDATE(6) WHERE lock_key = "
+                                f"'{key}' AND lease_id IS NOT NULL AND expires_at > SYSDATE(6); "
+                                "SELECT ROW_COUNT()")
+            self.c.event(kind="expire", key=key, deleted=out.strip() == "1")
             return
         self.c.event(kind="expire", key=key)
         if self.c.redlock:
@@ -556,3 +597,67 @@ class Nemesis:
             return True
         self.c.event(kind="skipped", families=[family], reason="no time left to finish it before the heal")
         return False
+
+    # ------------------------------------------------------------ MySQL / MariaDB
+
+    def kill_mysql(self):
+        """kill -9 mariadbd, restart it 0.3–2 s later on the same data dir
+        and port. Events: `kill_mysql` (t = when SIGKILL went out),
+        `restarted` (with the recovery time: start until it answers)."""
+        my = self.c.my
+        down = self.rng.uniform(0.3, 2.0)
+        t = my.kill()
+        self.c.event(kind="kill_mysql", target="mysql", t=t, down_ms=int(down * 1000))
+        time.sleep(max(0.0, t / 1e9 + down - time.monotonic()))
+        t0 = time.monotonic()
+        my.restart()
+        self.c.event(kind="restarted", target="mysql", recovery_ms=round((time.monotonic() - t0) * 1000))
+
+    def cut_mysql(self):
+        """One sidecar's link to the server cut for 1.2–3 s: longer than
+        the lease (500 ms) and the statement bound (1 s), so its leases end
+        on its own clock, its statements time out and are killed and
+        compensated, and the other sidecars take its keys.
+        `blackhole`: bytes held and delivered at the heal (a statement the
+        sidecar gave up on reaches the server late); `reset`: RST, new
+        connections held, RST again at the heal (nothing sent arrives)."""
+        s = self.rng.choice(self.c.sidecars)
+        p = s.mysql_proxy
+        d = self.rng.uniform(1.2, 3.0)
+        mode = self.rng.choice(["blackhole", "reset"])
+        if not self._time_for("cut_mysql", d):
+            return
+
+        def apply():
+            if mode == "reset":
+                p.reset_all()
+            p.set("blackhole")
+
+        def heal():
+            if mode == "reset":
+                p.reset_all()
+            p.set("pass")
+        self.hold("cut_mysql", d, apply, heal, target=s.name, proxy=p.name, mode=mode)
+
+    def clock_mysql(self):
+        """The running server's wall clock jumps by 1–4 s (forward 70 %),
+        is held there 2–4 s, then jumps back to the real clock. Events:
+        `clock_mysql` for each jump, with the offset, the jump and the ms
+        until the server's SYSDATE showed it (`landed_ms`, ≤ ~2 s:
+        libfaketime re-reads its file every second)."""
+        my = self.c.my
+        size = self.rng.uniform(1.0, 4.0)
+        offset = size if self.rng.random() < 0.7 else -size
+        hold = self.rng.uniform(2.0, 4.0)
+        if not self._time_for("clock_mysql", hold + 3.0):
+            return
+        old = my.offset_s
+        t = time.monotonic_ns()
+        landed = my.set_offset(offset)
+        self.c.event(kind="clock_mysql", t=t, target="mysql", offset_s=round(offset, 3),
+                     jump_s=round(offset - old, 3), landed_ms=landed, hold_ms=int(hold * 1000))
+        time.sleep(hold)
+        t = time.monotonic_ns()
+        landed = my.set_offset(0)
+        self.c.event(kind="clock_mysql", t=t, target="mysql", offset_s=0, jump_s=round(-offset, 3),
+                     landed_ms=landed)

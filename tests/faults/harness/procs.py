@@ -1103,6 +1103,153 @@ class Postgres:
                         pass
 
 
+_MARIADB_TEMPLATE = None
+
+
+def _mariadb_template():
+    """One `mariadb-install-db` per suite process (≈ 5 s, mostly fsyncs),
+    into a private temp dir removed at exit; every run copies it (a cleanly
+    shut-down data dir, so a copy is a fresh server)."""
+    global _MARIADB_TEMPLATE
+    if _MARIADB_TEMPLATE is None:
+        import atexit
+        import tempfile
+        for b in ("mariadbd", "mariadb-install-db", "mariadb"):
+            need(b)
+        base = tempfile.mkdtemp(prefix="fencer-faults-mariadb-")
+        atexit.register(shutil.rmtree, base, True)
+        os.makedirs(os.path.join(base, "tmp"))
+        argv = ["mariadb-install-db", "--no-defaults", f"--datadir={base}/data", f"--tmpdir={base}/tmp",
+                "--auth-root-authentication-method=normal", "--skip-test-db", "--skip-name-resolve",
+                "--innodb-log-file-size=8M"] + (["--user=root"] if os.geteuid() == 0 else [])
+        with open(os.path.join(base, "install.log"), "ab") as log:
+            subprocess.run(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL, check=True, timeout=120)
+        _MARIADB_TEMPLATE = os.path.join(base, "data")
+    return _MARIADB_TEMPLATE
+
+
+class MariaDB:
+    """A private MariaDB server for the `mysql` lock backend: its own data
+    dir (a copy of a fresh `mariadb-install-db`), socket, tmpdir and free
+    port; never the machine's own server. Durable as shipped:
+    `innodb_flush_log_at_trx_commit` stays at its default 1, so every
+    acknowledged commit survives `kill -9`. Killed, paused and restarted
+    only through this handle (the PID it started).
+
+    `clock_file`: mariadbd runs under libfaketime with its offset read from
+    a file (`FAKETIME_TIMESTAMP_FILE`, re-read every second), so the
+    nemesis can jump the server's wall clock — the clock leases run on —
+    while it keeps running and its connections stay open (`set_offset`)."""
+
+    def __init__(self, run_dir, name="mysql", clock_file=False):
+        self.dir = os.path.join(run_dir, name)
+        os.makedirs(os.path.join(self.dir, "tmp"), exist_ok=True)
+        self.data = os.path.join(self.dir, "data")
+        shutil.copytree(_mariadb_template(), self.data, symlinks=True)
+        self.sock = os.path.join(self.dir, "sock")
+        self.port = free_port()
+        self.clock_file = os.path.join(self.dir, "faketime") if clock_file else None
+        self.offset_s = 0.0
+        if self.clock_file:
+            self._write_offset(0)
+        self.proc = None
+        self.start()
+        self.sql("CREATE DATABASE IF NOT EXISTS fencer", db=None)
+
+    def _argv(self):
+        return (["mariadbd", "--no-defaults", f"--datadir={self.data}", f"--port={self.port}",
+                 f"--socket={self.sock}", f"--pid-file={self.dir}/pid", f"--tmpdir={self.dir}/tmp",
+                 "--bind-address=127.0.0.1", "--skip-name-resolve", "--innodb-log-file-size=8M",
+                 "--innodb-buffer-pool-size=16M", "--max-connections=500", "--skip-log-bin"]
+                + (["--user=root"] if os.geteuid() == 0 else []))
+
+    def _write_offset(self, seconds):
+        tmp = self.clock_file + ".new"
+        with open(tmp, "w") as f:
+            f.write(f"{seconds:+.3f}\n")
+        os.replace(tmp, self.clock_file)
+
+    def start(self):
+        env = dict(os.environ)
+        if self.clock_file:
+            if not os.path.exists(FAKETIME):
+                raise RuntimeError(f"{FAKETIME} missing (Debian package faketime; tests/run.sh installs it)")
+            env.update({"LD_PRELOAD": FAKETIME, "FAKETIME_TIMESTAMP_FILE": self.clock_file,
+                        "FAKETIME_CACHE_DURATION": "1", "FAKETIME_DONT_FAKE_MONOTONIC": "1"})
+        self.proc = Proc("mariadbd", self._argv(), env, os.path.join(self.dir, "mariadbd.log"), cwd=self.dir)
+        self.proc.start()
+        wait_for("mariadbd", 60, self._ready, poll=0.05)
+
+    def _ready(self):
+        if not self.proc.alive():
+            raise RuntimeError("mariadbd exited: " + self.proc.logs()[-2000:])
+        r = subprocess.run(["mariadb", "--no-defaults", f"--socket={self.sock}", "-uroot", "-e", "SELECT 1"],
+                           capture_output=True, timeout=5)
+        return r.returncode == 0
+
+    def url(self, port=None):
+        return f"mysql://root@127.0.0.1:{port or self.port}/fencer"
+
+    def sql(self, q, db="fencer", timeout=10):
+        argv = ["mariadb", "--no-defaults", f"--socket={self.sock}", "-uroot", "-N", "-B", "-e", q]
+        if db:
+            argv.append(db)
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        if r.returncode != 0:
+            raise RuntimeError(r.stderr.strip())
+        return r.stdout
+
+    def server_offset_s(self):
+        """The server's wall clock minus ours, in seconds (±10 ms)."""
+        t0 = time.time()
+        out = self.sql("SELECT UNIX_TIMESTAMP(SYSDATE(6))", db=None)
+        t1 = time.time()
+        return float(out.strip()) - (t0 + t1) / 2
+
+    def set_offset(self, seconds, timeout=5.0):
+        """Jumps the running server's wall clock to `seconds` off the real
+        one; returns the ms until the server's SYSDATE showed it (libfaketime
+        re-reads the file within a second)."""
+        t0 = time.monotonic()
+        self._write_offset(seconds)
+        self.offset_s = seconds
+        while time.monotonic() - t0 < timeout:
+            try:
+                if abs(self.server_offset_s() - seconds) < 0.25:
+                    return round((time.monotonic() - t0) * 1000)
+            except (RuntimeError, subprocess.TimeoutExpired):
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"mariadbd's clock did not jump to {seconds:+.3f} s within {timeout} s")
+
+    def alive(self):
+        return self.proc is not None and self.proc.alive()
+
+    def pause(self):
+        self.proc.pause()
+
+    def resume(self):
+        self.proc.resume()
+
+    def kill(self):
+        """SIGKILL (no shutdown, no flush beyond what each commit already
+        did); returns when the signal went out (monotonic ns)."""
+        self.proc.resume()
+        t = time.monotonic_ns()
+        self.proc.signal(signal.SIGKILL)
+        self.proc.p.wait(timeout=20)
+        return t
+
+    def restart(self):
+        """Start again on the same data dir and port (InnoDB crash recovery
+        after a kill)."""
+        self.start()
+
+    def stop(self):
+        if self.proc and self.proc.alive():
+            self.proc.kill()
+
+
 class Fencer:
     """A fencer process (sidecar or gateway) of the binary under test."""
 

@@ -70,6 +70,7 @@ def run(sc, seed, binary, out_dir, keep=False):
         failover_metrics = cluster.failover_metrics() if (cluster.rset or cluster.rcluster) else None
         redlock_rounds = cluster.redlock_rounds() if cluster.redlock else None
         zk_metrics = cluster.zookeeper_metrics() if cluster.zk else None
+        mysql_metrics = cluster.mysql_metrics() if cluster.my else None
         if zk_metrics is not None:
             # Sessions the ensemble expired, as the sidecars counted them:
             # the bite of partition_zk and pause_sidecar_long.
@@ -115,6 +116,15 @@ def run(sc, seed, binary, out_dir, keep=False):
         result["failover_metrics"] = failover_metrics
     if redlock_rounds is not None:
         result["redlock_rounds"] = redlock_rounds
+    if mysql_metrics is not None:
+        result["mysql_metrics"] = mysql_metrics
+        recovered = [n["recovery_ms"] for n in cluster.nemesis_events
+                     if n.get("kind") == "restarted" and n.get("target") == "mysql" and "recovery_ms" in n]
+        if recovered:
+            result["mysql_recovery_ms"] = checker.spread(recovered)
+        landed = [n["landed_ms"] for n in cluster.nemesis_events if n.get("kind") == "clock_mysql"]
+        if landed:
+            result["mysql_clock_landed_ms"] = checker.spread(landed)
     if zk_metrics is not None:
         result["zookeeper_metrics"] = zk_metrics
         elected = [n["elapsed_ms"] for n in cluster.nemesis_events if n.get("kind") == "zk_leader_elected"]

@@ -14,7 +14,7 @@ fn number_after(line: &str, label: &str) -> f64 {
     line.split(label)
         .nth(1)
         .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
+        .and_then(|v| v.trim_end_matches('x').parse().ok())
         .unwrap_or_else(|| panic!("no number after `{label}` in: {line}"))
 }
 
@@ -95,9 +95,11 @@ async fn every_benchmark_scenario_runs_without_lost_updates() {
 }
 
 /// Runs a backend comparison (`redis-topologies`, `lock-backends`) for one
-/// second: each target runs both lock scenarios without lost updates, and
-/// every other target gets its ratio to the first.
-fn comparison_runs_without_lost_updates(scenario: &str, targets: &[&str]) {
+/// second: each target runs both lock scenarios without lost updates,
+/// every other target gets its ratio to the first, each of `pairs`
+/// (target, base) its ratio line too, and every target its wait p99.
+/// The numbers must be positive; their size is not asserted.
+fn comparison_runs_without_lost_updates(scenario: &str, targets: &[&str], pairs: &[(&str, &str)]) {
     let out = Command::new(env!("CARGO_BIN_EXE_fencer"))
         .args([
             "bench",
@@ -134,6 +136,45 @@ fn comparison_runs_without_lost_updates(scenario: &str, targets: &[&str]) {
         assert!(l.contains("lost 0 "), "lost updates: {l}");
         assert!(number_after(l, "cycles/s") > 0.0, "did not run: {l}");
     }
+    // The contended scenario's block is everything after its header.
+    let contended = text
+        .split(&format!("{scenario}: contended-16 ("))
+        .nth(1)
+        .unwrap_or_else(|| panic!("no contended block:\n{text}"));
+    for t in targets {
+        let row = contended
+            .lines()
+            .find(|l| l.starts_with(&format!("  {t} ")) && l.contains("cycles/s"))
+            .unwrap_or_else(|| panic!("no contended row for {t}:\n{text}"));
+        assert!(
+            number_after(row, "owner changes/s") > 0.0,
+            "no owner changes: {row}"
+        );
+    }
+    let waits: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("  wait p99  "))
+        .collect();
+    assert_eq!(waits.len(), 2, "a wait p99 line per lock scenario:\n{text}");
+    for l in waits {
+        for t in targets {
+            assert!(
+                number_after(l, &format!(" {t} ")) > 0.0,
+                "no wait p99 for {t}: {l}"
+            );
+        }
+    }
+    for (target, base) in pairs {
+        let label = format!("  ratio     {target}/{base} ");
+        let rows: Vec<&str> = text.lines().filter(|l| l.starts_with(&label)).collect();
+        assert_eq!(rows.len(), 2, "{target}/{base} per lock scenario:\n{text}");
+        for l in rows {
+            for what in ["cycles/s", "owner changes/s", "wait p99"] {
+                let x = number_after(l, what);
+                assert!(x > 0.0, "{target}/{base} {what} not positive: {l}");
+            }
+        }
+    }
     let ratio = format!("/{} ", targets[0]);
     assert_eq!(
         text.lines().filter(|l| l.contains(&ratio)).count(),
@@ -156,12 +197,18 @@ fn redis_topologies_scenario_runs_without_lost_updates() {
     comparison_runs_without_lost_updates(
         "redis-topologies",
         &["single", "sentinel", "cluster", "redlock"],
+        &[],
     );
 }
 
-/// `lock-backends`: sidecars on Redis, PostgreSQL and a 3-member ZooKeeper
-/// ensemble.
+/// `lock-backends`: sidecars on Redis, PostgreSQL, MySQL (a private
+/// MariaDB) and a 3-member ZooKeeper ensemble; MySQL is also compared with
+/// PostgreSQL.
 #[test]
 fn lock_backends_scenario_runs_without_lost_updates() {
-    comparison_runs_without_lost_updates("lock-backends", &["redis", "postgres", "zookeeper"]);
+    comparison_runs_without_lost_updates(
+        "lock-backends",
+        &["redis", "postgres", "mysql", "zookeeper"],
+        &[("mysql", "postgres")],
+    );
 }

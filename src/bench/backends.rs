@@ -1,8 +1,10 @@
 //! `lock-backends` (`--local` only): the lock scenarios `uncontended-16`
 //! and `contended-16` through sidecars that differ only in `backend.kind`
-//! — `redis` (one server), `postgres` (a private server) and `zookeeper`
-//! (a 3-member ensemble, the smallest that survives a member's loss) —
-//! with the ratio of each to Redis in the same run.
+//! — `redis` (one server), `postgres` (a private server), `mysql` (a
+//! private MariaDB server) and `zookeeper` (a 3-member ensemble, the
+//! smallest that survives a member's loss) — with the ratio of each to
+//! Redis in the same run, and of MySQL to PostgreSQL (the other SQL
+//! backend): cycles/s, owner changes/s and wait p99.
 //!
 //! The critical sections' read-modify-write counters live in one further
 //! Redis shared by all, so only the lock backend differs; targets take
@@ -16,6 +18,9 @@ pub const NAME: &str = "lock-backends";
 
 /// ZooKeeper members measured: a production ensemble's smallest size.
 const ZK_MEMBERS: usize = 3;
+
+/// Compared directly besides each with Redis: (target, base).
+const PAIRS: [(&str, &str); 1] = [("mysql", "postgres")];
 
 /// Every process of the comparison; the sidecars drop first.
 struct Processes {
@@ -31,9 +36,11 @@ impl Processes {
         let (counters_proc, counters_url) = local::redis().await?;
         let (redis_proc, redis_url) = local::redis().await?;
         let (pg_proc, pg_url) = servers::postgres().await?;
+        let (my_proc, my_url) = servers::mariadb().await?;
         let (zk_procs, zk_connect) = servers::zookeeper(ZK_MEMBERS).await?;
         let zk_pids: Vec<u32> = zk_procs.iter().map(Proc::pid).collect();
         let pg_pid = pg_proc.pid();
+        let my_pid = my_proc.pid();
         let specs = vec![
             Spec {
                 label: "redis",
@@ -58,6 +65,17 @@ impl Processes {
                 backend_label: "postgres".into(),
             },
             Spec {
+                label: "mysql",
+                env: vec![
+                    ("backend.kind", "mysql".into()),
+                    ("backend.mysql.url", my_url),
+                ],
+                // One process, its connections are threads.
+                masters: vec![my_pid],
+                others: vec![],
+                backend_label: "mariadb".into(),
+            },
+            Spec {
                 label: "zookeeper",
                 env: vec![
                     ("backend.kind", "zookeeper".into()),
@@ -71,7 +89,7 @@ impl Processes {
         let (targets, sidecars) = compare::start_sidecars(specs).await?;
         let counters = redis::Client::open(counters_url.as_str()).map_err(|e| e.to_string())?;
         let counters_pid = counters_proc.pid();
-        let mut servers = vec![counters_proc, redis_proc, pg_proc];
+        let mut servers = vec![counters_proc, redis_proc, pg_proc, my_proc];
         servers.extend(zk_procs);
         Ok(Processes {
             targets,
@@ -83,14 +101,24 @@ impl Processes {
     }
 }
 
-/// Starts everything and compares (see the module comment).
+/// Starts everything and compares (see the module comment). Ctrl-C ends
+/// it as an error, so the servers are still stopped (`mariadbd` ignores
+/// the terminal's SIGINT and would outlive the bench).
 pub async fn run(secs: u64, runs: usize) -> Result<Vec<ScenarioResult>, String> {
+    tokio::select! {
+        r = start_and_compare(secs, runs) => r,
+        _ = tokio::signal::ctrl_c() => Err(format!("{NAME}: interrupted")),
+    }
+}
+
+async fn start_and_compare(secs: u64, runs: usize) -> Result<Vec<ScenarioResult>, String> {
     let p = Processes::start().await?;
     let stack = compare::Stack {
         name: NAME,
         targets: &p.targets,
         counters: &p.counters,
         counters_pid: p.counters_pid,
+        pairs: &PAIRS,
     };
     compare::run(&stack, secs, runs).await
 }

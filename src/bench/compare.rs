@@ -1,8 +1,11 @@
 //! Comparing lock backends: the same lock scenarios through sidecars that
 //! differ only in their backend, taking turns within each run so drift of
-//! this noisy machine hits them alike; ratios to the first target are per
-//! run, and their median is reported. Used by `redis-topologies` and
-//! `lock-backends`, which only differ in the backends they start.
+//! this noisy machine hits them alike; ratios to the first target (and
+//! between any further pairs a comparison names) are per run, and their
+//! median is reported: of cycles/s, of owner changes/s and of the wait p99
+//! (how long an acquire waited, the contended scenario's latency). Used by
+//! `redis-topologies` and `lock-backends`, which only differ in the
+//! backends they start.
 
 use std::time::{Duration, Instant};
 
@@ -27,20 +30,32 @@ pub struct TopologyReport {
     /// backend's masters, its other processes (replicas, sentinels), the
     /// counters' Redis.
     pub cpu_us: Option<[f64; 5]>,
+    /// Wait p99 in ms of every run, in run order.
+    pub wait_p99_ms: Vec<f64>,
     /// Over all runs.
     pub lost_updates: i64,
     pub errors: u64,
+}
+
+/// Per-run ratios `target / base` of two targets measured in the same runs.
+#[derive(Debug, Clone)]
+pub struct Ratio {
+    pub target: &'static str,
+    pub base: &'static str,
+    pub cycles: Vec<f64>,
+    pub owner_changes: Vec<f64>,
+    /// Above 1: `target` waited longer than `base`.
+    pub wait_p99: Vec<f64>,
 }
 
 /// One lock scenario on every topology.
 #[derive(Debug, Clone)]
 pub struct ScenarioResult {
     pub scenario: &'static str,
-    /// single, sentinel, cluster, redlock.
+    /// In the stack's order (single, sentinel, …; redis, postgres, …).
     pub topologies: Vec<TopologyReport>,
-    /// Per run, `topology / single` of cycles/s and of owner changes/s, for
-    /// sentinel, cluster and redlock.
-    pub ratios: Vec<(&'static str, Vec<f64>, Vec<f64>)>,
+    /// Every other target against the first, then the stack's extra pairs.
+    pub ratios: Vec<Ratio>,
 }
 
 /// One sidecar and the processes whose CPU is counted against it.
@@ -102,6 +117,9 @@ pub struct Stack<'a> {
     pub targets: &'a [Target],
     pub counters: &'a redis::Client,
     pub counters_pid: u32,
+    /// Further (target, base) labels compared like every target with the
+    /// first (`mysql` against `postgres`).
+    pub pairs: &'a [(&'static str, &'static str)],
 }
 
 impl Stack<'_> {
@@ -190,6 +208,29 @@ fn median_index(runs: &[Report]) -> usize {
         .unwrap_or(0)
 }
 
+/// The per-run ratios of target `i` to target `base`.
+fn ratio(targets: &[Target], reports: &[Vec<Report>], i: usize, base: usize) -> Ratio {
+    let per_run = |f: &dyn Fn(&Report) -> f64| -> Vec<f64> {
+        reports[i]
+            .iter()
+            .zip(&reports[base])
+            .map(|(x, b)| f(x) / f(b).max(1e-9))
+            .collect()
+    };
+    Ratio {
+        target: targets[i].topology,
+        base: targets[base].topology,
+        cycles: per_run(&|r| r.cycles_per_sec()),
+        owner_changes: per_run(&|r| r.rate(r.owner_changes)),
+        wait_p99: per_run(&wait_p99),
+    }
+}
+
+/// The wait p99 of a run, in ms.
+fn wait_p99(r: &Report) -> f64 {
+    Report::pct(&r.wait_us, 0.99)
+}
+
 fn list(v: &[f64]) -> String {
     v.iter()
         .map(|r| format!("{r:.2}"))
@@ -201,6 +242,18 @@ fn list(v: &[f64]) -> String {
 /// goes; fails if any update was lost.
 pub async fn run(stack: &Stack<'_>, secs: u64, runs: usize) -> Result<Vec<ScenarioResult>, String> {
     let name = stack.name;
+    let index = |label: &str| {
+        stack
+            .targets
+            .iter()
+            .position(|t| t.topology == label)
+            .ok_or_else(|| format!("{name}: no target `{label}` to compare"))
+    };
+    let pairs: Vec<(usize, usize)> = stack
+        .pairs
+        .iter()
+        .map(|(t, b)| Ok((index(t)?, index(b)?)))
+        .collect::<Result<_, String>>()?;
     let mut out = Vec::new();
     for name in LOCK_SCENARIOS {
         let sc = *SCENARIOS
@@ -245,31 +298,41 @@ pub async fn run(stack: &Stack<'_>, secs: u64, runs: usize) -> Result<Vec<Scenar
                 topology: t.topology,
                 median,
                 cpu_us: cpus[i][m],
+                wait_p99_ms: reports[i].iter().map(wait_p99).collect(),
                 lost_updates: reports[i].iter().map(|r| r.lost_updates).sum(),
                 errors: reports[i].iter().map(|r| r.errors).sum(),
             });
         }
-        let mut ratios = Vec::new();
-        for (i, t) in stack.targets.iter().enumerate().skip(1) {
-            let per_run = |f: &dyn Fn(&Report) -> f64| -> Vec<f64> {
-                reports[i]
-                    .iter()
-                    .zip(&reports[0])
-                    .map(|(x, single)| f(x) / f(single).max(1e-9))
-                    .collect()
-            };
-            let cycles = per_run(&|r| r.cycles_per_sec());
-            let owners = per_run(&|r| r.rate(r.owner_changes));
-            let label = format!("{}/{}", t.topology, stack.targets[0].topology);
+        let ratios: Vec<Ratio> = (1..n)
+            .map(|i| (i, 0))
+            .chain(pairs.iter().copied())
+            .map(|(i, base)| ratio(stack.targets, &reports, i, base))
+            .collect();
+        for r in &ratios {
+            let label = format!("{}/{}", r.target, r.base);
             println!(
-                "  ratio     {label:<15} cycles/s {:.2}x (median of per-run ratios; runs: {})  owner changes/s {:.2}x (runs: {})",
-                median(cycles.clone()),
-                list(&cycles),
-                median(owners.clone()),
-                list(&owners),
+                "  ratio     {label:<15} cycles/s {:.2}x (median of per-run ratios; runs: {})  owner changes/s {:.2}x (runs: {})  wait p99 {:.2}x (runs: {})",
+                median(r.cycles.clone()),
+                list(&r.cycles),
+                median(r.owner_changes.clone()),
+                list(&r.owner_changes),
+                median(r.wait_p99.clone()),
+                list(&r.wait_p99),
             );
-            ratios.push((t.topology, cycles, owners));
         }
+        println!(
+            "  wait p99  ms, median of runs: {}",
+            topologies
+                .iter()
+                .map(|t| format!(
+                    "{} {:.2} (runs: {})",
+                    t.topology,
+                    median(t.wait_p99_ms.clone()),
+                    list(&t.wait_p99_ms)
+                ))
+                .collect::<Vec<_>>()
+                .join(", "),
+        );
         println!(
             "  all runs  lost updates: {}  errors: {}",
             topologies

@@ -13,6 +13,9 @@ pub struct Proc {
     pub name: String,
     child: Child,
     pub dir: PathBuf,
+    /// Set by [`Proc::terminate_first`]: on drop, SIGTERM and this long to
+    /// exit before SIGKILL.
+    term_grace: Option<Duration>,
 }
 
 impl Proc {
@@ -25,6 +28,13 @@ impl Proc {
         self.child.try_wait().ok().flatten()
     }
 
+    /// On drop, asks the process to stop (SIGTERM) and waits up to `grace`
+    /// before killing it (a database server that shuts down cleanly).
+    pub fn terminate_first(mut self, grace: Duration) -> Proc {
+        self.term_grace = Some(grace);
+        self
+    }
+
     /// The last lines of the process's log, for error messages.
     pub fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(self.dir.join("out.log")).unwrap_or_default();
@@ -35,6 +45,24 @@ impl Proc {
 
 impl Drop for Proc {
     fn drop(&mut self) {
+        // Not yet reaped, so the PID is still this child's.
+        if let (Some(grace), Ok(None)) = (self.term_grace, self.child.try_wait()) {
+            let term = Command::new("kill")
+                .args(["-s", "TERM", &self.child.id().to_string()])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+            if term.is_ok_and(|s| s.success()) {
+                let started = std::time::Instant::now();
+                while started.elapsed() < grace {
+                    if !matches!(self.child.try_wait(), Ok(None)) {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
@@ -102,6 +130,7 @@ pub(super) fn spawn(name: &str, mut cmd: Command, dir: PathBuf) -> Result<Proc, 
         name: name.to_owned(),
         child,
         dir,
+        term_grace: None,
     })
 }
 

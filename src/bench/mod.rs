@@ -16,8 +16,9 @@
 //!   on 5 RedLock masters, each topology started here ([`redis_topology`]),
 //!   with the ratio to `single`.
 //! - `lock-backends` ([`backends`], `--local` only): the same two lock
-//!   scenarios through sidecars on Redis, PostgreSQL and a 3-member
-//!   ZooKeeper ensemble ([`servers`]), with the ratio to Redis.
+//!   scenarios through sidecars on Redis, PostgreSQL, MySQL (MariaDB) and
+//!   a 3-member ZooKeeper ensemble ([`servers`]), with the ratio to Redis
+//!   and of MySQL to PostgreSQL.
 //!
 //! With `--local` the tool starts everything it needs itself (Redis,
 //! fencer processes from this binary, nginx) on free loopback ports.
@@ -100,7 +101,8 @@ pub struct Results {
     pub leases: Option<leases::LeaseReport>,
     /// `redis-topologies`: per lock scenario, single vs sentinel vs cluster vs redlock.
     pub redis_topologies: Vec<compare::ScenarioResult>,
-    /// `lock-backends`: per lock scenario, Redis vs PostgreSQL vs ZooKeeper.
+    /// `lock-backends`: per lock scenario, Redis vs PostgreSQL vs MySQL vs
+    /// ZooKeeper.
     pub lock_backends: Vec<compare::ScenarioResult>,
 }
 

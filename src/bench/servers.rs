@@ -1,6 +1,8 @@
 //! Lock backends the `--local` benchmarks start for themselves besides
-//! Redis: a private PostgreSQL (initdb in a temp dir) and a ZooKeeper
-//! ensemble, both on free loopback ports, gone when dropped.
+//! Redis: a private PostgreSQL (initdb in a temp dir), a private MariaDB
+//! (`mariadb-install-db` in a temp dir) and a ZooKeeper ensemble, all on
+//! free loopback ports, gone when dropped. None of them touches the
+//! machine's own servers (PostgreSQL on 5432, MariaDB on 3306).
 
 use std::io::{Read, Write};
 use std::os::unix::process::CommandExt;
@@ -102,6 +104,132 @@ pub async fn postgres() -> Result<(Proc, String), String> {
             }
             Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
         }
+    }
+}
+
+/// How long a private MariaDB may take to shut down on SIGTERM before it
+/// is killed.
+const MARIADB_STOP_GRACE: Duration = Duration::from_secs(20);
+/// How long it may take to accept a login after it was started.
+const MARIADB_START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A private MariaDB server, tuned like the PostgreSQL one: the redo log is
+/// written at commit but flushed about once a second
+/// (`innodb_flush_log_at_trx_commit=2`, the analogue of `fsync=off`), no
+/// binary log. `root` has no password; the URL names database `fencer`,
+/// created here. Dropping the [`Proc`] stops the server (SIGTERM, then
+/// SIGKILL after [`MARIADB_STOP_GRACE`]) and removes its directory.
+pub async fn mariadb() -> Result<(Proc, String), String> {
+    let root = effective_uid()? == 0;
+    let user: &[&str] = if root { &["--user=root"] } else { &[] };
+    // Below the ephemeral range, never the machine's own server's 3306.
+    let port = local::free_port()?;
+    if port == 3306 {
+        return Err("no free port for MariaDB besides 3306".into());
+    }
+    // Under /tmp whatever TMPDIR says: the socket's path must stay short.
+    let dir = PathBuf::from(format!(
+        "/tmp/fencer-bench-mariadb-{}-{}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    let (data, tmp, sock) = (dir.join("data"), dir.join("tmp"), dir.join("sock"));
+    std::fs::create_dir_all(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    let install = tokio::process::Command::new("mariadb-install-db")
+        .arg("--no-defaults")
+        .arg(format!("--datadir={}", data.display()))
+        .arg(format!("--tmpdir={}", tmp.display()))
+        .args([
+            "--auth-root-authentication-method=normal",
+            "--skip-test-db",
+            "--skip-name-resolve",
+            "--innodb-log-file-size=8M",
+        ])
+        .args(user)
+        .current_dir(&dir)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await;
+    let failed = match install {
+        Ok(out) if out.status.success() => None,
+        Ok(out) => Some(format!(
+            "mariadb-install-db failed ({}):\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )),
+        Err(e) => Some(format!(
+            "mariadb-install-db: {e} (apt-get install mariadb-server)"
+        )),
+    };
+    if let Some(e) = failed {
+        let _ = std::fs::remove_dir_all(&dir);
+        return Err(e);
+    }
+    let mut cmd = Command::new("mariadbd");
+    cmd.arg("--no-defaults")
+        .arg(format!("--datadir={}", data.display()))
+        .arg(format!("--port={port}"))
+        .arg(format!("--socket={}", sock.display()))
+        .arg(format!("--pid-file={}", dir.join("pid").display()))
+        .arg(format!("--tmpdir={}", tmp.display()))
+        .args([
+            "--bind-address=127.0.0.1",
+            "--skip-name-resolve",
+            "--innodb-log-file-size=8M",
+            "--innodb-buffer-pool-size=64M",
+            "--max-connections=500",
+            "--skip-log-bin",
+            "--innodb-flush-log-at-trx-commit=2",
+        ])
+        .args(user)
+        .current_dir(&dir);
+    // From here on the Proc stops the server and removes the directory,
+    // whatever fails.
+    let mut p = local::spawn("mariadbd", cmd, dir)?.terminate_first(MARIADB_STOP_GRACE);
+    let started = Instant::now();
+    loop {
+        let ready = mariadb_client(&sock, "SELECT 1").await;
+        if ready.is_ok() {
+            break;
+        }
+        if let Some(status) = p.exited() {
+            return Err(format!("mariadbd exited ({status}):\n{}", p.log_tail()));
+        }
+        if started.elapsed() > MARIADB_START_TIMEOUT {
+            return Err(format!(
+                "mariadbd accepted no login within {MARIADB_START_TIMEOUT:?} ({}):\n{}",
+                ready.unwrap_err(),
+                p.log_tail()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    mariadb_client(&sock, "CREATE DATABASE IF NOT EXISTS fencer")
+        .await
+        .map_err(|e| format!("mariadb: {e}"))?;
+    Ok((p, format!("mysql://root@127.0.0.1:{port}/fencer")))
+}
+
+/// Runs `sql` as root with the `mariadb` client over the socket `sock`.
+async fn mariadb_client(sock: &Path, sql: &str) -> Result<(), String> {
+    let out = tokio::process::Command::new("mariadb")
+        .arg("--no-defaults")
+        .arg(format!("--socket={}", sock.display()))
+        .args(["-uroot", "-e", sql])
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .map_err(|e| format!("the mariadb client: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{sql}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
     }
 }
 

@@ -146,6 +146,7 @@ pub async fn run(secs: u64, runs: usize) -> Result<Vec<ScenarioResult>, String> 
         targets: &p.targets,
         counters: &p.counters,
         counters_pid: p.counters_pid,
+        pairs: &[],
     };
     compare::run(&stack, secs, runs).await
 }

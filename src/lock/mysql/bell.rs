@@ -55,7 +55,8 @@ pub fn bell_name(key: &str) -> String {
 enum Command {
     /// `GET_LOCK(name, 0)`; answers whether it is held now.
     Take(String, oneshot::Sender<bool>),
-    Free(String),
+    /// `RELEASE_LOCK(name)`; answers when done (or failed).
+    Free(String, Option<oneshot::Sender<()>>),
 }
 
 struct Entry {
@@ -192,32 +193,51 @@ impl Bells {
     }
 
     /// The lease ended here (released, found lost): rings the bell if no
-    /// other lease of this sidecar holds the key.
-    pub fn ended(&self, key: &str, lease: &str) {
-        let mut entries = self.entries.lock().expect("bells poisoned");
-        if let Some(e) = entries.get_mut(key) {
-            e.leases.remove(lease);
+    /// other lease of this sidecar holds the key, and returns once it has
+    /// rung — so a next acquire right after (here or anywhere) finds the
+    /// bell free to take.
+    pub async fn ended(&self, key: &str, lease: &str) {
+        let name = {
+            let mut entries = self.entries.lock().expect("bells poisoned");
+            if let Some(e) = entries.get_mut(key) {
+                e.leases.remove(lease);
+            }
+            self.unused(&mut entries, key)
+        };
+        if let Some(name) = name {
+            let (tx, rx) = oneshot::channel();
+            self.send_free(name, Some(tx));
+            let _ = tokio::time::timeout(CALL_TIMEOUT, rx).await;
         }
-        self.settle(&mut entries, key);
     }
 
     /// Frees the bell of an entry nobody uses any more.
     fn settle(&self, entries: &mut HashMap<String, Entry>, key: &str) {
-        let unused = entries
-            .get(key)
-            .is_some_and(|e| e.leases.is_empty() && e.pending == 0);
-        if unused {
-            let e = entries.remove(key).expect("checked");
-            if e.held {
-                self.free_name(e.name);
-            }
+        if let Some(name) = self.unused(entries, key) {
+            self.send_free(name, None);
         }
     }
 
+    /// Removes `key`'s entry if nobody uses it; its bell's name if held.
+    fn unused(&self, entries: &mut HashMap<String, Entry>, key: &str) -> Option<String> {
+        let unused = entries
+            .get(key)
+            .is_some_and(|e| e.leases.is_empty() && e.pending == 0);
+        if !unused {
+            return None;
+        }
+        let e = entries.remove(key).expect("checked");
+        e.held.then_some(e.name)
+    }
+
     fn free_name(&self, name: String) {
+        self.send_free(name, None);
+    }
+
+    fn send_free(&self, name: String, done: Option<oneshot::Sender<()>>) {
         self.metrics.bell_events.with_label_values(&["rung"]).inc();
         let shard = self.shard_of(&name);
-        let _ = self.shards[shard].tx.send(Command::Free(name));
+        let _ = self.shards[shard].tx.send(Command::Free(name, done));
     }
 
     async fn take(&self, name: &str) -> bool {
@@ -378,12 +398,15 @@ async fn shard_task(
                         continue 'connect;
                     }
                 },
-                Command::Free(name) => {
+                Command::Free(name, done) => {
                     let r = tokio::time::timeout(
                         CALL_TIMEOUT,
                         conn.exec_drop("DO RELEASE_LOCK(?)", (name,)),
                     )
                     .await;
+                    if let Some(done) = done {
+                        let _ = done.send(());
+                    }
                     if !matches!(r, Ok(Ok(()))) {
                         // Dropping the connection frees all its names.
                         tracing::warn!("bell release failed; reconnecting");

@@ -50,6 +50,7 @@ pub struct MySqlBackend {
     bells: Arc<Bells>,
     waker: Waker,
     wake: Arc<dyn WakeSink>,
+    metrics: Arc<MySqlMetrics>,
     /// Per key, the bell holder (connection id, 0: none) the last `Held`
     /// answer reported, for the `watch` that follows it.
     holders: Mutex<HashMap<String, u32>>,
@@ -122,7 +123,8 @@ impl MySqlBackend {
             runner: Runner::new(pool, Duration::from_millis(settings.request_timeout_ms)),
             lock_delay_ms: ms(lock_delay),
             bells: Bells::start(bell_opts, settings.bell_connections, metrics.clone()),
-            waker: Waker::new(wake_pool, wake.clone(), metrics),
+            waker: Waker::new(wake_pool, wake.clone(), metrics.clone()),
+            metrics,
             wake,
             holders: Mutex::new(HashMap::new()),
             ready,
@@ -178,6 +180,9 @@ fn key_value(key: &LockKey) -> Value {
 fn lease_value(lease: &LeaseId) -> Value {
     Value::Bytes(lease.as_str().as_bytes().to_vec())
 }
+
+/// How soon a waiter re-checks a key held without a bell.
+const NO_BELL_RECHECK: Duration = Duration::from_millis(500);
 
 const ACQUIRE: &str = "CALL fencer_lock_acquire_v1(?, ?, ?, ?, ?)";
 const RENEW: &str = "CALL fencer_lock_renew_v1(?, ?, ?)";
@@ -349,18 +354,37 @@ impl LockBackend for MySqlBackend {
             (int(row, 0)?, int(row, 1)?, int(row, 2)?, int(row, 3)?);
         if status == 1 {
             pending.armed = false;
+            self.holders
+                .lock()
+                .expect("holders poisoned")
+                .remove(key.as_str());
             self.bells
                 .acquired(key.as_str(), lease.as_str(), started + ttl);
             return Ok(Attempt::Acquired {
                 token: token as u64,
             });
         }
-        self.holders.lock().expect("holders poisoned").insert(
-            key.as_str().to_owned(),
-            holder.clamp(0, u32::MAX as i64) as u32,
-        );
+        let holder = holder.clamp(0, u32::MAX as i64) as u32;
+        let mut remaining = Duration::from_millis(remaining.max(0) as u64);
+        if holder == 0 {
+            // Held without a bell: its sidecar is gone (the server freed
+            // its bell) or has not taken it yet. Nothing will ring; re-check
+            // within a bounded time instead of only at the lease's expiry.
+            self.metrics
+                .watch_results
+                .with_label_values(&["no_bell"])
+                .inc();
+            remaining = remaining.min(NO_BELL_RECHECK);
+        } else if !self.bells.is_ours(holder) {
+            // A watch that already woke its queue waits for this holder.
+            self.waker.rearm(key.as_str());
+        }
+        self.holders
+            .lock()
+            .expect("holders poisoned")
+            .insert(key.as_str().to_owned(), holder);
         Ok(Attempt::Held {
-            remaining: Some(Duration::from_millis(remaining.max(0) as u64)),
+            remaining: Some(remaining),
         })
     }
 
@@ -384,7 +408,7 @@ impl LockBackend for MySqlBackend {
                 self.bells
                     .renewed(key.as_str(), lease.as_str(), started + ttl)
             }
-            _ => self.bells.ended(key.as_str(), lease.as_str()),
+            _ => self.bells.ended(key.as_str(), lease.as_str()).await,
         }
         Ok(o)
     }
@@ -419,7 +443,7 @@ impl LockBackend for MySqlBackend {
                     token: int(row, 1)? as u64,
                 });
             } else {
-                self.bells.ended(key.as_str(), lease.as_str());
+                self.bells.ended(key.as_str(), lease.as_str()).await;
                 out.push(Ownership::Free);
             }
         }
@@ -432,7 +456,7 @@ impl LockBackend for MySqlBackend {
             .await?;
         let o = self.ownership(&rows)?;
         // Rings the bell: remote waiters wake.
-        self.bells.ended(key.as_str(), lease.as_str());
+        self.bells.ended(key.as_str(), lease.as_str()).await;
         if matches!(o, Ownership::Owned { .. }) {
             // Waiters of this sidecar.
             self.wake.released(key.as_str());

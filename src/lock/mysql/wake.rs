@@ -8,6 +8,12 @@
 //! on its fallback timer (the lease's remaining time). A wait is cut into
 //! one-second `GET_LOCK` calls, so a watch that is no longer wanted frees
 //! its connection within a second.
+//!
+//! A watch lasts as long as its waiter waits, through several hand-overs:
+//! after a wake-up it is *re-armed* only when a new acquire attempt reports
+//! the key held under another sidecar's bell ([`Waker::rearm`]). Waiting
+//! again at once would find the bell free (the new holder may not have
+//! taken it yet) and wake the queue in a loop.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,6 +42,9 @@ pub struct Waker {
 struct Watch {
     wanted: std::sync::atomic::AtomicUsize,
     done: AtomicBool,
+    /// Wait for the bell again (a new holder was seen), or, with `wanted`
+    /// at 0, stop.
+    rearm: tokio::sync::Notify,
 }
 
 /// Keeps a key's wake task wanted while it lives.
@@ -54,6 +63,7 @@ impl Drop for Guard {
             {
                 w.remove(&self.key);
             }
+            self.watch.rearm.notify_one();
         }
     }
 }
@@ -69,8 +79,18 @@ impl Waker {
         }
     }
 
+    /// A new attempt found `key` held under another sidecar's bell: a
+    /// watch that already woke its queue waits for the bell again.
+    pub fn rearm(&self, key: &str) {
+        let w = self.watching.lock().expect("waker poisoned");
+        if let Some(watch) = w.get(key) {
+            watch.rearm.notify_one();
+        }
+    }
+
     /// Waits (in the background) for `bell` to be free, then wakes `key`'s
-    /// queue. One task per key however many guards want it.
+    /// queue, again after each [`Waker::rearm`]. One task per key however
+    /// many guards want it.
     pub fn watch(&self, key: &str, bell: String) -> Option<Guard> {
         let pool = self.pool.clone()?;
         let mut w = self.watching.lock().expect("waker poisoned");
@@ -85,6 +105,7 @@ impl Waker {
         let watch = Arc::new(Watch {
             wanted: std::sync::atomic::AtomicUsize::new(1),
             done: AtomicBool::new(false),
+            rearm: tokio::sync::Notify::new(),
         });
         w.insert(key.to_owned(), watch.clone());
         drop(w);
@@ -112,22 +133,42 @@ async fn wait_for_bell(
     sink: Arc<dyn WakeSink>,
     metrics: Arc<MySqlMetrics>,
 ) {
-    let result = wait(&pool, &bell, &watch).await;
-    watch.done.store(true, Ordering::Release);
-    metrics.watch_results.with_label_values(&[result]).inc();
-    if result == "woken" {
-        tracing::debug!(key = %key, "bell free: waking the key's queue");
-        sink.released(&key);
-    }
-}
-
-async fn wait(pool: &Pool, bell: &str, watch: &Watch) -> &'static str {
     // A free wake connection, or none within a short bound: the waiter's
     // fallback timer covers it.
     let conn = tokio::time::timeout(Duration::from_millis(200), pool.get_conn()).await;
     let Ok(Ok(mut conn)) = conn else {
-        return "no_connection";
+        watch.done.store(true, Ordering::Release);
+        metrics
+            .watch_results
+            .with_label_values(&["no_connection"])
+            .inc();
+        return;
     };
+    let mut healthy = true;
+    loop {
+        let result = wait(&mut conn, &bell, &watch).await;
+        metrics.watch_results.with_label_values(&[result]).inc();
+        if result != "woken" {
+            healthy = result == "abandoned";
+            break;
+        }
+        tracing::debug!(key = %key, "bell free: waking the key's queue");
+        sink.released(&key);
+        watch.rearm.notified().await;
+        if watch.wanted.load(Ordering::Acquire) == 0 {
+            break;
+        }
+    }
+    watch.done.store(true, Ordering::Release);
+    if !healthy {
+        // Closing the connection frees any name it might hold.
+        let _ = tokio::time::timeout(CALL_TIMEOUT, conn.disconnect()).await;
+    }
+}
+
+/// Blocks in `GET_LOCK` until the bell is free ("woken"), the watch is no
+/// longer wanted ("abandoned") or the connection fails ("failed").
+async fn wait(conn: &mut mysql_async::Conn, bell: &str, watch: &Watch) -> &'static str {
     loop {
         if watch.wanted.load(Ordering::Acquire) == 0 {
             return "abandoned";
@@ -145,17 +186,14 @@ async fn wait(pool: &Pool, bell: &str, watch: &Watch) -> &'static str {
                     conn.exec_drop("DO RELEASE_LOCK(?)", (bell,)),
                 )
                 .await;
-                if !matches!(passed, Ok(Ok(()))) {
-                    // Closing the connection frees the name.
-                    let _ = conn.disconnect().await;
-                }
-                return "woken";
+                return if matches!(passed, Ok(Ok(()))) {
+                    "woken"
+                } else {
+                    "failed"
+                };
             }
             Ok(Ok(Some(Some(0)))) => continue,
-            _ => {
-                let _ = tokio::time::timeout(CALL_TIMEOUT, conn.disconnect()).await;
-                return "failed";
-            }
+            _ => return "failed",
         }
     }
 }

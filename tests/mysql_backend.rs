@@ -1,0 +1,353 @@
+//! MySQL/MariaDB lock backend: crashes, server-side time, byte-exact keys,
+//! abandoned statements, TLS, and the bells that wake other sidecars.
+//! Every test starts its own MariaDB (tests/common/mariadb.rs).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::mariadb::MariaDb;
+use common::*;
+
+fn sidecar(db: &MariaDb, extra: &[(&str, &str)]) -> Fencer {
+    let s = Fencer::sidecar(Backend::MySql, Some(&db.url()), extra);
+    wait_ready(&s);
+    s
+}
+
+fn wait_ready(s: &Fencer) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        if http_ok(&format!("{}/readyz", s.admin)) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("sidecar not ready: {}", s.logs());
+}
+
+async fn acquire_eventually(s: &Fencer, key: &str) -> Resp {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = s.acquire(key, 10_000, 0).await;
+        if r.status == 200 {
+            return r;
+        }
+        assert_eq!(r.code(), "backend_unavailable", "{}", r.body);
+        assert!(Instant::now() < deadline, "no recovery: {}", r.body);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn query_i64(db: &MariaDb, sql: &str) -> i64 {
+    let out = db.sql(sql);
+    out.trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("{sql}: {out:?}"))
+}
+
+/// MariaDB killed (-9): 503 quickly, no hang; restarted: the sidecar
+/// recovers by itself, a lease taken before the crash is still held (the
+/// commit was durable), and tokens continue above everything issued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mysql_crash_gives_503_then_recovers_with_leases_and_tokens_intact() {
+    let mut db = MariaDb::start();
+    let s = sidecar(&db, &[("backend.mysql.request_timeout_ms", "500")]);
+    let mut last = 0;
+    for _ in 0..20 {
+        let r = s.acquire("my:1", 10_000, 0).await;
+        last = r.token();
+        s.release("my:1", &r.lease()).await;
+    }
+    let held = s.acquire("my:held", 60_000, 0).await;
+    assert_eq!(held.status, 200, "{}", held.body);
+    db.kill();
+    let started = Instant::now();
+    let r = s.acquire("my:1", 10_000, 0).await;
+    assert_eq!(
+        (r.status, r.code()),
+        (503, "backend_unavailable"),
+        "{}",
+        r.body
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    db.restart();
+    let r = acquire_eventually(&s, "my:1").await;
+    assert!(r.token() > last, "token {} after {last}", r.token());
+    // The lease acknowledged before the crash survived it.
+    let again = s.acquire("my:held", 10_000, 0).await;
+    assert_eq!(again.code(), "lock_held", "{}", again.body);
+    let renewed = s.renew("my:held", &held.lease(), 60_000).await;
+    assert_eq!(renewed.status, 200, "{}", renewed.body);
+}
+
+/// A release on one sidecar wakes a waiter on another at once, through
+/// the bell, not at the lease's expiry (30 s) and not by polling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_a_waiter_on_another_sidecar_at_once() {
+    let db = MariaDb::start();
+    let a = sidecar(&db, &[]);
+    let b = sidecar(&db, &[]);
+    for round in 0..3 {
+        let held = a.acquire("my:bell", 30_000, 0).await;
+        assert_eq!(held.status, 200, "{}", held.body);
+        let waiter = {
+            let b_api = b.api.clone();
+            let http = b.http.clone();
+            tokio::spawn(async move {
+                let started = Instant::now();
+                let r = http
+                    .post(format!("{b_api}/v1/locks/my%3Abell/acquire"))
+                    .json(&serde_json::json!({"ttl_ms": 30_000, "wait_ms": 20_000}))
+                    .send()
+                    .await
+                    .unwrap();
+                let status = r.status().as_u16();
+                let body: serde_json::Value = r.json().await.unwrap();
+                (status, body, started.elapsed())
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let released_at = Instant::now();
+        let r = a.release("my:bell", &held.lease()).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        let (status, body, waited) = waiter.await.unwrap();
+        assert_eq!(
+            status,
+            200,
+            "round {round}: {body}\nwaiter's sidecar: {}\nholder's sidecar: {}",
+            b.metrics().await,
+            a.metrics().await
+        );
+        assert!(body["token"].as_u64().unwrap() > held.token());
+        let after_release = released_at.elapsed();
+        assert!(
+            waited >= Duration::from_millis(600),
+            "round {round}: got the key while it was held ({waited:?})"
+        );
+        assert!(
+            after_release < Duration::from_secs(5),
+            "round {round}: woken {after_release:?} after the release: the bell did not ring"
+        );
+        let r = b
+            .release("my:bell", body["lease_id"].as_str().unwrap())
+            .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    let woken = b
+        .metric("fencer_mysql_bell_waits_total", &[("result", "woken")])
+        .await;
+    assert!(woken >= 3.0, "bell waits woken: {woken}");
+}
+
+/// A holder whose sidecar dies keeps the key until its lease expires on
+/// the server — the dead sidecar's bell is freed by the server at once,
+/// but that wake-up must not hand the key over early.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_holders_lease_is_waited_out_not_handed_over_early() {
+    let db = MariaDb::start();
+    let mut a = sidecar(&db, &[]);
+    let b = sidecar(&db, &[]);
+    let held = a.acquire("my:dead", 3_000, 0).await;
+    assert_eq!(held.status, 200, "{}", held.body);
+    let acquired_at = Instant::now();
+    a.kill();
+    let r = b.acquire("my:dead", 10_000, 15_000).await;
+    let waited = acquired_at.elapsed();
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.token() > held.token());
+    assert!(
+        waited >= Duration::from_millis(2_900),
+        "key handed over {waited:?} into a 3 s lease"
+    );
+}
+
+/// Leases expire by the server's clock: a sidecar whose wall clock is a day
+/// off (libfaketime) sees exactly the same lease lifetimes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_expiry_follows_the_server_clock_not_the_sidecars() {
+    let lib = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+    assert!(
+        std::path::Path::new(lib).exists(),
+        "install Debian's faketime package (tests/run.sh does)"
+    );
+    let db = MariaDb::start();
+    for offset in ["-1d", "+1d"] {
+        let s = Fencer::sidecar_env(
+            Backend::MySql,
+            Some(&db.url()),
+            &[],
+            &[
+                ("LD_PRELOAD", lib),
+                ("FAKETIME", offset),
+                ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+            ],
+        );
+        wait_ready(&s);
+        let key = format!("my:clock{offset}");
+        let a = s.acquire(&key, 1_000, 0).await;
+        assert_eq!(a.status, 200, "{}", a.body);
+        let b = s.acquire(&key, 1_000, 0).await;
+        assert_eq!(b.code(), "lock_held", "skewed sidecar clock {offset}");
+        let remaining = query_i64(
+            &db,
+            &format!(
+                "SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) DIV 1000 FROM fencer_locks WHERE lock_key = '{key}'"
+            ),
+        );
+        assert!(
+            (0..=1_000).contains(&remaining),
+            "expiry {remaining} ms away on the server"
+        );
+        tokio::time::sleep(Duration::from_millis(1_200)).await;
+        let c = s.acquire(&key, 1_000, 0).await;
+        assert_eq!(c.status, 200, "{}", c.body);
+        let stamp = s
+            .logs()
+            .lines()
+            .find(|l| l.contains("sidecar listening"))
+            .unwrap_or_default()
+            .to_owned();
+        let day = query_i64(
+            &db,
+            &format!(
+                "SELECT DAY(UTC_TIMESTAMP() + INTERVAL {} DAY)",
+                if offset == "-1d" { -1 } else { 1 }
+            ),
+        );
+        assert!(
+            stamp.contains(&format!("-{day:02}T")),
+            "faketime not applied: {stamp}"
+        );
+    }
+}
+
+/// Idle rows are deleted by the clean-up, and a deleted key's next token is
+/// still above every token it had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cleaning_up_idle_rows_never_lets_tokens_go_back() {
+    let db = MariaDb::start();
+    let s = sidecar(
+        &db,
+        &[
+            ("backend.mysql.idle_cleanup_after_ms", "1000"),
+            ("backend.mysql.cleanup_interval_ms", "200"),
+        ],
+    );
+    let mut last = 0;
+    for _ in 0..10 {
+        let r = s.acquire("my:idle", 10_000, 0).await;
+        last = r.token();
+        s.release("my:idle", &r.lease()).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while query_i64(&db, "SELECT COUNT(*) FROM fencer_locks") > 0 {
+        assert!(Instant::now() < deadline, "idle row not cleaned up");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(query_i64(&db, "SELECT floor FROM fencer_token_floor") >= last as i64);
+    let r = s.acquire("my:idle", 10_000, 0).await;
+    assert!(
+        r.token() > last,
+        "token {} after {last}: went back after clean-up",
+        r.token()
+    );
+    assert!(s.metric("fencer_mysql_cleanup_rows_total", &[]).await >= 1.0);
+}
+
+/// Keys are bytes: case and trailing spaces make different locks (a
+/// case-insensitive, space-padding collation would merge them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_are_compared_byte_for_byte() {
+    let db = MariaDb::start();
+    let s = sidecar(&db, &[]);
+    let mut leases = Vec::new();
+    for key in ["Case", "case", "CASE", "k", "k ", "k  ", "é", "e"] {
+        let r = s.acquire(key, 10_000, 0).await;
+        assert_eq!(r.status, 200, "{key:?}: {}", r.body);
+        leases.push((key, r.lease()));
+    }
+    for (key, lease) in leases {
+        let r = s.release(key, &lease).await;
+        assert_eq!(r.status, 200, "{key:?}: {}", r.body);
+    }
+}
+
+/// An acquire that waits on a row lock past its request timeout is killed
+/// on the server (KILL QUERY) and leaves no lease behind: after the
+/// blocker goes away the key is free for the next acquire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_acquire_leaves_no_lease_behind() {
+    use mysql_async::prelude::Queryable;
+    let db = MariaDb::start();
+    let s = sidecar(&db, &[("backend.mysql.request_timeout_ms", "400")]);
+    let first = s.acquire("my:blocked", 1_000, 0).await;
+    s.release("my:blocked", &first.lease()).await;
+    // Someone else holds the key's row lock (a long report, a DBA).
+    let mut blocker = mysql_async::Conn::new(
+        mysql_async::OptsBuilder::from_opts(mysql_async::Opts::from_url(&db.url()).unwrap())
+            .prefer_socket(false),
+    )
+    .await
+    .unwrap();
+    blocker.query_drop("START TRANSACTION").await.unwrap();
+    blocker
+        .query_drop("SELECT * FROM fencer_locks WHERE lock_key = 'my:blocked' FOR UPDATE")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let r = s.acquire("my:blocked", 60_000, 0).await;
+    assert_eq!(r.code(), "backend_unavailable", "{}", r.body);
+    assert!(started.elapsed() < Duration::from_secs(3));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    blocker.query_drop("COMMIT").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let r = s.acquire("my:blocked", 1_000, 0).await;
+    assert_eq!(
+        r.status, 200,
+        "a lease nobody knows holds the key: {}",
+        r.body
+    );
+    assert!(r.token() > first.token());
+}
+
+/// TLS: with the CA the sidecar connects encrypted and verifies the server;
+/// without it, it never becomes ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_to_mysql_is_verified() {
+    let certs = make_certs();
+    let crt = certs.path().join("server.crt");
+    let key = certs.path().join("server.key");
+    let ca = certs.path().join("ca.crt");
+    let db = MariaDb::start_with(&[
+        ("ssl-cert", crt.to_str().unwrap()),
+        ("ssl-key", key.to_str().unwrap()),
+        ("ssl-ca", ca.to_str().unwrap()),
+        ("require-secure-transport", "ON"),
+    ]);
+    let url = format!("{}?require_ssl=true", db.url());
+    let s = Fencer::sidecar(
+        Backend::MySql,
+        Some(&url),
+        &[("backend.mysql.ca_file", ca.to_str().unwrap())],
+    );
+    wait_ready(&s);
+    let r = s.acquire("tls:1", 10_000, 0).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let out = db.sql("SHOW GLOBAL STATUS LIKE 'Ssl_accepts'");
+    let accepts: i64 = out.split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(accepts >= 1, "no TLS connection: {out}");
+    let untrusted = Fencer::sidecar(
+        Backend::MySql,
+        Some(&url),
+        &[("backend.mysql.request_timeout_ms", "500")],
+    );
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(!http_ok(&format!("{}/readyz", untrusted.admin)));
+    let r = untrusted.acquire("tls:2", 10_000, 0).await;
+    assert_eq!(r.code(), "backend_unavailable", "{}", r.body);
+}

@@ -30,6 +30,7 @@ pub const ALL: &[(&str, &str)] = &[
     ("redlock_no_quarantine", "RedLock masters vote at once after a restart, whatever backend.redlock.restart_quarantine_ms says"),
     ("zk_early_expiry", "the ZooKeeper backend deletes a held node at half its TTL, before the holder's local deadline"),
     ("zk_ttl_past_session", "the ZooKeeper backend grants leases longer than its session can keep safe"),
+    ("mysql_early_expiry", "the MySQL backend writes a lease row's expiry at half its TTL, before the holder's local deadline"),
     ("zk_waiter_node_left", "a ZooKeeper waiter that gives up leaves its node in the key's queue"),
     ("fresh_send_time", "as before issue 10: one lease id for every try of an acquire, each try counting the deadline from its own send time, and PostgreSQL statements whose caller gave up neither bounded by the server, cancelled nor compensated"),
 ];

@@ -351,3 +351,24 @@ async fn tls_to_mysql_is_verified() {
     let r = untrusted.acquire("tls:2", 10_000, 0).await;
     assert_eq!(r.code(), "backend_unavailable", "{}", r.body);
 }
+
+/// A live holder keeps the key until its own deadline: another sidecar's
+/// waiter gets it only after the holder's TTL, never earlier (mutant
+/// `mysql_early_expiry` writes the row's expiry at half the TTL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_key_moves_only_after_the_holders_deadline() {
+    let db = MariaDb::start();
+    let a = sidecar(&db, &[]);
+    let b = sidecar(&db, &[]);
+    let sent = Instant::now();
+    let held = a.acquire("my:deadline", 2_000, 0).await;
+    assert_eq!(held.status, 200, "{}", held.body);
+    let r = b.acquire("my:deadline", 10_000, 10_000).await;
+    let waited = sent.elapsed();
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.token() > held.token());
+    assert!(
+        waited >= Duration::from_millis(2_000),
+        "the key moved {waited:?} into the holder's 2 s lease"
+    );
+}

@@ -292,10 +292,9 @@ ZOOKEEPER_MUTANTS = {
 }
 
 # MySQL, on the mysql-cut schedule that promises mutual exclusion (M1).
-# mysql_early_expiry: a mutant the Rust side does not have yet (proposed:
-# the acquire procedure writes the row's expiry at half the TTL, before
-# the holder's local deadline) — until src/mutants.rs knows it, the
-# sidecars log "unknown mutant" and this run survives (BAD).
+# mysql_early_expiry: the acquire and renew procedures are given half the
+# TTL, so a lease row expires before the holder's local deadline (the PR
+# tier runs its directed test; `--mutant` runs it here).
 # mysql_rows_expired_early: the same defect, injected from outside: the
 # `expire` nemesis sets live lease rows' expiry to the server's now every
 # 0.2–0.6 s (the `expire` family's mechanism; no FENCER_MUTANT). M1 must
@@ -329,6 +328,7 @@ DIRECTED_MUTANTS = {
     "sentinel_resolve_once": ("redis_topologies", "sentinel_failover_under_load"),
     "ignore_wait_shortfall": ("redis_topologies", "wait_replicas_grants_only_what_replicas_confirmed"),
     "zk_early_expiry": ("zookeeper", "the_key_moves_only_after_the_holders_deadline"),
+    "mysql_early_expiry": ("mysql_backend", "the_key_moves_only_after_the_holders_deadline"),
     "zk_ttl_past_session": ("zookeeper", "a_partition_past_the_session_ends_the_lease_before_anyone_else_gets_the_key"),
     "zk_waiter_node_left": ("zookeeper", "a_waiter_that_gives_up_leaves_no_node_behind"),
 }

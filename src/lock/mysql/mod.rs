@@ -61,6 +61,16 @@ fn unavailable(e: impl std::fmt::Display) -> BackendError {
     BackendError::Unavailable(e.to_string())
 }
 
+/// The TTL written into a lease row; for the `mysql_early_expiry` mutant,
+/// half of it (the row expires before the holder's local deadline).
+fn server_ttl_ms(ttl: Duration) -> i64 {
+    if crate::mutants::active("mysql_early_expiry") {
+        ms(ttl / 2)
+    } else {
+        ms(ttl)
+    }
+}
+
 fn ms(d: Duration) -> i64 {
     d.as_millis().min(i64::MAX as u128) as i64
 }
@@ -340,7 +350,7 @@ impl LockBackend for MySqlBackend {
                 vec![
                     key_value(key),
                     lease_value(lease),
-                    Value::Int(ms(ttl)),
+                    Value::Int(server_ttl_ms(ttl)),
                     Value::Int(self.lock_delay_ms),
                     Value::Bytes(bell.into_bytes()),
                 ],
@@ -398,7 +408,11 @@ impl LockBackend for MySqlBackend {
         let rows = self
             .call(
                 RENEW,
-                vec![key_value(key), lease_value(lease), Value::Int(ms(ttl))],
+                vec![
+                    key_value(key),
+                    lease_value(lease),
+                    Value::Int(server_ttl_ms(ttl)),
+                ],
                 None,
             )
             .await?;
@@ -420,7 +434,7 @@ impl LockBackend for MySqlBackend {
         let started = Instant::now();
         let json: Vec<(String, &str, i64)> = items
             .iter()
-            .map(|(k, l, t)| (hex(k.as_str().as_bytes()), l.as_str(), ms(*t)))
+            .map(|(k, l, t)| (hex(k.as_str().as_bytes()), l.as_str(), server_ttl_ms(*t)))
             .collect();
         let json =
             serde_json::to_string(&json).map_err(|e| BackendError::Protocol(e.to_string()))?;

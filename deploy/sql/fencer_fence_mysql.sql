@@ -137,9 +137,10 @@
 --     fencer_sql_signing_keys and fencer_sql_signing_key_prefixes, none of
 --     them a fencer gateway table. (The PostgreSQL file shares its mark
 --     with the gateway's PostgreSQL fence store and honours the gateway's
---     in-flight stamps; a MySQL gateway fence store does not exist yet, so
---     here the mark is the database's own. Do not fence one key both here
---     and through a gateway with another store: they would keep two marks.)
+--     in-flight stamps. The MySQL gateway fence store keeps its marks in
+--     its own fencer_fences table and does not read these, so here the
+--     mark is the database's own. Do not fence one key both here and
+--     through a gateway: they would keep two marks.)
 --   * Keep fenced transactions short: every other holder of the key waits
 --     for your row lock (up to innodb_lock_wait_timeout, then 1205, which
 --     fencer_fence() turns into a rollback).

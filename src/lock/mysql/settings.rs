@@ -21,8 +21,9 @@ pub struct MySqlSettings {
     /// Connections holding this sidecar's "bells" (one named lock per held
     /// key, released when the lease ends, which wakes remote waiters).
     pub bell_connections: usize,
+    /// Bound on one statement as the caller sees it: pool checkout and
+    /// connecting included (the driver has no separate connect timeout).
     pub request_timeout_ms: u64,
-    pub connect_timeout_ms: u64,
     /// Rows of keys free and untouched this long are deleted (their tokens
     /// live on in the token floor).
     pub idle_cleanup_after_ms: u64,
@@ -40,7 +41,6 @@ impl Default for MySqlSettings {
             wake_connections: 16,
             bell_connections: 2,
             request_timeout_ms: 2_000,
-            connect_timeout_ms: 2_000,
             idle_cleanup_after_ms: 7 * 24 * 3_600_000,
             cleanup_interval_ms: 60_000,
             ca_file: None,
@@ -87,12 +87,6 @@ impl MySqlSettings {
             "backend.mysql.request_timeout_ms",
             self.request_timeout_ms,
             100,
-            60_000,
-        )?;
-        check_range(
-            "backend.mysql.connect_timeout_ms",
-            self.connect_timeout_ms,
-            10,
             60_000,
         )?;
         check_range(

@@ -230,7 +230,6 @@ class Cluster:
             "backend.mysql.wake_connections": sc.get("mysql_wake_connections", 4),
             "backend.mysql.bell_connections": 2,
             "backend.mysql.request_timeout_ms": sc.get("mysql_request_timeout_ms", 1000),
-            "backend.mysql.connect_timeout_ms": 500,
             "backend.mysql.idle_cleanup_after_ms": sc.get("mysql_idle_cleanup_after_ms", 1000),
             "backend.mysql.cleanup_interval_ms": sc.get("mysql_cleanup_interval_ms", 500),
         }

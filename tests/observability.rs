@@ -200,7 +200,7 @@ async fn workload_round(s: &Fencer, g: &Fencer) {
     s.release("auto:1", &a.lease()).await;
 }
 
-/// A few acquire/release cycles on a ZooKeeper sidecar.
+/// A few acquire/release cycles on a ZooKeeper (or MySQL) sidecar.
 async fn zookeeper_round(zk: &Fencer) {
     for _ in 0..5 {
         let r = zk.acquire("acct:1", 5_000, 1_000).await;
@@ -256,7 +256,11 @@ async fn dashboards_and_alerts_work_against_a_real_prometheus() {
             ensemble.connect_string().as_str(),
         )],
     );
+    // And a MySQL sidecar, for the MySQL row.
+    let db = common::mariadb::MariaDb::start();
+    let my = Fencer::sidecar(Backend::MySql, Some(&db.url()), &[]);
     let prom = start_prometheus(&[
+        ("sidecar-mysql", my.admin_port),
         ("sidecar", s.admin_port),
         ("gateway", g.admin_port),
         ("sidecar-redlock", rl.admin_port),
@@ -268,7 +272,7 @@ async fn dashboards_and_alerts_work_against_a_real_prometheus() {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let up = query(&client, &prom.url, "sum(up)").await;
-        if up["data"]["result"][0]["value"][1] == "4" {
+        if up["data"]["result"][0]["value"][1] == "5" {
             break;
         }
         assert!(Instant::now() < deadline, "targets not scraped: {up}");
@@ -277,10 +281,12 @@ async fn dashboards_and_alerts_work_against_a_real_prometheus() {
     workload_round(&s, &g).await;
     redlock_round(&rl).await;
     zookeeper_round(&zk).await;
+    zookeeper_round(&my).await;
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     workload_round(&s, &g).await;
     redlock_round(&rl).await;
     zookeeper_round(&zk).await;
+    zookeeper_round(&my).await;
     // A backend outage: errors and a failed readiness ping.
     redis.kill();
     let r = s.acquire("acct:1", 5_000, 0).await;

@@ -10,10 +10,10 @@ use std::collections::HashSet;
 use std::sync::Mutex;
 
 pub mod gateway;
+pub mod mysql;
 pub mod redis;
 pub mod redlock;
 pub mod sidecar;
-pub mod mysql;
 pub mod zookeeper;
 
 use prometheus::{Encoder, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};

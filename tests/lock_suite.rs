@@ -95,7 +95,7 @@ fn harness(backend: Backend, extra: &[(&str, &str)]) -> Harness {
     let sidecar = Fencer::sidecar(backend, url.as_deref(), &all);
     if !matches!(backend, Backend::Memory | Backend::Redis) {
         // The schema is created, or the topology found, in the background.
-        wait_ready(&sidecar);
+        sidecar.wait_ready();
     }
     Harness {
         redis,
@@ -130,18 +130,6 @@ fn redis_locks_left(h: &Harness) -> Vec<String> {
         .iter_mut()
         .flat_map(|c| c.keys::<_, Vec<String>>("fencer:*:lock").unwrap())
         .collect()
-}
-
-fn wait_ready(s: &Fencer) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    let url = format!("{}/readyz", s.admin);
-    while std::time::Instant::now() < deadline {
-        if http_ok(&url) {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("sidecar not ready: {}", s.logs());
 }
 
 /// 32 clients × 50 rounds of lock → GET → +1 → SET → release on one key:

@@ -11,32 +11,8 @@ use common::*;
 
 fn sidecar(db: &MariaDb, extra: &[(&str, &str)]) -> Fencer {
     let s = Fencer::sidecar(Backend::MySql, Some(&db.url()), extra);
-    wait_ready(&s);
+    s.wait_ready();
     s
-}
-
-fn wait_ready(s: &Fencer) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while Instant::now() < deadline {
-        if http_ok(&format!("{}/readyz", s.admin)) {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("sidecar not ready: {}", s.logs());
-}
-
-async fn acquire_eventually(s: &Fencer, key: &str) -> Resp {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let r = s.acquire(key, 10_000, 0).await;
-        if r.status == 200 {
-            return r;
-        }
-        assert_eq!(r.code(), "backend_unavailable", "{}", r.body);
-        assert!(Instant::now() < deadline, "no recovery: {}", r.body);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 fn query_i64(db: &MariaDb, sql: &str) -> i64 {
@@ -76,7 +52,7 @@ async fn a_mysql_crash_gives_503_then_recovers_with_leases_and_tokens_intact() {
         started.elapsed()
     );
     db.restart();
-    let r = acquire_eventually(&s, "my:1").await;
+    let r = s.acquire_eventually("my:1").await;
     assert!(r.token() > last, "token {} after {last}", r.token());
     // The lease acknowledged before the crash survived it.
     let again = s.acquire("my:held", 10_000, 0).await;
@@ -187,7 +163,7 @@ async fn lease_expiry_follows_the_server_clock_not_the_sidecars() {
                 ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
             ],
         );
-        wait_ready(&s);
+        s.wait_ready();
         let key = format!("my:clock{offset}");
         let a = s.acquire(&key, 1_000, 0).await;
         assert_eq!(a.status, 200, "{}", a.body);
@@ -335,7 +311,7 @@ async fn tls_to_mysql_is_verified() {
         Some(&url),
         &[("backend.mysql.ca_file", ca.to_str().unwrap())],
     );
-    wait_ready(&s);
+    s.wait_ready();
     let r = s.acquire("tls:1", 10_000, 0).await;
     assert_eq!(r.status, 200, "{}", r.body);
     let out = db.sql("SHOW GLOBAL STATUS LIKE 'Ssl_accepts'");

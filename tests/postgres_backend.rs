@@ -10,32 +10,8 @@ use common::*;
 
 fn sidecar(pg: &PgServer, extra: &[(&str, &str)]) -> Fencer {
     let s = Fencer::sidecar(Backend::Postgres, Some(&pg.url()), extra);
-    wait_ready(&s);
+    s.wait_ready();
     s
-}
-
-fn wait_ready(s: &Fencer) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < deadline {
-        if http_ok(&format!("{}/readyz", s.admin)) {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("sidecar not ready: {}", s.logs());
-}
-
-async fn acquire_eventually(s: &Fencer, key: &str) -> Resp {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let r = s.acquire(key, 10_000, 0).await;
-        if r.status == 200 {
-            return r;
-        }
-        assert_eq!(r.code(), "backend_unavailable", "{}", r.body);
-        assert!(Instant::now() < deadline, "no recovery: {}", r.body);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// PostgreSQL down: 503 quickly; back: the sidecar recovers by itself and
@@ -69,9 +45,9 @@ async fn a_postgres_restart_gives_503_then_recovers_with_tokens_intact() {
     assert!(!http_ok(&format!("{}/readyz?backend=1", s.admin)));
     assert!(http_ok(&format!("{}/readyz", s.admin)));
     pg.restart();
-    let r = acquire_eventually(&s, "pg:1").await;
+    let r = s.acquire_eventually("pg:1").await;
     assert!(r.token() > last, "token {} after {last}", r.token());
-    wait_ready(&s);
+    s.wait_ready();
 }
 
 /// The LISTEN connection is terminated by the server: the sidecar
@@ -140,7 +116,7 @@ async fn lease_expiry_follows_the_server_clock_not_the_sidecars() {
                 ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
             ],
         );
-        wait_ready(&s);
+        s.wait_ready();
         let key = format!("pg:clock{offset}");
         let a = s.acquire(&key, 1_000, 0).await;
         assert_eq!(a.status, 200, "{}", a.body);
@@ -234,7 +210,7 @@ async fn tls_to_postgres_is_verified() {
         Some(&url),
         &[("backend.postgres.ca_file", ca.to_str().unwrap())],
     );
-    wait_ready(&s);
+    s.wait_ready();
     let r = s.acquire("tls:1", 10_000, 0).await;
     assert_eq!(r.status, 200, "{}", r.body);
     let encrypted = pg_query_i64(

@@ -28,6 +28,7 @@
 //! There is no unverified mode.
 
 pub mod runner;
+pub mod schema;
 
 use std::time::Duration;
 

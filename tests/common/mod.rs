@@ -625,6 +625,35 @@ impl Fencer {
         Resp { status, body }
     }
 
+    /// Waits (up to 30 s) for `/readyz`: a database backend creates its
+    /// schema, a topology is found, in the background.
+    pub fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let url = format!("{}/readyz", self.admin);
+        while Instant::now() < deadline {
+            if http_ok(&url) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("sidecar not ready: {}", self.logs());
+    }
+
+    /// Acquires `key` (10 s TTL), retrying while the backend is
+    /// unavailable (after a restart), for up to 30 s.
+    pub async fn acquire_eventually(&self, key: &str) -> Resp {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let r = self.acquire(key, 10_000, 0).await;
+            if r.status == 200 {
+                return r;
+            }
+            assert_eq!(r.code(), "backend_unavailable", "{}", r.body);
+            assert!(Instant::now() < deadline, "no recovery: {}", r.body);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     pub fn path(key: &str, op: &str) -> String {
         let enc = percent_encode(key);
         if op.is_empty() {

@@ -199,33 +199,10 @@ impl MyFences {
     async fn migrate(&self) -> Result<(), FenceError> {
         let describe = |e: mysql_async::Error| unavailable(crate::mysql::describe(&e));
         let mut conn = Conn::new(self.probe.clone()).await.map_err(describe)?;
-        let result = async {
-            let pieces = sql::pieces();
-            let mut complete = true;
-            for (_, exists, _) in &pieces {
-                if conn.query_first::<i64, _>(exists.as_str()).await? != Some(1) {
-                    complete = false;
-                    break;
-                }
-            }
-            if complete {
-                return Ok(());
-            }
-            let locked: Option<i64> = conn
-                .exec_first("SELECT GET_LOCK(?, 10)", (sql::MIGRATE_LOCK,))
-                .await?;
-            if locked != Some(1) {
-                return Err(mysql_async::Error::Other("schema lock not granted".into()));
-            }
-            for (name, exists, create) in &pieces {
-                if conn.query_first::<i64, _>(exists.as_str()).await? != Some(1) {
-                    tracing::info!(piece = name, "creating fence store schema piece");
-                    conn.query_drop(*create).await?;
-                }
-            }
-            Ok(())
-        }
-        .await;
+        let result = crate::mysql::schema::ensure(&mut conn, &sql::pieces(), sql::MIGRATE_LOCK)
+            .await
+            .map(|_| ());
+
         // Closing the session frees the named lock too.
         let _ = tokio::time::timeout(Duration::from_secs(2), conn.disconnect()).await;
         result.map_err(describe)

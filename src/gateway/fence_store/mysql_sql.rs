@@ -29,19 +29,8 @@ pub const MIGRATE_LOCK: &str = "fencer:gateway_schema";
 /// What the schema needs, in order: (name, how to tell it exists, DDL). A
 /// piece is created only when its check says it is missing: a start-up
 /// against an up-to-date database runs no DDL.
-pub fn pieces() -> Vec<(&'static str, String, &'static str)> {
-    let table = |t: &str| {
-        format!(
-            "SELECT COUNT(*) FROM information_schema.tables \
-             WHERE table_schema = DATABASE() AND table_name = '{t}'"
-        )
-    };
-    let routine = |r: &str| {
-        format!(
-            "SELECT COUNT(*) FROM information_schema.routines \
-             WHERE routine_schema = DATABASE() AND routine_name = '{r}'"
-        )
-    };
+pub fn pieces() -> Vec<crate::mysql::schema::Piece> {
+    use crate::mysql::schema::{routine_exists as routine, table_exists as table};
     vec![
         ("fencer_fences", table("fencer_fences"), FENCES),
         ("fencer_gw_admit_v1", routine("fencer_gw_admit_v1"), ADMIT),

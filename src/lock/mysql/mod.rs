@@ -263,35 +263,9 @@ async fn maintain(
 /// up-to-date database runs no DDL (no metadata lock on the busy table).
 pub async fn migrate(pool: &Pool) -> Result<(), mysql_async::Error> {
     let mut conn = pool.get_conn().await?;
-    let pieces = sql::pieces();
-    let mut complete = true;
-    for (_, exists, _) in &pieces {
-        if conn.query_first::<i64, _>(exists.as_str()).await? != Some(1) {
-            complete = false;
-            break;
-        }
-    }
-    if complete {
-        return Ok(());
-    }
-    let locked: Option<i64> = conn
-        .query_first("SELECT GET_LOCK('fencer:schema', 10)")
-        .await?;
-    if locked != Some(1) {
-        return Err(mysql_async::Error::Other("schema lock not granted".into()));
-    }
-    let result = async {
-        for (name, exists, create) in &pieces {
-            if conn.query_first::<i64, _>(exists.as_str()).await? != Some(1) {
-                tracing::info!(piece = name, "creating schema piece");
-                conn.query_drop(*create).await?;
-            }
-        }
-        Ok(())
-    }
-    .await;
-    let _ = conn.query_drop("DO RELEASE_LOCK('fencer:schema')").await;
-    result
+    crate::mysql::schema::ensure(&mut conn, &sql::pieces(), "fencer:schema")
+        .await
+        .map(|_| ())
 }
 
 /// One clean-up round ([`sql::CLEANUP_LOCK`]); `Ok(None)` when skipped

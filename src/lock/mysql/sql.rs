@@ -15,19 +15,8 @@
 /// What the schema needs, in order: (name, how to tell it exists, DDL).
 /// A piece is created only when the check says it is missing
 /// ([`super::schema`]).
-pub fn pieces() -> Vec<(&'static str, String, &'static str)> {
-    let table = |t: &str| {
-        format!(
-            "SELECT COUNT(*) FROM information_schema.tables \
-             WHERE table_schema = DATABASE() AND table_name = '{t}'"
-        )
-    };
-    let routine = |r: &str| {
-        format!(
-            "SELECT COUNT(*) FROM information_schema.routines \
-             WHERE routine_schema = DATABASE() AND routine_name = '{r}'"
-        )
-    };
+pub fn pieces() -> Vec<crate::mysql::schema::Piece> {
+    use crate::mysql::schema::{routine_exists as routine, table_exists as table};
     vec![
         ("fencer_locks", table("fencer_locks"), LOCKS),
         ("fencer_token_floor", table("fencer_token_floor"), FLOOR),

@@ -521,3 +521,56 @@ fn gateway_mysql_settings_are_checked_and_redacted() {
     );
     assert!(out.status.success(), "{}", stderr(&out));
 }
+
+#[test]
+fn mysql_backend_settings_are_checked_and_redacted() {
+    let base = [
+        ("FENCER__BACKEND__KIND", "mysql"),
+        (
+            "FENCER__BACKEND__MYSQL__URL",
+            "mysql://fencer:s3cret-pw@db:3306/fencer",
+        ),
+    ];
+    let out = fencer(&["check-config"], &base);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("db:3306") && !text.contains("s3cret-pw"),
+        "{text}"
+    );
+    refused_each(
+        &base,
+        &[
+            (
+                "FENCER__BACKEND__MYSQL__URL",
+                "postgres://fencer@db/fencer",
+                "backend.mysql.url",
+            ),
+            (
+                "FENCER__BACKEND__MYSQL__CA_FILE",
+                "/nonexistent/ca.pem",
+                "backend.mysql.ca_file",
+            ),
+            (
+                "FENCER__BACKEND__MYSQL__POOL_SIZE",
+                "0",
+                "backend.mysql.pool_size",
+            ),
+            (
+                "FENCER__BACKEND__MYSQL__BELL_CONNECTIONS",
+                "0",
+                "backend.mysql.bell_connections",
+            ),
+            (
+                "FENCER__BACKEND__MYSQL__REQUEST_TIMEOUT_MS",
+                "99",
+                "backend.mysql.request_timeout_ms",
+            ),
+            (
+                "FENCER__BACKEND__MYSQL__IDLE_CLEANUP_AFTER_MS",
+                "999",
+                "backend.mysql.idle_cleanup_after_ms",
+            ),
+        ],
+    );
+}

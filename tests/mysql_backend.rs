@@ -348,3 +348,38 @@ async fn the_key_moves_only_after_the_holders_deadline() {
         "the key moved {waited:?} into the holder's 2 s lease"
     );
 }
+
+/// The acquire procedure is idempotent per lease id: a retry after an
+/// unknown outcome (the sidecar resends with the same lease id) gets the
+/// same token, not a second one, and another lease gets nothing — called
+/// on the real procedure, as the sidecar calls it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_is_idempotent_per_lease_id() {
+    use mysql_async::prelude::Queryable;
+    let db = MariaDb::start();
+    let _schema = sidecar(&db, &[]);
+    let mut c = mysql_async::Conn::new(
+        mysql_async::OptsBuilder::from_opts(mysql_async::Opts::from_url(&db.url()).unwrap())
+            .prefer_socket(false),
+    )
+    .await
+    .unwrap();
+    let call = "CALL fencer_lock_acquire_v1(?, ?, ?, ?, ?)";
+    let mut first = None;
+    for _ in 0..3 {
+        let row: (i64, i64, i64, i64) = c
+            .exec_first(call, ("my:idem", "lease-a", 10_000i64, 0i64, "fencer:x"))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(row.0, 1, "{row:?}");
+        assert_eq!(*first.get_or_insert(row.1), row.1, "a retry minted a token");
+    }
+    let other: (i64, i64, i64, i64) = c
+        .exec_first(call, ("my:idem", "lease-b", 10_000i64, 0i64, "fencer:x"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(other.0, -1, "{other:?}");
+    assert!(other.2 > 9_000, "remaining {other:?}");
+}

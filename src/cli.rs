@@ -48,6 +48,9 @@ pub enum Command {
     Gateway,
     /// Run the demo key-value storage (the kind of upstream the gateway protects).
     Storage,
+    /// The admission webhook that adds fencer as a native sidecar to pods
+    /// annotated `fencer.dev/inject: "true"` (HTTPS, `POST /mutate`).
+    Inject,
     /// Everything in one process on embedded defaults: sidecar (memory
     /// locks) + gateway (memory fences) + demo storage.
     Dev,

@@ -15,6 +15,7 @@ pub mod dev;
 pub mod error;
 pub mod gateway;
 pub mod hotaccount;
+pub mod inject;
 pub mod http;
 pub mod lock;
 pub mod metrics;

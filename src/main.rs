@@ -70,6 +70,7 @@ fn main() -> ExitCode {
         Command::Sidecar => "sidecar",
         Command::Gateway => "gateway",
         Command::Storage => "storage",
+        Command::Inject => "inject",
         _ => "worker",
     };
     let runtime = builder
@@ -84,6 +85,7 @@ fn main() -> ExitCode {
             Command::Sidecar => sidecar::run(settings, shutdown).await,
             Command::Gateway => gateway::run(settings, shutdown).await,
             Command::Storage => storage::run(settings, shutdown).await,
+            Command::Inject => fencer::inject::run(settings, shutdown).await,
             Command::Dev => dev::run(settings, shutdown).await,
             Command::Demo(args) => fencer::demo::run(args).await,
             Command::HotAccountWorker(args) => {

@@ -10,6 +10,7 @@ use std::collections::HashSet;
 use std::sync::Mutex;
 
 pub mod gateway;
+pub mod inject;
 pub mod mysql;
 pub mod redis;
 pub mod redlock;
@@ -19,6 +20,7 @@ pub mod zookeeper;
 use prometheus::{Encoder, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
 
 pub use self::gateway::GatewayMetrics;
+pub use self::inject::INJECT;
 pub use self::sidecar::Metrics;
 
 use crate::settings::MetricsSettings;

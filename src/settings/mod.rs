@@ -20,6 +20,7 @@ pub use crate::lock::settings::{
     TokenMode,
 };
 pub use crate::sidecar::settings::{ProxySettings, SidecarSettings};
+pub use crate::inject::settings::InjectSettings;
 pub use crate::storage::settings::StorageSettings;
 pub(crate) use check::{
     check_http_url, check_key_id, check_methods, check_range, invalid, read_secret,
@@ -48,6 +49,7 @@ pub struct Settings {
     pub proxy: ProxySettings,
     pub gateway: GatewaySettings,
     pub storage: StorageSettings,
+    pub inject: InjectSettings,
     pub backend: BackendSettings,
     pub admin: AdminSettings,
     pub signing: SigningSettings,
@@ -131,6 +133,7 @@ impl Settings {
         self.proxy.validate()?;
         self.gateway.validate()?;
         self.storage.validate()?;
+        self.inject.validate()?;
         self.metrics.validate()?;
         let rl = &self.backend.redlock;
         if self.backend.kind == Some(BackendKind::RedLock)

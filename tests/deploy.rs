@@ -46,10 +46,10 @@ fn validate(file: &Path) {
 fn kustomize_overlays_render_validate_and_match_the_binary() {
     let dir = tempfile::tempdir().unwrap();
     for overlay in ["trial", "production"] {
+        // Default settings: GitOps tools render kustomize without
+        // --load-restrictor, so the base reads only files below it.
         let rendered = run(Command::new("kubectl").args([
             "kustomize",
-            "--load-restrictor",
-            "LoadRestrictionsNone",
             root()
                 .join("deploy/kustomize/overlays")
                 .join(overlay)
@@ -85,6 +85,67 @@ fn kustomize_overlays_render_validate_and_match_the_binary() {
             .arg(overlay));
     }
     validate(&root().join("deploy/kustomize/secrets.example.yaml"));
+}
+
+/// The copies of config/, grafana/dashboards/ and the alert rules that
+/// kustomize and the Helm chart read (they cannot read outside their own
+/// directories) are byte-equal to their sources, with none left over.
+#[test]
+fn copies_under_deploy_match_their_sources() {
+    run(Command::new("python3")
+        .arg(root().join("deploy/sync_copies.py"))
+        .arg("--check"));
+}
+
+/// The check above fails on a drifted copy (not a check that cannot fail).
+#[test]
+fn a_drifted_copy_is_caught() {
+    let tree = tempfile::tempdir().unwrap();
+    for dir in [
+        "config",
+        "grafana/dashboards",
+        "deploy/prometheus",
+        "deploy/kustomize/base/files",
+        "deploy/helm/fencer/files",
+    ] {
+        let out = Command::new("cp")
+            .args(["-r", "--parents", dir])
+            .arg(tree.path())
+            .current_dir(root())
+            .status()
+            .unwrap();
+        assert!(out.success());
+    }
+    std::fs::copy(
+        root().join("deploy/sync_copies.py"),
+        tree.path().join("deploy/sync_copies.py"),
+    )
+    .unwrap();
+    let check = |what: &str| {
+        let out = Command::new("python3")
+            .arg(tree.path().join("deploy/sync_copies.py"))
+            .arg("--check")
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            format!("{what}: {}", String::from_utf8_lossy(&out.stdout)),
+        )
+    };
+    assert!(check("unchanged").0);
+    let sidecar = tree.path().join("config/sidecar.toml");
+    let mut text = std::fs::read_to_string(&sidecar).unwrap();
+    text.push_str("\n# edited\n");
+    std::fs::write(&sidecar, text).unwrap();
+    let (ok, out) = check("edited source");
+    assert!(
+        !ok && out.contains("deploy/kustomize/base/files/sidecar.toml differs"),
+        "{out}"
+    );
+    assert!(
+        out.contains("deploy/helm/fencer/files/sidecar.toml differs"),
+        "{out}"
+    );
 }
 
 #[test]

@@ -65,7 +65,10 @@ pub fn requested(annotations: &Map<String, Value>) -> Result<bool, InjectError> 
         None => Ok(false),
         Some(Value::String(s)) if s == "true" => Ok(true),
         Some(Value::String(s)) if s == "false" => Ok(false),
-        Some(other) => Err(bad(INJECT, format!("must be \"true\" or \"false\", not {other}"))),
+        Some(other) => Err(bad(
+            INJECT,
+            format!("must be \"true\" or \"false\", not {other}"),
+        )),
     }
 }
 
@@ -99,7 +102,10 @@ pub fn read(
     };
     let config_map = text(CONFIG)?.unwrap_or_else(|| defaults.config_map.clone());
     if !is_dns_subdomain(&config_map) {
-        return Err(bad(CONFIG, format!("`{config_map}` is not a ConfigMap name")));
+        return Err(bad(
+            CONFIG,
+            format!("`{config_map}` is not a ConfigMap name"),
+        ));
     }
     let options = PodOptions {
         config_map,
@@ -112,7 +118,11 @@ pub fn read(
         memory_request: text(MEMORY_REQUEST)?.unwrap_or_else(|| defaults.memory_request.clone()),
         memory_limit: text(MEMORY_LIMIT)?.unwrap_or_else(|| defaults.memory_limit.clone()),
     };
-    let ports = [options.lock_api_port, options.proxy_port, options.admin_port];
+    let ports = [
+        options.lock_api_port,
+        options.proxy_port,
+        options.admin_port,
+    ];
     if ports[0] == ports[1] || ports[0] == ports[2] || ports[1] == ports[2] {
         return Err(bad(
             ADMIN_PORT,

@@ -116,7 +116,12 @@ fn check_pod(spec: &Map<String, Value>, options: &PodOptions) -> Result<(), Inje
                     "the pod already has a container named `{SIDECAR_NAME}`"
                 )));
             }
-            for p in c.get("ports").and_then(Value::as_array).into_iter().flatten() {
+            for p in c
+                .get("ports")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
                 let port = p.get("containerPort").and_then(Value::as_u64);
                 if port.is_some_and(|p| ours.iter().any(|&o| u64::from(o) == p)) {
                     return Err(InjectError::Clash(format!(
@@ -193,8 +198,14 @@ impl VolumeNames {
 
 fn sidecar(settings: &InjectSettings, o: &PodOptions, names: &VolumeNames) -> Value {
     let mut vars = vec![
-        env("FENCER__SIDECAR__LISTEN", format!("127.0.0.1:{}", o.lock_api_port)),
-        env("FENCER__PROXY__LISTEN", format!("127.0.0.1:{}", o.proxy_port)),
+        env(
+            "FENCER__SIDECAR__LISTEN",
+            format!("127.0.0.1:{}", o.lock_api_port),
+        ),
+        env(
+            "FENCER__PROXY__LISTEN",
+            format!("127.0.0.1:{}", o.proxy_port),
+        ),
         env("FENCER__ADMIN__LISTEN", format!("0.0.0.0:{}", o.admin_port)),
         env("FENCER__SIGNING__KEY_ID", settings.signing_key_id.clone()),
         env(
@@ -218,9 +229,7 @@ fn sidecar(settings: &InjectSettings, o: &PodOptions, names: &VolumeNames) -> Va
         vars.push(env_var("FENCER__SIDECAR__LISTEN_UNIX", socket));
         mounts.push(json!({"name": volume, "mountPath": socket_dir(socket)}));
     }
-    let probe = |path: &str, period: u32| {
-        json!({"httpGet": {"path": path, "port": o.admin_port}, "periodSeconds": period})
-    };
+    let probe = |path: &str, period: u32| json!({"httpGet": {"path": path, "port": o.admin_port}, "periodSeconds": period});
     let mut startup = probe("/readyz", 1);
     startup["failureThreshold"] = json!(60);
     let mut c = json!({
@@ -262,7 +271,10 @@ fn sidecar(settings: &InjectSettings, o: &PodOptions, names: &VolumeNames) -> Va
 fn wire_app_container(c: &mut Value, o: &PodOptions, names: &VolumeNames) {
     let Some(c) = c.as_object_mut() else { return };
     let mut wanted = vec![
-        env("FENCER_API", format!("http://127.0.0.1:{}", o.lock_api_port)),
+        env(
+            "FENCER_API",
+            format!("http://127.0.0.1:{}", o.lock_api_port),
+        ),
         env("FENCER_PROXY", format!("http://127.0.0.1:{}", o.proxy_port)),
     ];
     if let Some(socket) = &o.socket {
@@ -293,7 +305,10 @@ fn env_var(name: &str, value: &str) -> Value {
 }
 
 fn containers<'a>(spec: &'a Map<String, Value>, list: &str) -> impl Iterator<Item = &'a Value> {
-    spec.get(list).and_then(Value::as_array).into_iter().flatten()
+    spec.get(list)
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
 }
 
 /// The array at `key`, created if absent (or if it was `null`).

@@ -38,7 +38,9 @@ pub fn parse(q: &str, memory: bool) -> Result<f64, String> {
             } else {
                 "m or none"
             };
-            return Err(format!("`{q}`: unit `{suffix}` not allowed here ({allowed})"));
+            return Err(format!(
+                "`{q}`: unit `{suffix}` not allowed here ({allowed})"
+            ));
         }
     };
     let v = value * factor;
@@ -66,7 +68,9 @@ mod tests {
         assert_eq!(parse("0.5", false).unwrap(), 0.5);
         assert_eq!(parse("256Mi", true).unwrap(), 256.0 * 1048576.0);
         assert_eq!(parse("1G", true).unwrap(), 1e9);
-        for bad in ["", "m", "1.", ".5", "1..2", "256MB", "256Mi ", "-1", "0", "1e3", "50m"] {
+        for bad in [
+            "", "m", "1.", ".5", "1..2", "256MB", "256Mi ", "-1", "0", "1e3", "50m",
+        ] {
             assert!(parse(bad, true).is_err(), "{bad} accepted as memory");
         }
         for bad in ["1Gi", "5 m", "0m"] {

@@ -115,8 +115,7 @@ pub fn answer(body: &[u8], settings: &InjectSettings) -> std::result::Result<Ans
             Ok(Outcome::Patch(patch)) => {
                 let patch = serde_json::to_vec(&patch).expect("a patch serializes");
                 response["patchType"] = json!("JSONPatch");
-                response["patch"] =
-                    json!(base64::engine::general_purpose::STANDARD.encode(patch));
+                response["patch"] = json!(base64::engine::general_purpose::STANDARD.encode(patch));
                 (Result::Injected, None)
             }
             Err(e) if settings.fail_closed => {
@@ -130,8 +129,7 @@ pub fn answer(body: &[u8], settings: &InjectSettings) -> std::result::Result<Ans
             }
             Err(e) => {
                 // Shown by kubectl to whoever applied the pod.
-                response["warnings"] =
-                    json!([format!("fencer sidecar NOT injected: {e}")]);
+                response["warnings"] = json!([format!("fencer sidecar NOT injected: {e}")]);
                 (Result::FailedOpen, Some(e))
             }
         }

@@ -147,12 +147,8 @@ impl InjectSettings {
         }
         super::quantity::check_request_within_limit(&self.cpu_request, &self.cpu_limit, false)
             .map_err(|m| invalid("inject.cpu_request", m))?;
-        super::quantity::check_request_within_limit(
-            &self.memory_request,
-            &self.memory_limit,
-            true,
-        )
-        .map_err(|m| invalid("inject.memory_request", m))?;
+        super::quantity::check_request_within_limit(&self.memory_request, &self.memory_limit, true)
+            .map_err(|m| invalid("inject.memory_request", m))?;
         if self.run_as_user <= 0 {
             return Err(invalid(
                 "inject.run_as_user",
@@ -181,8 +177,7 @@ pub fn is_dns_subdomain(s: &str) -> bool {
 pub fn is_secret_key(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 253
-        && s
-            .bytes()
+        && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
         && s != "."
         && s != ".."

@@ -69,11 +69,17 @@ impl ReloadingCert {
             match self.reload_if_changed() {
                 None => {}
                 Some(Ok(())) => {
-                    crate::metrics::INJECT.tls_reloads.with_label_values(&["ok"]).inc();
+                    crate::metrics::INJECT
+                        .tls_reloads
+                        .with_label_values(&["ok"])
+                        .inc();
                     tracing::info!(cert = %self.cert_file.display(), "webhook certificate reloaded");
                 }
                 Some(Err(e)) => {
-                    crate::metrics::INJECT.tls_reloads.with_label_values(&["error"]).inc();
+                    crate::metrics::INJECT
+                        .tls_reloads
+                        .with_label_values(&["error"])
+                        .inc();
                     tracing::warn!(error = %e, "webhook certificate changed but does not load; serving the previous one");
                 }
             }

@@ -18,7 +18,8 @@ pub struct InjectMetrics {
     pub handshake_failures: prometheus::IntCounter,
 }
 
-pub static INJECT: std::sync::LazyLock<InjectMetrics> = std::sync::LazyLock::new(|| InjectMetrics {
+pub static INJECT: std::sync::LazyLock<InjectMetrics> = std::sync::LazyLock::new(|| {
+    InjectMetrics {
     reviews: IntCounterVec::new(
         Opts::new(
             "fencer_inject_reviews_total",
@@ -48,13 +49,20 @@ pub static INJECT: std::sync::LazyLock<InjectMetrics> = std::sync::LazyLock::new
         "TLS handshakes on the webhook listener that failed or timed out.",
     )
     .expect("valid metric"),
+}
 });
 
 impl InjectMetrics {
     pub fn register(&self, registry: &Registry) {
-        registry.register(Box::new(self.reviews.clone())).expect("registered once");
-        registry.register(Box::new(self.review_seconds.clone())).expect("registered once");
-        registry.register(Box::new(self.tls_reloads.clone())).expect("registered once");
+        registry
+            .register(Box::new(self.reviews.clone()))
+            .expect("registered once");
+        registry
+            .register(Box::new(self.review_seconds.clone()))
+            .expect("registered once");
+        registry
+            .register(Box::new(self.tls_reloads.clone()))
+            .expect("registered once");
         registry
             .register(Box::new(self.handshake_failures.clone()))
             .expect("registered once");

@@ -15,12 +15,12 @@ mod check;
 mod common;
 
 pub use crate::gateway::settings::{FenceStoreKind, GatewayKey, GatewaySettings, VerifyKey};
+pub use crate::inject::settings::InjectSettings;
 pub use crate::lock::settings::{
     BackendKind, BackendSettings, PostgresSettings, RedLockSettings, RedisMode, RedisSettings,
     TokenMode,
 };
 pub use crate::sidecar::settings::{ProxySettings, SidecarSettings};
-pub use crate::inject::settings::InjectSettings;
 pub use crate::storage::settings::StorageSettings;
 pub(crate) use check::{
     check_http_url, check_key_id, check_methods, check_range, invalid, read_secret,

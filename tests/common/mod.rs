@@ -420,6 +420,16 @@ impl Fencer {
         Fencer::start("storage", env, None)
     }
 
+    /// `fencer inject` (HTTPS on `api_port`) with `extra` settings; the
+    /// caller gives the certificate files (`inject.tls_cert_file` …).
+    pub fn injector(extra: &[(&str, &str)]) -> Fencer {
+        let env = extra
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        Fencer::start("inject", env, None)
+    }
+
     fn start(role: &'static str, env: Vec<(String, String)>, config: Option<&str>) -> Fencer {
         // A port checked free can still be taken before the process binds
         // it (by another test's process): start again on other ports.
@@ -496,6 +506,7 @@ impl Fencer {
         let listen_var = match self.role {
             "sidecar" => "FENCER__SIDECAR__LISTEN",
             "gateway" => "FENCER__GATEWAY__LISTEN",
+            "inject" => "FENCER__INJECT__LISTEN",
             _ => "FENCER__STORAGE__LISTEN",
         };
         if let Some(path) = &self.config {

@@ -24,8 +24,11 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}"
 fi
 
-# Offline Kubernetes schema validation (tests/deploy.rs).
+# Offline Kubernetes schema validation (tests/deploy.rs, tests/inject.rs)
+# and the Helm chart's render and lint through Helm's own Go SDK, packaged
+# for Python (tests/helm_chart.rs; no helm binary is needed).
 command -v kubernetes-validate >/dev/null 2>&1 || python3 -m pip install -q kubernetes-validate
+python3 -c "import helm_python" >/dev/null 2>&1 || python3 -m pip install -q "helm-python-sdk==0.2.2"
 
 cargo test --all-targets --locked -- --test-threads="${FENCER_TEST_THREADS:-2}"
 

@@ -121,6 +121,30 @@ fn dashboard_exprs() -> Vec<(String, String)> {
         .collect()
 }
 
+/// Sends the injector a pod it injects and one it cannot (a misspelt
+/// annotation), after Prometheus has scraped it once, so both counters rise.
+async fn review_twice(injector: &Fencer, ca: &Path) {
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(ca).unwrap()).unwrap();
+    fencer::pg::install_crypto_provider();
+    let client = reqwest::Client::builder()
+        .add_root_certificate(ca)
+        .build()
+        .unwrap();
+    let fixture = root().join("tests/fixtures/admission/deployment-pod.json");
+    let good: Value = serde_json::from_str(&std::fs::read_to_string(fixture).unwrap()).unwrap();
+    let mut bad = good.clone();
+    bad["request"]["object"]["metadata"]["annotations"]["fencer.dev/memroy-limit"] = json!("1Gi");
+    for review in [good, bad] {
+        let r = client
+            .post(format!("https://localhost:{}/mutate", injector.api_port))
+            .json(&review)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+}
+
 /// Every alert `expr` in the rules file (one line each).
 fn rule_exprs() -> Vec<(String, String)> {
     let text = std::fs::read_to_string(root().join("deploy/prometheus/fencer-rules.yaml")).unwrap();
@@ -259,7 +283,17 @@ async fn dashboards_and_alerts_work_against_a_real_prometheus() {
     // And a MySQL sidecar, for the MySQL row.
     let db = common::mariadb::MariaDb::start();
     let my = Fencer::sidecar(Backend::MySql, Some(&db.url()), &[]);
+    // And the injector, for the injection row: one pod injected, one that
+    // asked with a misspelt annotation (failed open).
+    let certs = make_certs();
+    let cert = certs.path().join("server.crt");
+    let key = certs.path().join("server.key");
+    let injector = Fencer::injector(&[
+        ("inject.tls_cert_file", cert.to_str().unwrap()),
+        ("inject.tls_key_file", key.to_str().unwrap()),
+    ]);
     let prom = start_prometheus(&[
+        ("injector", injector.admin_port),
         ("sidecar-mysql", my.admin_port),
         ("sidecar", s.admin_port),
         ("gateway", g.admin_port),
@@ -272,12 +306,13 @@ async fn dashboards_and_alerts_work_against_a_real_prometheus() {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let up = query(&client, &prom.url, "sum(up)").await;
-        if up["data"]["result"][0]["value"][1] == "5" {
+        if up["data"]["result"][0]["value"][1] == "6" {
             break;
         }
         assert!(Instant::now() < deadline, "targets not scraped: {up}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    review_twice(&injector, &certs.path().join("ca.crt")).await;
     workload_round(&s, &g).await;
     redlock_round(&rl).await;
     zookeeper_round(&zk).await;
@@ -307,7 +342,7 @@ async fn dashboards_and_alerts_work_against_a_real_prometheus() {
         "too few dashboard expressions: {}",
         exprs.len()
     );
-    assert_eq!(rules.len(), 5);
+    assert_eq!(rules.len(), 6);
     exprs.extend(rules);
     let mut failures = Vec::new();
     for (source, expr) in &exprs {
@@ -322,7 +357,7 @@ async fn dashboards_and_alerts_work_against_a_real_prometheus() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 
     // promtool on both metric endpoints and on the rules.
-    for admin in [&s.admin, &g.admin] {
+    for admin in [&s.admin, &g.admin, &injector.admin] {
         let text = client
             .get(format!("{admin}/metrics"))
             .send()

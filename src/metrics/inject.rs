@@ -53,7 +53,23 @@ pub static INJECT: std::sync::LazyLock<InjectMetrics> = std::sync::LazyLock::new
 });
 
 impl InjectMetrics {
+    /// Registers the series, each label value at zero: an alert or panel
+    /// on `result="error"` then has a series before the first error.
     pub fn register(&self, registry: &Registry) {
+        for result in [
+            "injected",
+            "not_requested",
+            "already_injected",
+            "ignored",
+            "failed_open",
+            "refused",
+            "bad_request",
+        ] {
+            self.reviews.with_label_values(&[result]);
+        }
+        for result in ["ok", "error"] {
+            self.tls_reloads.with_label_values(&[result]);
+        }
         registry
             .register(Box::new(self.reviews.clone()))
             .expect("registered once");

@@ -728,3 +728,160 @@ fn a_missing_certificate_stops_the_injector_with_a_configuration_error() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("inject.tls_cert_file"));
 }
+
+/// A kubelet in miniature: the injected sidecar is started exactly as its
+/// container spec says (args, env, the Secret's variables, files at their
+/// mount paths under a temporary root), against a real Redis, gateway and
+/// storage. Its startup, readiness and liveness probes must answer on the
+/// port they name, and the app container's FENCER_API / FENCER_PROXY must
+/// reach a working lock API and a proxy that fences writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_injected_sidecar_runs_as_its_container_spec_says() {
+    let redis = common::RedisServer::start(common::Persistence::Off);
+    let storage = Fencer::storage(&[]);
+    let gateway = Fencer::gateway(&storage.api, &[]);
+    let settings = InjectSettings {
+        gateway_url: gateway.api.clone(),
+        env_secret: "fencer-sidecar-env".into(),
+        ..InjectSettings::default()
+    };
+    let mut pod = fixture("deployment-pod.json")["request"]["object"].clone();
+    let annotations = &mut pod["metadata"]["annotations"];
+    for a in ["lock-api-port", "proxy-port", "admin-port"] {
+        annotations[format!("fencer.dev/{a}")] = json!(common::free_port().to_string());
+    }
+    let pod = apply(&pod, &settings);
+    let sidecar = sidecar_of(&pod).clone();
+
+    // The volumes' contents: the ConfigMap (config/sidecar.toml, as the
+    // chart ships it) and the signing Secret.
+    let fs = tempfile::tempdir().unwrap();
+    let under = |p: &str| -> String {
+        match p.strip_prefix("/etc/fencer") {
+            Some(rest) => format!("{}/etc/fencer{rest}", fs.path().display()),
+            None => p.to_owned(),
+        }
+    };
+    for m in sidecar["volumeMounts"].as_array().unwrap() {
+        let volume = pod["spec"]["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == m["name"])
+            .unwrap();
+        let path = PathBuf::from(under(m["mountPath"].as_str().unwrap()));
+        if volume.get("configMap").is_some() {
+            assert_eq!(m["subPath"], "fencer.toml");
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::copy(root().join("config/sidecar.toml"), &path).unwrap();
+        } else if volume.get("secret").is_some() {
+            std::fs::create_dir_all(&path).unwrap();
+            std::fs::write(path.join("k1"), common::SECRET).unwrap();
+        }
+    }
+    let log = fs.path().join("sidecar.log");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fencer"));
+    for a in sidecar["args"].as_array().unwrap() {
+        cmd.arg(under(a.as_str().unwrap()));
+    }
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("FENCER") || k == "RUST_LOG") {
+        cmd.env_remove(k);
+    }
+    for e in sidecar["env"].as_array().unwrap() {
+        cmd.env(
+            e["name"].as_str().unwrap(),
+            under(e["value"].as_str().unwrap()),
+        );
+    }
+    // envFrom: the Secret `fencer-sidecar-env` holds the backend's URL.
+    assert_eq!(
+        sidecar["envFrom"][0]["secretRef"]["name"],
+        "fencer-sidecar-env"
+    );
+    cmd.env("FENCER__BACKEND__REDIS__URL", redis.url());
+    cmd.stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap());
+    struct Killed(std::process::Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut child = Killed(cmd.spawn().unwrap());
+
+    let http = reqwest::Client::new();
+    let probe_url = |probe: &str| {
+        let get = &sidecar[probe]["httpGet"];
+        format!(
+            "http://127.0.0.1:{}{}",
+            get["port"],
+            get["path"].as_str().unwrap()
+        )
+    };
+    let startup = &sidecar["startupProbe"];
+    let budget =
+        startup["periodSeconds"].as_u64().unwrap() * startup["failureThreshold"].as_u64().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(budget);
+    loop {
+        let ok = http
+            .get(probe_url("startupProbe"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status() == 200);
+        if ok {
+            break;
+        }
+        if let Ok(Some(status)) = child.0.try_wait() {
+            panic!(
+                "sidecar exited {status}: {}",
+                std::fs::read_to_string(&log).unwrap()
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "startup probe never passed: {}",
+            std::fs::read_to_string(&log).unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for probe in ["readinessProbe", "livenessProbe"] {
+        let r = http.get(probe_url(probe)).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{probe}");
+    }
+
+    // The app's view: the variables the injector gave it.
+    let app = &pod["spec"]["containers"][0];
+    let api = env_of(app, "FENCER_API").unwrap();
+    let proxy = env_of(app, "FENCER_PROXY").unwrap();
+    let lease: Value = http
+        .post(format!("{api}/v1/locks/account:7/acquire"))
+        .json(&json!({"ttl_ms": 10_000}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let lease_id = lease["lease_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{lease}"));
+    let write = http
+        .put(format!("{proxy}/kv/accounts/7"))
+        .header("Fencing-Lease", lease_id)
+        .body(json!({"balance": 70}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(write.status(), 200, "{}", write.text().await.unwrap());
+    // The write reached the storage through the gateway, fenced.
+    let stored: Value = http
+        .get(format!("{}/kv/accounts/7", storage.api))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(stored["value"]["balance"], 70, "{stored}");
+}

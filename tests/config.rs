@@ -574,3 +574,50 @@ fn mysql_backend_settings_are_checked_and_redacted() {
         ],
     );
 }
+
+#[test]
+fn inject_settings_are_checked_and_name_the_field() {
+    let ok = check_file("[inject]\nimage = \"fencer@sha256:00\"\n", &[]);
+    assert!(ok.status.success(), "{}", stderr(&ok));
+    for (toml, field) in [
+        ("[inject]\nimage = \"\"\n", "inject.image"),
+        ("[inject]\nimage = \"fencer latest\"\n", "inject.image"),
+        (
+            "[inject]\nimage_pull_policy = \"Sometimes\"\n",
+            "inject.image_pull_policy",
+        ),
+        (
+            "[inject]\nconfig_map = \"Fencer_Config\"\n",
+            "inject.config_map",
+        ),
+        (
+            "[inject]\nsigning_secret = \"-bad\"\n",
+            "inject.signing_secret",
+        ),
+        ("[inject]\nenv_secret = \"a..b\"\n", "inject.env_secret"),
+        (
+            "[inject]\nsigning_key_id = \"k/1\"\n",
+            "inject.signing_key_id",
+        ),
+        (
+            "[inject]\ngateway_url = \"gateway:8080\"\n",
+            "inject.gateway_url",
+        ),
+        ("[inject]\nlock_api_port = 0\n", "inject.lock_api_port"),
+        ("[inject]\nproxy_port = 7411\n", "inject.admin_port"),
+        (
+            "[inject]\nmemory_limit = \"256MB\"\n",
+            "inject.memory_limit",
+        ),
+        (
+            "[inject]\ncpu_request = \"2\"\ncpu_limit = \"1\"\n",
+            "inject.cpu_request",
+        ),
+        ("[inject]\nrun_as_user = 0\n", "inject.run_as_user"),
+        ("[inject]\nfail_open = true\n", "fail_open"),
+    ] {
+        let out = check_file(toml, &[]);
+        assert_eq!(out.status.code(), Some(2), "{toml}");
+        assert!(stderr(&out).contains(field), "{toml}: {}", stderr(&out));
+    }
+}

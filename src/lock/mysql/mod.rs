@@ -20,13 +20,13 @@
 //!   a lease ends; the fallback timer only for leases that expire.
 
 pub mod bell;
+mod holders;
 pub mod settings;
 pub mod sql;
 pub mod wake;
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -52,8 +52,8 @@ pub struct MySqlBackend {
     wake: Arc<dyn WakeSink>,
     metrics: Arc<MySqlMetrics>,
     /// Per key, the bell holder (connection id, 0: none) the last `Held`
-    /// answer reported, for the `watch` that follows it.
-    holders: Mutex<HashMap<String, u32>>,
+    /// answer reported, for the `watch` that follows it (dated, pruned).
+    holders: holders::HolderHints,
     ready: Arc<AtomicBool>,
 }
 
@@ -136,7 +136,7 @@ impl MySqlBackend {
             waker: Waker::new(wake_pool, wake.clone(), metrics.clone()),
             metrics,
             wake,
-            holders: Mutex::new(HashMap::new()),
+            holders: holders::HolderHints::default(),
             ready,
         })
     }
@@ -338,10 +338,7 @@ impl LockBackend for MySqlBackend {
             (int(row, 0)?, int(row, 1)?, int(row, 2)?, int(row, 3)?);
         if status == 1 {
             pending.armed = false;
-            self.holders
-                .lock()
-                .expect("holders poisoned")
-                .remove(key.as_str());
+            self.holders.forget(key.as_str());
             self.bells
                 .acquired(key.as_str(), lease.as_str(), started + ttl);
             return Ok(Attempt::Acquired {
@@ -363,10 +360,7 @@ impl LockBackend for MySqlBackend {
             // A watch that already woke its queue waits for this holder.
             self.waker.rearm(key.as_str());
         }
-        self.holders
-            .lock()
-            .expect("holders poisoned")
-            .insert(key.as_str().to_owned(), holder);
+        self.holders.record(key.as_str(), holder);
         Ok(Attempt::Held {
             remaining: Some(remaining),
         })
@@ -465,11 +459,7 @@ impl LockBackend for MySqlBackend {
     }
 
     async fn watch(&self, key: &LockKey, _timeout: Duration) -> WatchGuard {
-        let holder = self
-            .holders
-            .lock()
-            .expect("holders poisoned")
-            .remove(key.as_str());
+        let holder = self.holders.take(key.as_str());
         match holder {
             // Another sidecar's bell: wait on it.
             Some(id) if id != 0 && !self.bells.is_ours(id) => {

@@ -440,7 +440,7 @@ fn unfit_pods() -> Vec<(&'static str, Value, &'static str)> {
         (
             "misspelt annotation",
             edit(&|p| p["metadata"]["annotations"]["fencer.dev/memory-limt"] = json!("1Gi")),
-            "fencer.dev/memory-limt: unknown annotation",
+            "fencer.dev/memory-limt: unknown annotation; known: fencer.dev/inject",
         ),
         (
             "bad quantity",
@@ -516,6 +516,7 @@ async fn pods_it_cannot_inject_are_admitted_unchanged_with_a_warning() {
             "{what}: patched: {response}"
         );
         let warning = response["warnings"][0].as_str().unwrap_or_default();
+        assert!(warning.chars().count() <= 256, "{what}: warning too long");
         assert!(
             warning.starts_with("fencer sidecar NOT injected") && warning.contains(reason),
             "{what}: warning {warning:?} lacks {reason:?}"

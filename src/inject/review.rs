@@ -10,6 +10,15 @@ use super::settings::InjectSettings;
 use super::InjectError;
 
 pub const API_VERSION: &str = "admission.k8s.io/v1";
+/// Kubernetes keeps admission warnings of up to 256 characters whole.
+const MAX_WARNING: usize = 256;
+
+fn truncate(mut s: String, max: usize) -> String {
+    if s.chars().count() > max {
+        s = s.chars().take(max - 1).collect::<String>() + "…";
+    }
+    s
+}
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -128,8 +137,11 @@ pub fn answer(body: &[u8], settings: &InjectSettings) -> std::result::Result<Ans
                 (Result::Refused, Some(e))
             }
             Err(e) => {
-                // Shown by kubectl to whoever applied the pod.
-                response["warnings"] = json!([format!("fencer sidecar NOT injected: {e}")]);
+                // Shown by kubectl to whoever applied the pod. The API
+                // server may cut warnings above 256 characters; cut it here
+                // at a character boundary instead (the log has it whole).
+                let warning = format!("fencer sidecar NOT injected: {e}");
+                response["warnings"] = json!([truncate(warning, MAX_WARNING)]);
                 (Result::FailedOpen, Some(e))
             }
         }

@@ -46,6 +46,16 @@ impl Stack {
         }
         let gateway_addr = settings.gateway.listen;
         let storage_addr = settings.storage.listen;
+        if settings.sidecar.dapr_lock_stores.is_empty() {
+            // The store name Dapr's quickstarts use.
+            settings
+                .sidecar
+                .dapr_lock_stores
+                .push(crate::sidecar::dapr::DaprLockStore {
+                    name: "lockstore".into(),
+                    key_prefix: String::new(),
+                });
+        }
         settings.proxy.enabled = true;
         settings.proxy.upstream = format!("http://{gateway_addr}");
         settings.gateway.upstream = format!("http://{storage_addr}");

@@ -34,6 +34,8 @@ pub struct Metrics {
     /// Leases released because nobody held them any more (a cancelled
     /// acquire's, a renewal reply after the deadline).
     pub orphan_releases: IntCounterVec,
+    /// Dapr lock API calls by op (lock, unlock) and result.
+    pub dapr_requests: IntCounterVec,
 }
 
 impl Metrics {
@@ -98,6 +100,14 @@ impl Metrics {
             releases: reg!(IntCounterVec::new(
                 Opts::new("fencer_releases_total", "Release requests by result."),
                 &["result"]
+            )
+            .unwrap()),
+            dapr_requests: reg!(IntCounterVec::new(
+                Opts::new(
+                    "fencer_dapr_requests_total",
+                    "Dapr lock API calls by op (lock, unlock) and result: success, held (lock refused: held), not_found, other_owner, bad_request, error."
+                ),
+                &["op", "result"]
             )
             .unwrap()),
             lost_leases: reg!(IntCounterVec::new(

@@ -29,6 +29,8 @@ pub struct ApiState {
     pub defaults: request::Defaults,
     pub hold_heartbeat: Duration,
     pub shutdown: tokio_util::sync::CancellationToken,
+    /// Dapr lock stores served at `/v1.0-alpha1/{lock,unlock}/{store}`.
+    pub dapr_stores: Vec<super::dapr::DaprLockStore>,
 }
 
 type St = State<Arc<ApiState>>;
@@ -42,6 +44,8 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/v1/locks/{key}/release", post(release))
         .route("/v1/locks/{key}/hold", post(hold))
         .route("/v1/locks/{key}/keepalive", post(keepalive))
+        .route("/v1.0-alpha1/lock/{store}", post(super::dapr::lock))
+        .route("/v1.0-alpha1/unlock/{store}", post(super::dapr::unlock))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))

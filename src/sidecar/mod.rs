@@ -1,6 +1,7 @@
 //! The sidecar role: the lock API beside an application.
 
 pub mod api;
+pub mod dapr;
 pub mod egress;
 pub mod hold;
 pub mod leases;
@@ -249,6 +250,7 @@ impl Sidecar {
             },
             hold_heartbeat: Duration::from_millis(s.hold_heartbeat_ms),
             shutdown: self.shutdown.clone(),
+            dapr_stores: s.dapr_lock_stores.clone(),
         }))
     }
 

@@ -55,6 +55,10 @@ pub struct SidecarSettings {
     /// POSTed a JSON body for every lease lost without a release. Empty: off.
     pub lost_lease_webhook: String,
     pub webhook_timeout_ms: u64,
+    /// Dapr lock stores served by the lock API (`/v1.0-alpha1/lock/{name}`),
+    /// each a key prefix on this sidecar's backend. Empty: the Dapr API
+    /// answers 400 ERR_LOCK_STORE_NOT_FOUND.
+    pub dapr_lock_stores: Vec<super::dapr::DaprLockStore>,
 }
 
 impl Default for SidecarSettings {
@@ -80,6 +84,7 @@ impl Default for SidecarSettings {
             lock_delay_ms: 0,
             lost_lease_webhook: String::new(),
             webhook_timeout_ms: 2_000,
+            dapr_lock_stores: Vec::new(),
         }
     }
 }
@@ -130,6 +135,7 @@ impl Default for ProxySettings {
 impl SidecarSettings {
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         let s = self;
+        super::dapr::validate(&s.dapr_lock_stores)?;
         if !s.listen_unix.is_empty()
             && (!s.listen_unix.starts_with('/') || s.listen_unix.len() > 100)
         {

@@ -1,0 +1,332 @@
+//! Dapr's distributed-lock API (`/v1.0-alpha1/lock/{store}`,
+//! `/v1.0-alpha1/unlock/{store}`) on the lock API listener, so applications
+//! written against Dapr's lock building block run on fencer unchanged —
+//! and get what Dapr's lock does not have: a fencing token (response
+//! headers `Fencing-Token`, `Fencing-Lease`) that the egress proxy and the
+//! gateway enforce.
+//!
+//! Dapr's model is an owner string, not a lease id: `lock` takes
+//! `{resourceId, lockOwner, expiryInSeconds}` and answers `{success}`
+//! (never waits); `unlock` takes `{resourceId, lockOwner}` and answers
+//! `{status}`: 0 unlocked, 1 the lock does not exist, 2 it belongs to
+//! another owner, 3 internal error. A store name maps to this sidecar's
+//! backend with a key prefix (`[[sidecar.dapr_lock_stores]]`), so two
+//! stores never share keys. Errors keep Dapr's status codes (400 malformed
+//! request or unknown store, 500 backend) and carry both Dapr's
+//! `errorCode` and fencer's `{"error", "message"}`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::extract::{Path, State};
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use super::api::ApiState;
+use super::leases::Renewal;
+use super::locks::{Acquire, LockError};
+use crate::error::ApiError;
+use crate::lock::{LeaseId, LockKey};
+use crate::settings::limits::{MAX_OWNER_BYTES, MAX_TTL_MS};
+use crate::settings::{invalid, ConfigError};
+
+/// One Dapr lock store: the name applications use, and the prefix that
+/// keeps its keys apart from other stores' and from `/v1/locks` keys.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct DaprLockStore {
+    pub name: String,
+    #[serde(default)]
+    pub key_prefix: String,
+}
+
+/// At most this many stores (they are looked up per request, linearly).
+pub const MAX_STORES: usize = 64;
+
+pub fn validate(stores: &[DaprLockStore]) -> Result<(), ConfigError> {
+    const FIELD: &str = "sidecar.dapr_lock_stores";
+    if stores.len() > MAX_STORES {
+        return Err(invalid(FIELD, format!("at most {MAX_STORES} stores")));
+    }
+    for (i, s) in stores.iter().enumerate() {
+        let ok = !s.name.is_empty()
+            && s.name.len() <= 64
+            && s.name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+        if !ok {
+            return Err(invalid(
+                FIELD,
+                format!(
+                    "store name `{}` must be 1-64 characters of [A-Za-z0-9._-]",
+                    s.name
+                ),
+            ));
+        }
+        if stores[..i].iter().any(|o| o.name == s.name) {
+            return Err(invalid(
+                FIELD,
+                format!("store `{}` is listed twice", s.name),
+            ));
+        }
+        if s.key_prefix.len() > 128 {
+            return Err(invalid(FIELD, "key_prefix is at most 128 bytes"));
+        }
+    }
+    Ok(())
+}
+
+/// A Dapr-shaped error: Dapr's `errorCode` beside fencer's fields.
+pub struct DaprError {
+    dapr_code: &'static str,
+    err: ApiError,
+}
+
+impl DaprError {
+    /// The metric's result label.
+    fn result(&self) -> &'static str {
+        if self.err.status.is_client_error() {
+            "bad_request"
+        } else {
+            "error"
+        }
+    }
+}
+
+impl IntoResponse for DaprError {
+    fn into_response(self) -> Response {
+        self.err.with("errorCode", self.dapr_code).into_response()
+    }
+}
+
+fn dapr_error(status: StatusCode, dapr_code: &'static str, mut err: ApiError) -> DaprError {
+    err.status = status;
+    DaprError { dapr_code, err }
+}
+
+fn malformed(message: impl Into<String>) -> DaprError {
+    dapr_error(
+        StatusCode::BAD_REQUEST,
+        "ERR_MALFORMED_REQUEST",
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", message),
+    )
+}
+
+fn count(state: &ApiState, op: &str, result: &str) {
+    state
+        .metrics
+        .dapr_requests
+        .with_label_values(&[op, result])
+        .inc();
+}
+
+/// The store's key for `resource`, or the Dapr error to answer.
+fn key_in(state: &ApiState, store: &str, resource: &str) -> Result<LockKey, DaprError> {
+    let Some(s) = state.dapr_stores.iter().find(|s| s.name == store) else {
+        let names: Vec<&str> = state.dapr_stores.iter().map(|s| s.name.as_str()).collect();
+        return Err(dapr_error(
+            StatusCode::BAD_REQUEST,
+            "ERR_LOCK_STORE_NOT_FOUND",
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "lock_store_not_found",
+                format!("lock store `{store}` is not configured; configured: {names:?}"),
+            ),
+        ));
+    };
+    if resource.is_empty() {
+        return Err(malformed("resourceId is empty"));
+    }
+    LockKey::parse(&format!("{}{resource}", s.key_prefix))
+        .map_err(|e| malformed(format!("resourceId: {e}")))
+}
+
+/// The body as an object with only `allowed` fields (a misspelt
+/// `expiryInSecond` is refused, not silently defaulted).
+fn object(
+    raw: Result<Bytes, BytesRejection>,
+    allowed: &[&str],
+) -> Result<Map<String, Value>, DaprError> {
+    let body = raw.map_err(|e| malformed(format!("cannot read body: {e}")))?;
+    let value: Value = serde_json::from_slice(&body)
+        .map_err(|e| malformed(format!("body is not valid JSON: {e}")))?;
+    let Value::Object(map) = value else {
+        return Err(malformed("body must be a JSON object"));
+    };
+    if let Some(k) = map.keys().find(|k| !allowed.contains(&k.as_str())) {
+        return Err(malformed(format!(
+            "unknown field `{k}`; allowed: {}",
+            allowed.join(", ")
+        )));
+    }
+    Ok(map)
+}
+
+fn string<'a>(map: &'a Map<String, Value>, field: &str) -> Result<&'a str, DaprError> {
+    match map.get(field) {
+        Some(Value::String(s)) if !s.is_empty() => Ok(s),
+        Some(Value::String(_)) | None => Err(malformed(format!("{field} is empty"))),
+        Some(_) => Err(malformed(format!("{field} must be a string"))),
+    }
+}
+
+fn owner(map: &Map<String, Value>) -> Result<&str, DaprError> {
+    let owner = string(map, "lockOwner")?;
+    if owner.len() > MAX_OWNER_BYTES {
+        return Err(malformed(format!(
+            "lockOwner is at most {MAX_OWNER_BYTES} bytes"
+        )));
+    }
+    Ok(owner)
+}
+
+pub async fn lock(
+    State(state): State<Arc<ApiState>>,
+    store: Result<Path<String>, PathRejection>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Response {
+    let result = try_lock(&state, store, raw).await;
+    match result {
+        Ok(r) => r,
+        Err(e) => {
+            count(&state, "lock", e.result());
+            e.into_response()
+        }
+    }
+}
+
+async fn try_lock(
+    state: &ApiState,
+    store: Result<Path<String>, PathRejection>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Response, DaprError> {
+    let Path(store) = store.map_err(|e| malformed(format!("bad store name: {e}")))?;
+    let map = object(raw, &["resourceId", "lockOwner", "expiryInSeconds"])?;
+    let key = key_in(state, &store, string(&map, "resourceId")?)?;
+    let owner = owner(&map)?;
+    let max_s = MAX_TTL_MS / 1000;
+    let ttl_s = match map.get("expiryInSeconds").and_then(Value::as_i64) {
+        Some(s) if s >= 1 && s <= max_s as i64 => s as u64,
+        _ => {
+            return Err(malformed(format!(
+                "expiryInSeconds must be an integer between 1 and {max_s}"
+            )))
+        }
+    };
+    let acquire = Acquire {
+        key,
+        ttl: Duration::from_secs(ttl_s),
+        // Dapr's TryLock never waits.
+        wait: Duration::ZERO,
+        owner: Some(owner.to_owned()),
+        renewal: Renewal::Manual,
+    };
+    match state.locks.acquire(acquire).await {
+        Ok(view) => {
+            count(state, "lock", "success");
+            tracing::debug!(store = %store, key = %view.key, token = view.token, "dapr lock acquired");
+            let mut response = Json(json!({"success": true})).into_response();
+            let headers = response.headers_mut();
+            // The lease and its signed token: send storage writes through
+            // the egress proxy with `Fencing-Lease`, as for /v1/locks.
+            for (name, value) in [
+                ("fencing-lease", view.lease_id.as_str()),
+                ("fencing-token", view.fencing_token.as_str()),
+                ("fencing-key", view.key.as_str()),
+            ] {
+                if let Ok(v) = HeaderValue::from_str(value) {
+                    headers.insert(name, v);
+                }
+            }
+            Ok(response)
+        }
+        Err(LockError::Held(_)) => {
+            count(state, "lock", "held");
+            Ok(Json(json!({"success": false})).into_response())
+        }
+        Err(e @ LockError::TtlTooLong { .. }) => Err(malformed(e.to_string())),
+        Err(e) => {
+            tracing::warn!(store = %store, error = %e, "dapr lock failed");
+            Err(dapr_error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "ERR_TRY_LOCK",
+                ApiError::from(e),
+            ))
+        }
+    }
+}
+
+/// Dapr's unlock statuses.
+const UNLOCKED: u8 = 0;
+const NOT_FOUND: u8 = 1;
+const OTHER_OWNER: u8 = 2;
+const INTERNAL: u8 = 3;
+
+pub async fn unlock(
+    State(state): State<Arc<ApiState>>,
+    store: Result<Path<String>, PathRejection>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Response {
+    match try_unlock(&state, store, raw).await {
+        Ok(status) => {
+            let result = match status {
+                UNLOCKED => "success",
+                NOT_FOUND => "not_found",
+                _ => "other_owner",
+            };
+            count(&state, "unlock", result);
+            Json(json!({ "status": status })).into_response()
+        }
+        Err(e) => {
+            count(&state, "unlock", e.result());
+            e.into_response()
+        }
+    }
+}
+
+async fn try_unlock(
+    state: &ApiState,
+    store: Result<Path<String>, PathRejection>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<u8, DaprError> {
+    let Path(store) = store.map_err(|e| malformed(format!("bad store name: {e}")))?;
+    let map = object(raw, &["resourceId", "lockOwner"])?;
+    let key = key_in(state, &store, string(&map, "resourceId")?)?;
+    let owner = owner(&map)?;
+    // Only this sidecar's leases are known here: a key held through
+    // another sidecar answers 1 (does not exist), not 2 — the caller did
+    // not hold it either way, and finding out would take a backend read
+    // that not every backend offers.
+    let view = match state.locks.get(&key) {
+        Ok(v) if v.state == "held" => v,
+        Ok(_) | Err(LockError::NotFound(_)) => return Ok(NOT_FOUND),
+        Err(e) => return Err(internal(e)),
+    };
+    if view.owner.as_deref() != Some(owner) {
+        return Ok(OTHER_OWNER);
+    }
+    let lease = LeaseId::parse(&view.lease_id)
+        .ok_or_else(|| internal("a held lease has an unparsable id"))?;
+    match state.locks.release(key, lease).await {
+        Ok(()) => Ok(UNLOCKED),
+        Err(LockError::LeaseLost(_)) => Ok(NOT_FOUND),
+        Err(LockError::NotOwner(_)) => Ok(OTHER_OWNER),
+        Err(e) => Err(internal(e)),
+    }
+}
+
+fn internal(e: impl std::fmt::Display) -> DaprError {
+    tracing::warn!(error = %e, "dapr unlock failed");
+    let err = ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "backend_unavailable",
+        e.to_string(),
+    )
+    .with("status", INTERNAL);
+    dapr_error(StatusCode::INTERNAL_SERVER_ERROR, "ERR_UNLOCK", err)
+}

@@ -16,6 +16,10 @@ command -v kubectl >/dev/null 2>&1 || need+=(kubectl)
 ls /usr/share/java/zookeeper.jar >/dev/null 2>&1 || need+=(zookeeper)   # the ZooKeeper backend's own test servers
 { command -v mariadbd && command -v mariadb-install-db && command -v mariadb; } >/dev/null 2>&1 || need+=(mariadb-server mariadb-client)   # the MySQL backend's own test servers
 [ -x /usr/sbin/nginx ] || need+=(nginx)   # fencer bench's write-path comparison
+# The client examples (tests/examples.rs) in Node, Java and shell.
+command -v node >/dev/null 2>&1 || need+=(nodejs)
+command -v javac >/dev/null 2>&1 || need+=(default-jdk-headless)
+command -v jq >/dev/null 2>&1 || need+=(jq)
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""
   [ "$(id -u)" = 0 ] || sudo="sudo"
@@ -29,6 +33,10 @@ fi
 # for Python (tests/helm_chart.rs; no helm binary is needed).
 command -v kubernetes-validate >/dev/null 2>&1 || python3 -m pip install -q kubernetes-validate
 python3 -c "import helm_python" >/dev/null 2>&1 || python3 -m pip install -q "helm-python-sdk==0.2.2"
+# The lock API against its OpenAPI description (tests/openapi.rs), and the
+# Python client examples (tests/examples.rs).
+command -v st >/dev/null 2>&1 || python3 -m pip install -q "schemathesis==4.32.5"
+python3 -c "import requests" >/dev/null 2>&1 || python3 -m pip install -q requests
 
 cargo test --all-targets --locked -- --test-threads="${FENCER_TEST_THREADS:-2}"
 

@@ -46,6 +46,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/v1/locks/{key}/keepalive", post(keepalive))
         .route("/v1.0-alpha1/lock/{store}", post(super::dapr::lock))
         .route("/v1.0-alpha1/unlock/{store}", post(super::dapr::unlock))
+        .route("/openapi.json", get(openapi))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -69,6 +70,18 @@ async fn count_requests(State(state): St, req: Request, next: Next) -> Response 
         ])
         .inc();
     response
+}
+
+/// The OpenAPI 3.1 description of this API (docs/openapi.json, compiled
+/// in; tests/openapi.rs keeps it and the routes above in step).
+pub const OPENAPI: &str = include_str!("../../docs/openapi.json");
+
+async fn openapi() -> Response {
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        OPENAPI,
+    )
+        .into_response()
 }
 
 async fn not_found() -> ApiError {

@@ -52,3 +52,20 @@ async fn a_client_that_never_finishes_its_headers_is_disconnected() {
     let r = s.get("/v1/locks/slow").await;
     assert_eq!(r.status, 404, "{}", r.body);
 }
+
+/// A lost lease's `held_ms` is how long it was held, frozen when it was
+/// lost (at its deadline at the latest), not its age.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_leases_held_ms_stops_at_its_loss() {
+    let s = Fencer::sidecar(Backend::Memory, None, &[]);
+    let r = s.acquire("held-ms:1", 300, 0).await;
+    assert_eq!(r.status, 200);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let view = s.get("/v1/locks/held-ms:1").await;
+    assert_eq!(view.body["state"], "lost", "{}", view.body);
+    let held = view.body["held_ms"].as_u64().unwrap();
+    assert!(
+        held <= 300,
+        "held_ms {held} for a 300 ms lease lost 1.2 s ago"
+    );
+}

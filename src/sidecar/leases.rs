@@ -142,7 +142,13 @@ impl LeaseRecord {
                 LeaseState::Held => self.deadline.saturating_duration_since(now).as_millis() as u64,
                 LeaseState::Lost { .. } => 0,
             },
-            held_ms: now.saturating_duration_since(self.acquired_at).as_millis() as u64,
+            // A lost lease was held until it was lost, not until now.
+            held_ms: match self.state {
+                LeaseState::Held => now,
+                LeaseState::Lost { at, .. } => at.min(self.deadline).min(now),
+            }
+            .saturating_duration_since(self.acquired_at)
+            .as_millis() as u64,
             lost_reason,
             renewal: self.renewal.as_str(),
         }

@@ -157,3 +157,89 @@ fn schemathesis_finds_no_server_error_and_no_schema_violation() {
         .unwrap_or(0);
     assert!(generated >= 500, "only {generated} cases ran:\n{text}");
 }
+
+/// Every (status, `error` code) the gateway's source can answer, and every
+/// extra field its errors carry, is in docs/openapi-gateway.json: a new
+/// refusal without its documentation fails here.
+#[test]
+fn the_gateway_spec_lists_every_error_the_gateway_answers() {
+    let spec: Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("docs/openapi-gateway.json")).unwrap(),
+    )
+    .unwrap();
+    let mut documented: BTreeSet<(u16, String)> = BTreeSet::new();
+    for ops in spec["paths"].as_object().unwrap().values() {
+        for op in ops.as_object().unwrap().values() {
+            for (status, response) in op["responses"].as_object().unwrap() {
+                let Ok(status) = status.parse::<u16>() else {
+                    continue;
+                };
+                for code in response["x-fencer-error-codes"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                {
+                    documented.insert((status, code.as_str().unwrap().to_owned()));
+                }
+            }
+        }
+    }
+    let fields = spec["components"]["schemas"]["Error"]["properties"]
+        .as_object()
+        .unwrap();
+    let pair = regex::Regex::new(r#"StatusCode::([A-Z_]+),\s*"([a-z_]+)""#).unwrap();
+    let with = regex::Regex::new(r#"\.with\(\s*"([a-z_]+)""#).unwrap();
+    let mut found = 0;
+    let mut files: Vec<_> = std::fs::read_dir(root().join("src/gateway"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "rs"))
+        .collect();
+    files.push(root().join("src/proxy/forward.rs"));
+    for file in files {
+        let src = std::fs::read_to_string(&file).unwrap();
+        let mut pairs: Vec<(u16, String)> = pair
+            .captures_iter(&src)
+            .map(|c| {
+                let status = match &c[1] {
+                    "BAD_REQUEST" => 400,
+                    "FORBIDDEN" => 403,
+                    "METHOD_NOT_ALLOWED" => 405,
+                    "CONFLICT" => 409,
+                    "PRECONDITION_REQUIRED" => 428,
+                    "BAD_GATEWAY" => 502,
+                    "SERVICE_UNAVAILABLE" => 503,
+                    "GATEWAY_TIMEOUT" => 504,
+                    other => panic!(
+                        "{}: status {other} is not in this test's table",
+                        file.display()
+                    ),
+                };
+                (status, c[2].to_owned())
+            })
+            .collect();
+        if src.contains("ApiError::invalid(") {
+            pairs.push((400, "invalid_request".into()));
+        }
+        for p in pairs {
+            assert!(
+                documented.contains(&p),
+                "{}: {p:?} is not in docs/openapi-gateway.json",
+                file.display()
+            );
+            found += 1;
+        }
+        for c in with.captures_iter(&src) {
+            assert!(
+                fields.contains_key(&c[1]),
+                "{}: error field `{}` is not in the gateway spec's Error schema",
+                file.display(),
+                &c[1]
+            );
+        }
+    }
+    assert!(
+        found >= 15,
+        "only {found} gateway errors found in the source"
+    );
+}

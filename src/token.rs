@@ -127,7 +127,9 @@ impl Signer {
     }
 
     /// Verifies a token signed with this signer's key id (constant-time MAC
-    /// comparison). A `v1` token's lease id is reduced to its tag.
+    /// comparison). A `v1` token's lease id is reduced to its tag. The token
+    /// number must be spelled as [`Signer::sign`] spells it (no leading
+    /// zero), so one signed claim has one wire form.
     pub fn verify(&self, wire: &str) -> Result<Claim, TokenError> {
         let parts: Vec<&str> = wire.split('.').collect();
         let [version, kid, token, lease, key, sig] = parts[..] else {
@@ -140,6 +142,14 @@ impl Signer {
             return Err(TokenError::UnknownKeyId);
         }
         if token.is_empty() || !token.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(TokenError::Malformed);
+        }
+        // One spelling per token: the MAC covers the number, not its text,
+        // so `034` would verify with the signature of `34` — a second wire
+        // form of one signed claim, which the SQL verifier (it signs the
+        // text) refuses. Signers never write a leading zero (found by
+        // fuzzing, `fuzz/regressions/token_roundtrip`).
+        if token.len() > 1 && token.starts_with('0') {
             return Err(TokenError::Malformed);
         }
         let token: u64 = token.parse().map_err(|_| TokenError::Malformed)?;
@@ -273,6 +283,8 @@ mod tests {
         assert_eq!(s.verify(&inflated), Err(TokenError::BadSignature));
         let plus = wire.replacen(".34.", ".+34.", 1);
         assert_eq!(s.verify(&plus), Err(TokenError::Malformed));
+        let zero = wire.replacen(".34.", ".034.", 1);
+        assert_eq!(s.verify(&zero), Err(TokenError::Malformed));
         let other = Signer::new("k1", &[8u8; 32]);
         assert_eq!(other.verify(&wire), Err(TokenError::BadSignature));
         assert_eq!(s.verify("garbage"), Err(TokenError::Malformed));

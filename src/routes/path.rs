@@ -11,6 +11,7 @@
 //!
 //! - percent-encoded unreserved characters (`A-Z a-z 0-9 - . _ ~`) are
 //!   decoded, every other escape is kept with upper-case hex;
+//! - every other character (UTF-8 included) is kept as it is;
 //! - an encoded `/` or `\`, a raw `\`, a `.` or `..` segment (encoded or
 //!   not), an empty segment (`//`, a trailing `/`) and a malformed escape
 //!   are refused — they have no one meaning.
@@ -98,11 +99,21 @@ pub fn normalize(path: &str) -> Result<String, PathError> {
                     i += 3;
                 }
                 b'\\' => return Err(PathError::EncodedSeparator),
-                b => {
+                _ => {
                     // hyper has already refused anything that is not a
-                    // valid request-target byte; keep the rest as it is.
-                    out.push(b as char);
-                    i += 1;
+                    // valid request-target byte; keep the rest as it is,
+                    // copied as text up to the next `%` or `\`. Pushing each
+                    // byte as a `char` turned every byte of a non-ASCII
+                    // character (hyper accepts UTF-8 in paths) into one of
+                    // its own: `/é` became `/Ã©`, another path, and not
+                    // idempotent (found by fuzzing,
+                    // `fuzz/regressions/path_normalize`).
+                    let end = bytes[i..]
+                        .iter()
+                        .position(|&b| b == b'%' || b == b'\\')
+                        .map_or(bytes.len(), |n| i + n);
+                    out.push_str(&segment[i..end]);
+                    i = end;
                 }
             }
         }
@@ -125,6 +136,7 @@ mod tests {
             "/a/b-c_d.e~f",
             "/kv/a%20b",
             "/x/%C3%A9",
+            "/x/é/🍕",
         ] {
             assert_eq!(normalize(p).as_deref(), Ok(p), "{p}");
         }

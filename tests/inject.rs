@@ -622,6 +622,11 @@ async fn bad_requests_get_json_errors_and_do_not_disturb_the_server() {
             .await
             .unwrap();
         assert_eq!(resp.status(), status, "{what}");
+        if status == 413 {
+            // Its body was left unread: the server must not offer the
+            // connection for reuse.
+            assert_eq!(resp.headers()["connection"], "close", "{what}");
+        }
         let err: Value = resp.json().await.unwrap();
         assert_eq!(err["error"], code, "{what}: {err}");
         assert!(err["message"].is_string(), "{what}");

@@ -71,7 +71,15 @@ async fn mutate(State(settings): State<Arc<InjectSettings>>, body: Body) -> Resp
         Ok(b) => b,
         Err(e) => {
             INJECT.reviews.with_label_values(&["bad_request"]).inc();
-            return e.into_response();
+            // The rest of the body was not read: the connection cannot
+            // carry another request. Say so, or the client reuses it just
+            // as the server closes it (IncompleteMessage on its next call).
+            let mut response = e.into_response();
+            response.headers_mut().insert(
+                axum::http::header::CONNECTION,
+                axum::http::HeaderValue::from_static("close"),
+            );
+            return response;
         }
     };
     let response = match answer(&bytes, &settings) {

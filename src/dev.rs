@@ -53,7 +53,9 @@ impl Stack {
                 .dapr_lock_stores
                 .push(crate::sidecar::dapr::DaprLockStore {
                     name: "lockstore".into(),
-                    key_prefix: String::new(),
+                    // Shared with /v1/locks on purpose: the walkthrough's
+                    // routes map storage paths to these very keys.
+                    key_prefix: Some(String::new()),
                 });
         }
         settings.proxy.enabled = true;

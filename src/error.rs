@@ -134,6 +134,12 @@ impl From<LockError> for ApiError {
                 .with("key", key.as_str())
                 .with("highest_seen", highest)
                 .with("token", token),
+            LockError::ExpiredBeforeAnswer { key, .. } => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "lease_expired_before_answer",
+                message,
+            )
+            .with("key", key.as_str()),
             LockError::ShuttingDown => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", message)
             }

@@ -32,6 +32,9 @@ pub const ALL: &[(&str, &str)] = &[
     ("zk_ttl_past_session", "the ZooKeeper backend grants leases longer than its session can keep safe"),
     ("mysql_early_expiry", "the MySQL backend writes a lease row's expiry at half its TTL, before the holder's local deadline"),
     ("zk_waiter_node_left", "a ZooKeeper waiter that gives up leaves its node in the key's queue"),
+    ("undo_by_lease", "the SQL backends' compensation of an abandoned acquire releases the lease whatever attempt holds it (a retry of the same lease that was answered meanwhile included), as before issue 26"),
+    ("answer_after_deadline", "an acquire answers \"held\" with its full TTL even when its lease ran out before the answer (slow pre-registration or backend), as before issue 26"),
+    ("release_in_request", "a release runs in the client's request future and the lease stays \"held\" locally until the backend answered: a client that disconnects mid-release leaves it held here, as before issue 26"),
     ("fresh_send_time", "as before issue 10: one lease id for every try of an acquire, each try counting the deadline from its own send time, and PostgreSQL statements whose caller gave up neither bounded by the server, cancelled nor compensated"),
 ];
 

@@ -43,6 +43,16 @@ impl LeaseId {
     }
 }
 
+/// A fresh id for one backend call of an acquire (64 random bits, hex).
+///
+/// Stored with the grant so that the undo of an abandoned attempt can name
+/// the attempt rather than the lease: retries of one lease share its lease
+/// id, and an undo keyed by that id alone released the lease a retry had
+/// just handed out (PITFALLS 11, issue 26 item 1).
+pub fn attempt_id() -> String {
+    format!("{:016x}", rand::rng().next_u64())
+}
+
 impl fmt::Display for LeaseId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)

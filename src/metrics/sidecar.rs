@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use prometheus::{
-    HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 
 use super::{register, render, Groups, BACKEND_BUCKETS, WAIT_BUCKETS};
@@ -24,6 +24,9 @@ pub struct Metrics {
     pub backend_duration: HistogramVec,
     pub backend_errors: IntCounterVec,
     pub acquire_retries: IntCounterVec,
+    /// Acquires granted by the backend whose lease ran out before the
+    /// answer (slow pre-registration, slow backend, frozen process).
+    pub acquire_expired_before_answer: IntCounter,
     pub http_requests: IntCounterVec,
     pub proxy_requests: IntCounterVec,
     pub proxy_duration: HistogramVec,
@@ -141,6 +144,11 @@ impl Metrics {
                     "Acquire attempts repeated with the same lease id after an unknown outcome."
                 ),
                 &["backend"]
+            )
+            .unwrap()),
+            acquire_expired_before_answer: reg!(IntCounter::new(
+                "fencer_acquire_expired_before_answer_total",
+                "Acquires whose lease ran out between the grant and the answer: refused (503), never answered as held."
             )
             .unwrap()),
             http_requests: reg!(IntCounterVec::new(

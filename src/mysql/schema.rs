@@ -22,6 +22,15 @@ pub fn table_exists(name: &str) -> String {
     )
 }
 
+/// `SELECT COUNT(*)` of column `column` of table `table` in the current
+/// database.
+pub fn column_exists(table: &str, column: &str) -> String {
+    format!(
+        "SELECT COUNT(*) FROM information_schema.columns \
+         WHERE table_schema = DATABASE() AND table_name = '{table}' AND column_name = '{column}'"
+    )
+}
+
 /// `SELECT COUNT(*)` of routine `name` in the current database.
 pub fn routine_exists(name: &str) -> String {
     format!(

@@ -130,7 +130,11 @@ async fn acquire(
         token: view.token,
         fencing_token: view.fencing_token,
         lease_id: view.lease_id,
-        ttl_ms: view.ttl_ms,
+        // The time left as the answer goes out, never the TTL asked for
+        // (PITFALLS 12): the pre-registration or the backend may have
+        // spent part of it.
+        ttl_ms: view.remaining_ms,
+        remaining_ms: view.remaining_ms,
     }))
 }
 
@@ -143,6 +147,7 @@ struct Acquired {
     fencing_token: String,
     lease_id: String,
     ttl_ms: u64,
+    remaining_ms: u64,
 }
 
 /// The release response.
@@ -190,7 +195,7 @@ async fn get_one(
     path: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
     let key = path_key(path)?;
-    Ok(Json(state.locks.get(&key)?).into_response())
+    Ok(Json(state.locks.get(&key)?.status()).into_response())
 }
 
 /// `POST /v1/locks/{key}/hold`: acquire, then stream the lease's life.
@@ -264,6 +269,7 @@ async fn list(State(state): St, RawQuery(query): RawQuery) -> Result<Response, A
         }
     }
     let (leases, total) = state.locks.list(limit);
+    let leases: Vec<_> = leases.iter().map(|l| l.status()).collect();
     Ok(Json(json!({
         "leases": leases,
         "count": leases.len(),

@@ -31,7 +31,7 @@ use super::api::ApiState;
 use super::leases::Renewal;
 use super::locks::{Acquire, LockError};
 use crate::error::ApiError;
-use crate::lock::{LeaseId, LockKey};
+use crate::lock::LockKey;
 use crate::settings::limits::{MAX_OWNER_BYTES, MAX_TTL_MS};
 use crate::settings::{invalid, ConfigError};
 
@@ -41,8 +41,22 @@ use crate::settings::{invalid, ConfigError};
 #[serde(deny_unknown_fields)]
 pub struct DaprLockStore {
     pub name: String,
+    /// Unset: `dapr/<name>/`, a namespace of the store's own, so neither
+    /// another store nor a `/v1/locks` client shares its keys (issue 26
+    /// item 10). `""` shares the `/v1/locks` namespace on purpose (a Dapr
+    /// application and a native one contending for the same keys).
     #[serde(default)]
-    pub key_prefix: String,
+    pub key_prefix: Option<String>,
+}
+
+impl DaprLockStore {
+    /// The prefix that puts a resource id in this store's namespace.
+    pub fn prefix(&self) -> std::borrow::Cow<'_, str> {
+        match &self.key_prefix {
+            Some(p) => std::borrow::Cow::Borrowed(p),
+            None => std::borrow::Cow::Owned(format!("dapr/{}/", self.name)),
+        }
+    }
 }
 
 /// At most this many stores (they are looked up per request, linearly).
@@ -74,7 +88,7 @@ pub fn validate(stores: &[DaprLockStore]) -> Result<(), ConfigError> {
                 format!("store `{}` is listed twice", s.name),
             ));
         }
-        if s.key_prefix.len() > 128 {
+        if s.key_prefix.as_ref().is_some_and(|p| p.len() > 128) {
             return Err(invalid(FIELD, "key_prefix is at most 128 bytes"));
         }
     }
@@ -142,7 +156,7 @@ fn key_in(state: &ApiState, store: &str, resource: &str) -> Result<LockKey, Dapr
     if resource.is_empty() {
         return Err(malformed("resourceId is empty"));
     }
-    LockKey::parse(&format!("{}{resource}", s.key_prefix))
+    LockKey::parse(&format!("{}{resource}", s.prefix()))
         .map_err(|e| malformed(format!("resourceId: {e}")))
 }
 
@@ -225,6 +239,7 @@ async fn try_lock(
         wait: Duration::ZERO,
         owner: Some(owner.to_owned()),
         renewal: Renewal::Manual,
+        dapr_store: Some(store.clone()),
     };
     match state.locks.acquire(acquire).await {
         Ok(view) => {
@@ -302,16 +317,18 @@ async fn try_unlock(
     // another sidecar answers 1 (does not exist), not 2 — the caller did
     // not hold it either way, and finding out would take a backend read
     // that not every backend offers.
-    let view = match state.locks.get(&key) {
-        Ok(v) if v.state == "held" => v,
+    let record = match state.locks.record(&key) {
+        Ok(r) if r.is_held() => r,
         Ok(_) | Err(LockError::NotFound(_)) => return Ok(NOT_FOUND),
         Err(e) => return Err(internal(e)),
     };
-    if view.owner.as_deref() != Some(owner) {
+    // Only a lease taken through this very store is released by owner: a
+    // `/v1/locks` lease (owner names are visible to every local client)
+    // or another store's answers "another owner" (issue 26 item 10).
+    if record.owner.as_deref() != Some(owner) || record.dapr_store.as_deref() != Some(&store) {
         return Ok(OTHER_OWNER);
     }
-    let lease = LeaseId::parse(&view.lease_id)
-        .ok_or_else(|| internal("a held lease has an unparsable id"))?;
+    let lease = record.lease_id;
     match state.locks.release(key, lease).await {
         Ok(()) => Ok(UNLOCKED),
         Err(LockError::LeaseLost(_)) => Ok(NOT_FOUND),

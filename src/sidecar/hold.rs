@@ -40,9 +40,27 @@ pub fn stream(
     let gauge = locks.metrics().hold_streams.clone();
     gauge.inc();
     tokio::spawn(async move {
-        let mut first = serde_json::to_value(&view).expect("lease view serializes");
-        first["type"] = json!("acquired");
-        let _ = tx.send(line(first)).await;
+        // Re-read at the moment of sending: "acquired" must carry the time
+        // left now, and a lease that ran out meanwhile is reported lost
+        // (PITFALLS 12).
+        let now_view = match locks.get(&key) {
+            Ok(v) if v.lease_id == lease.as_str() && v.state == "held" => Some(v),
+            _ => None,
+        };
+        let mut first = match now_view {
+            Some(v) => {
+                let mut first = serde_json::to_value(&v).expect("lease view serializes");
+                first["type"] = json!("acquired");
+                first
+            }
+            None => json!({"type": "lost", "reason": "deadline", "key": key.as_str()}),
+        };
+        let lost_at_start = first["type"] == "lost";
+        let _ = tx.send(line(first.take())).await;
+        if lost_at_start {
+            gauge.dec();
+            return;
+        }
         let mut beat = tokio::time::interval(heartbeat);
         beat.tick().await;
         let end = loop {

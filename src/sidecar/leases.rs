@@ -87,6 +87,10 @@ pub struct LeaseRecord {
     pub deadline: Instant,
     pub state: LeaseState,
     pub renewal: Renewal,
+    /// The Dapr lock store the lease was taken through (its `unlock` may
+    /// release it by owner); `None` for `/v1/locks` leases, which only
+    /// their lease id releases.
+    pub dapr_store: Option<String>,
     /// Last sign of life from the application (auto-renew keepalive).
     pub last_activity: Instant,
     /// `max_hold_ms` cap: never renewed past this.
@@ -122,6 +126,46 @@ pub struct LeaseView {
     pub lost_reason: Option<&'static str>,
     /// `manual`, `auto` or `hold`.
     pub renewal: &'static str,
+}
+
+/// What any local client may see of a lease (`GET /v1/locks`, `GET
+/// /v1/locks/{key}`): the lease id and the signed token are credentials —
+/// the id renews, releases and binds proxied writes, the token is accepted
+/// by the gateway — so only the acquirer learns them, from its own answer
+/// (issue 26 item 10). Leases are told apart by their one-way tag, the
+/// same one tokens, logs and webhooks carry.
+#[derive(Debug, Clone, Serialize)]
+pub struct LeaseStatus {
+    pub key: String,
+    pub token: u64,
+    pub lease_tag: String,
+    pub ttl_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    pub state: &'static str,
+    pub remaining_ms: u64,
+    pub held_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lost_reason: Option<&'static str>,
+    pub renewal: &'static str,
+}
+
+impl LeaseView {
+    /// This lease as any local client may see it.
+    pub fn status(&self) -> LeaseStatus {
+        LeaseStatus {
+            key: self.key.clone(),
+            token: self.token,
+            lease_tag: crate::token::lease_tag(&self.lease_id),
+            ttl_ms: self.ttl_ms,
+            owner: self.owner.clone(),
+            state: self.state,
+            remaining_ms: self.remaining_ms,
+            held_ms: self.held_ms,
+            lost_reason: self.lost_reason,
+            renewal: self.renewal,
+        }
+    }
 }
 
 impl LeaseRecord {

@@ -30,6 +30,7 @@ impl AcquireRequest {
             wait: self.wait,
             owner: self.owner,
             renewal: self.renewal,
+            dapr_store: None,
         }
     }
 }

@@ -10,6 +10,10 @@
 //!   subscriber);
 //! - [`Mode::FreezeAll`]: stop forwarding on every connection (a network
 //!   partition that keeps the sockets open);
+//! - [`Mode::DelayReplyTo`]: hold back only the *reply* to the next request
+//!   that contains a marker (e.g. the lock key), once; the request itself
+//!   reaches the server at once, so the statement is applied while its
+//!   caller times out (PITFALLS 11: the reply, not the request, late);
 //! - [`TcpFault::reset_all`]: close every connection at once.
 //!
 //! Thread-based, so it works from sync and async tests alike.
@@ -26,11 +30,19 @@ pub enum Mode {
     DelayReplies(Duration),
     FreezeUnscripted,
     FreezeAll,
+    /// The first server→client chunk after the next client→server chunk
+    /// containing `marker` is held for `delay`; then back to `Pass`.
+    DelayReplyTo {
+        marker: &'static [u8],
+        delay: Duration,
+    },
 }
 
 struct Conn {
     /// The client sent EVALSHA / EVAL / SCRIPT on this connection.
     scripted: AtomicBool,
+    /// Hold the next reply on this connection this long.
+    delay_next_reply: Mutex<Option<Duration>>,
     client: TcpStream,
     server: TcpStream,
 }
@@ -85,6 +97,7 @@ impl TcpFault {
                 let _ = server.set_nodelay(true);
                 let conn = Arc::new(Conn {
                     scripted: AtomicBool::new(false),
+                    delay_next_reply: Mutex::new(None),
                     client: client.try_clone().unwrap(),
                     server: server.try_clone().unwrap(),
                 });
@@ -142,12 +155,23 @@ fn pump(sh: Arc<Shared>, conn: Arc<Conn>, mut from: TcpStream, mut to: TcpStream
             if upper.windows(4).any(|w| w == b"EVAL") || upper.windows(6).any(|w| w == b"SCRIPT") {
                 conn.scripted.store(true, Ordering::SeqCst);
             }
+            let mut mode = sh.mode.lock().unwrap();
+            if let Mode::DelayReplyTo { marker, delay } = *mode {
+                if chunk.windows(marker.len()).any(|w| w == marker) {
+                    *conn.delay_next_reply.lock().unwrap() = Some(delay);
+                    *mode = Mode::Pass;
+                }
+            }
         }
         while sh.frozen(&conn) && !sh.stop.load(Ordering::SeqCst) {
             std::thread::sleep(Duration::from_millis(5));
         }
         if !up {
             if let Mode::DelayReplies(d) = sh.mode() {
+                std::thread::sleep(d);
+            }
+            let held = conn.delay_next_reply.lock().unwrap().take();
+            if let Some(d) = held {
                 std::thread::sleep(d);
             }
         }

@@ -194,24 +194,44 @@ fn lease_value(lease: &LeaseId) -> Value {
 /// How soon a waiter re-checks a key held without a bell.
 const NO_BELL_RECHECK: Duration = Duration::from_millis(500);
 
-const ACQUIRE: &str = "CALL fencer_lock_acquire_v1(?, ?, ?, ?, ?)";
+const ACQUIRE: &str = "CALL fencer_lock_acquire_v2(?, ?, ?, ?, ?, ?)";
 const RENEW: &str = "CALL fencer_lock_renew_v1(?, ?, ?)";
 const RENEW_MANY: &str = "CALL fencer_lock_renew_many_v1(?)";
 const RELEASE: &str = "CALL fencer_lock_release_v1(?, ?)";
+const RELEASE_ATTEMPT: &str = "CALL fencer_lock_release_attempt_v1(?, ?, ?)";
 
-/// Releases, on the acquire's own connection, a lock that an acquire whose
-/// caller gave up was granted after all.
-fn release_if_granted(key: Value, lease: Value) -> Compensation<Vec<Row>> {
+/// Releases, on the acquire's own connection, a lock that an acquire
+/// attempt whose caller gave up was granted after all — only while the
+/// row still carries that attempt (`sql::ADD_ATTEMPT` says why: a retry of
+/// the same lease may have been answered meanwhile, and then the lease is
+/// the application's).
+fn release_if_granted(key: Value, lease: Value, attempt: Value) -> Compensation<Vec<Row>> {
     Box::new(move |mut conn: Conn, rows: Vec<Row>| {
         Box::pin(async move {
             let granted = rows.first().is_some_and(|r| int(r, 0).ok() == Some(1));
             if granted {
-                let r = conn
-                    .exec_drop(RELEASE, Params::Positional(vec![key, lease]))
-                    .await;
+                // Mutant: undo by lease id alone, as before issue 26.
+                let r = if crate::mutants::active("undo_by_lease") {
+                    conn.exec_first::<(i64, i64), _, _>(
+                        RELEASE,
+                        Params::Positional(vec![key, lease]),
+                    )
+                    .await
+                } else {
+                    conn.exec_first::<(i64, i64), _, _>(
+                        RELEASE_ATTEMPT,
+                        Params::Positional(vec![key, lease, attempt]),
+                    )
+                    .await
+                };
+                let outcome = match &r {
+                    Ok(Some((1, _))) => "released",
+                    Ok(_) => "superseded",
+                    Err(_) => "error",
+                };
                 tracing::info!(
-                    released = r.is_ok(),
-                    "released a lock granted to an abandoned acquire"
+                    outcome,
+                    "compensation of an acquire attempt whose caller gave up"
                 );
             }
             conn
@@ -318,6 +338,7 @@ impl LockBackend for MySqlBackend {
             armed: true,
         };
         let bell = bell_name(key.as_str());
+        let attempt = Value::Bytes(crate::lock::lease_id::attempt_id().into_bytes());
         let rows = self
             .call(
                 ACQUIRE,
@@ -327,8 +348,13 @@ impl LockBackend for MySqlBackend {
                     Value::Int(server_ttl_ms(ttl)),
                     Value::Int(self.lock_delay_ms),
                     Value::Bytes(bell.into_bytes()),
+                    attempt.clone(),
                 ],
-                Some(release_if_granted(key_value(key), lease_value(lease))),
+                Some(release_if_granted(
+                    key_value(key),
+                    lease_value(lease),
+                    attempt,
+                )),
             )
             .await?;
         let row = rows

@@ -16,7 +16,9 @@
 /// A piece is created only when the check says it is missing
 /// ([`super::schema`]).
 pub fn pieces() -> Vec<crate::mysql::schema::Piece> {
-    use crate::mysql::schema::{routine_exists as routine, table_exists as table};
+    use crate::mysql::schema::{
+        column_exists as column, routine_exists as routine, table_exists as table,
+    };
     vec![
         ("fencer_locks", table("fencer_locks"), LOCKS),
         ("fencer_token_floor", table("fencer_token_floor"), FLOOR),
@@ -26,9 +28,19 @@ pub fn pieces() -> Vec<crate::mysql::schema::Piece> {
             "INSERT IGNORE INTO fencer_token_floor (id, floor) VALUES (1, 0)",
         ),
         (
+            "fencer_locks.attempt_id",
+            column("fencer_locks", "attempt_id"),
+            ADD_ATTEMPT,
+        ),
+        (
             "fencer_lock_acquire_v1",
             routine("fencer_lock_acquire_v1"),
             ACQUIRE_PROC,
+        ),
+        (
+            "fencer_lock_acquire_v2",
+            routine("fencer_lock_acquire_v2"),
+            ACQUIRE_V2_PROC,
         ),
         (
             "fencer_lock_renew_v1",
@@ -44,6 +56,11 @@ pub fn pieces() -> Vec<crate::mysql::schema::Piece> {
             "fencer_lock_release_v1",
             routine("fencer_lock_release_v1"),
             RELEASE_PROC,
+        ),
+        (
+            "fencer_lock_release_attempt_v1",
+            routine("fencer_lock_release_attempt_v1"),
+            RELEASE_ATTEMPT_PROC,
         ),
     ]
 }
@@ -61,8 +78,22 @@ const LOCKS: &str = "CREATE TABLE IF NOT EXISTS fencer_locks (
   -- Lock-delay of the current lease: after an expiry (not a release) the
   -- key stays unavailable until expires_at + delay_ms.
   delay_ms   BIGINT NOT NULL DEFAULT 0,
+  -- The acquire attempt that last granted or confirmed the current lease
+  -- (ADD_ATTEMPT says why).
+  attempt_id VARBINARY(64) NULL,
   KEY fencer_locks_updated_at (updated_at)
 ) ENGINE=InnoDB";
+
+/// An undo must name the *attempt*, not the lease (PITFALLS 11, issue 26
+/// item 1): an acquire is idempotent per lease id, so a retry after a
+/// timeout is answered "held" with the same lease while the first try's
+/// late reply is still on its way; that try's compensation, keyed by the
+/// lease alone, then released the lease the retry had just handed out.
+/// Every grant or confirmation writes its attempt id here, and the
+/// compensation ([`RELEASE_ATTEMPT_PROC`]) releases only while the row
+/// still carries its own attempt. A table created before this column
+/// existed gets it on start-up (added once, then never touched again).
+const ADD_ATTEMPT: &str = "ALTER TABLE fencer_locks ADD COLUMN attempt_id VARBINARY(64) NULL";
 
 /// The token floor: a key whose row was deleted by the clean-up starts
 /// above it, so its tokens never go backwards.
@@ -124,6 +155,67 @@ proc: BEGIN
     COMMIT;
     SELECT 1, v_token + 1, 0, 0;
   ELSEIF v_lease = p_lease AND v_exp > v_now THEN
+    COMMIT;
+    SELECT 1, v_token, 0, 0;
+  ELSE
+    COMMIT;
+    SELECT -1, v_token,
+           GREATEST(0, TIMESTAMPDIFF(MICROSECOND, v_now,
+                         TIMESTAMPADD(MICROSECOND, v_delay * 1000, v_exp)) DIV 1000),
+           COALESCE(IS_USED_LOCK(p_bell), 0);
+  END IF;
+END";
+
+/// [`ACQUIRE_PROC`] with the attempt id (key, lease, ttl ms, lock-delay
+/// ms, bell name, attempt) → the same row. Every grant, and every
+/// confirmation of an existing grant to the same lease (a retry), stores
+/// the attempt id ([`ADD_ATTEMPT`] says why). The v1 procedure stays for
+/// sidecars of earlier versions during a rolling upgrade.
+pub const ACQUIRE_V2_PROC: &str = "CREATE PROCEDURE fencer_lock_acquire_v2(
+  IN p_key VARBINARY(512), IN p_lease VARBINARY(128), IN p_ttl BIGINT,
+  IN p_delay BIGINT, IN p_bell VARCHAR(64), IN p_attempt VARBINARY(64))
+proc: BEGIN
+  DECLARE v_found INT DEFAULT 1;
+  DECLARE v_dup INT DEFAULT 0;
+  DECLARE v_lease VARBINARY(128);
+  DECLARE v_token BIGINT;
+  DECLARE v_exp DATETIME(6);
+  DECLARE v_delay BIGINT;
+  DECLARE v_floor BIGINT;
+  DECLARE v_now DATETIME(6);
+  DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_found = 0;
+  DECLARE CONTINUE HANDLER FOR 1062 SET v_dup = 1;
+  DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+  START TRANSACTION;
+  SELECT lease_id, token, expires_at, delay_ms INTO v_lease, v_token, v_exp, v_delay
+    FROM fencer_locks WHERE lock_key = p_key FOR UPDATE;
+  IF v_found = 0 THEN
+    SET v_found = 1;
+    SELECT floor INTO v_floor FROM fencer_token_floor WHERE id = 1 LOCK IN SHARE MODE;
+    SET v_now = SYSDATE(6);
+    INSERT INTO fencer_locks (lock_key, lease_id, token, expires_at, updated_at, delay_ms, attempt_id)
+      VALUES (p_key, p_lease, v_floor + 1,
+              TIMESTAMPADD(MICROSECOND, p_ttl * 1000, v_now), v_now, p_delay, p_attempt);
+    IF v_dup = 0 THEN
+      COMMIT;
+      SELECT 1, v_floor + 1, 0, 0;
+      LEAVE proc;
+    END IF;
+    SELECT lease_id, token, expires_at, delay_ms INTO v_lease, v_token, v_exp, v_delay
+      FROM fencer_locks WHERE lock_key = p_key FOR UPDATE;
+  END IF;
+  SET v_now = SYSDATE(6);
+  IF v_lease IS NULL OR TIMESTAMPADD(MICROSECOND, v_delay * 1000, v_exp) <= v_now THEN
+    UPDATE fencer_locks
+       SET lease_id = p_lease, token = v_token + 1,
+           expires_at = TIMESTAMPADD(MICROSECOND, p_ttl * 1000, v_now),
+           updated_at = v_now, delay_ms = p_delay, attempt_id = p_attempt
+     WHERE lock_key = p_key;
+    COMMIT;
+    SELECT 1, v_token + 1, 0, 0;
+  ELSEIF v_lease = p_lease AND v_exp > v_now THEN
+    -- A retry confirms the grant: from now on only this attempt may undo it.
+    UPDATE fencer_locks SET attempt_id = p_attempt WHERE lock_key = p_key;
     COMMIT;
     SELECT 1, v_token, 0, 0;
   ELSE
@@ -217,6 +309,40 @@ BEGIN
   ELSE
     COMMIT;
     SELECT IF(v_lease IS NULL OR v_lease = p_lease OR v_exp <= v_now, 0, -1), v_token;
+  END IF;
+END";
+
+/// (key, lease, attempt) → (status, token): the compensation of an acquire
+/// attempt whose caller gave up. Releases only while the row still carries
+/// that very attempt; a later attempt of the same lease (a retry that was
+/// answered) has overwritten it, and then the lease is the application's
+/// and this is a no-op (-1).
+pub const RELEASE_ATTEMPT_PROC: &str = "CREATE PROCEDURE fencer_lock_release_attempt_v1(
+  IN p_key VARBINARY(512), IN p_lease VARBINARY(128), IN p_attempt VARBINARY(64))
+BEGIN
+  DECLARE v_found INT DEFAULT 1;
+  DECLARE v_lease VARBINARY(128);
+  DECLARE v_token BIGINT;
+  DECLARE v_exp DATETIME(6);
+  DECLARE v_attempt VARBINARY(64);
+  DECLARE v_now DATETIME(6);
+  DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_found = 0;
+  DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+  START TRANSACTION;
+  SELECT lease_id, token, expires_at, attempt_id INTO v_lease, v_token, v_exp, v_attempt
+    FROM fencer_locks WHERE lock_key = p_key FOR UPDATE;
+  SET v_now = SYSDATE(6);
+  IF v_found = 0 THEN
+    COMMIT;
+    SELECT 0, 0;
+  ELSEIF v_lease = p_lease AND v_attempt = p_attempt AND v_exp > v_now THEN
+    UPDATE fencer_locks SET lease_id = NULL, expires_at = NULL, updated_at = v_now
+     WHERE lock_key = p_key;
+    COMMIT;
+    SELECT 1, v_token;
+  ELSE
+    COMMIT;
+    SELECT IF(v_lease IS NULL OR v_exp <= v_now, 0, -1), v_token;
   END IF;
 END";
 

@@ -117,19 +117,41 @@ impl PgBackend {
     }
 }
 
-/// Releases, on the acquire's own connection, a lock that an acquire whose
-/// caller gave up was granted after all.
+/// Releases, on the acquire's own connection, a lock that an acquire
+/// attempt whose caller gave up was granted after all — only while the
+/// row still carries that attempt ([`sql::RELEASE_ATTEMPT`] says why).
 fn release_if_granted(
     key: String,
     lease: String,
     channel: String,
+    attempt: String,
 ) -> Compensation<Vec<tokio_postgres::Row>> {
     Box::new(move |conn: Object, rows: Vec<tokio_postgres::Row>| {
         Box::pin(async move {
             let granted = rows.first().is_some_and(|r| r.get::<_, i32>(0) == 1);
             if granted {
-                let r = conn.query(sql::RELEASE, &[&key, &lease, &channel]).await;
-                tracing::info!(key = %key, released = r.is_ok(), "released a lock granted to an abandoned acquire");
+                // Mutant: undo by lease id alone, as before issue 26.
+                let outcome = if crate::mutants::active("undo_by_lease") {
+                    match conn.query(sql::RELEASE, &[&key, &lease, &channel]).await {
+                        Ok(rows) if rows.first().is_some_and(|r| r.get::<_, i32>(0) == 1) => {
+                            "released"
+                        }
+                        Ok(_) => "superseded",
+                        Err(_) => "error",
+                    }
+                } else {
+                    match conn
+                        .query(sql::RELEASE_ATTEMPT, &[&key, &lease, &channel, &attempt])
+                        .await
+                    {
+                        Ok(rows) if rows.first().is_some_and(|r| r.get::<_, i32>(0) == 1) => {
+                            "released"
+                        }
+                        Ok(_) => "superseded",
+                        Err(_) => "error",
+                    }
+                };
+                tracing::info!(key = %key, outcome, "compensation of an acquire attempt whose caller gave up");
             }
             conn
         })
@@ -245,6 +267,7 @@ impl LockBackend for PgBackend {
         lease: &LeaseId,
         ttl: Duration,
     ) -> Result<Attempt, BackendError> {
+        let attempt = crate::lock::lease_id::attempt_id();
         let rows = self
             .query(
                 acquire_sql(),
@@ -254,11 +277,13 @@ impl LockBackend for PgBackend {
                     Box::new(None::<String>),
                     Box::new(ms(ttl)),
                     Box::new(self.lock_delay_ms),
+                    Box::new(attempt.clone()),
                 ],
                 Some(release_if_granted(
                     key.as_str().to_owned(),
                     lease.as_str().to_owned(),
                     self.listener.channel(key.as_str()),
+                    attempt,
                 )),
             )
             .await?;

@@ -34,7 +34,10 @@ pub fn pieces() -> Vec<crate::pg::schema::Piece> {
   updated_at timestamptz NOT NULL DEFAULT clock_timestamp(),
   -- Lock-delay of the current lease: after an expiry (not a release) the
   -- key stays unavailable until expires_at + delay_ms.
-  delay_ms   bigint NOT NULL DEFAULT 0
+  delay_ms   bigint NOT NULL DEFAULT 0,
+  -- The acquire attempt that last granted or confirmed the lease
+  -- (RELEASE_ATTEMPT says why).
+  attempt    text
 )"
             .into(),
         },
@@ -42,6 +45,11 @@ pub fn pieces() -> Vec<crate::pg::schema::Piece> {
             name: "fencer_locks.delay_ms",
             exists: column_exists("fencer_locks", "delay_ms"),
             create: "ALTER TABLE fencer_locks ADD COLUMN delay_ms bigint NOT NULL DEFAULT 0".into(),
+        },
+        Piece {
+            name: "fencer_locks.attempt",
+            exists: column_exists("fencer_locks", "attempt"),
+            create: "ALTER TABLE fencer_locks ADD COLUMN attempt text".into(),
         },
         Piece {
             name: "fencer_locks_updated_at",
@@ -83,9 +91,11 @@ BEGIN
 END $$
 "#;
 
-/// $1 key, $2 lease, $3 owner, $4 ttl ms, $5 lock-delay ms.
+/// $1 key, $2 lease, $3 owner, $4 ttl ms, $5 lock-delay ms, $6 attempt id.
 /// Returns (status, token, remaining_ms): 1 acquired (or already ours),
-/// -1 held by another lease.
+/// -1 held by another lease. Every grant, and every confirmation of a
+/// grant to the same lease (a retry), stores the attempt id
+/// ([`RELEASE_ATTEMPT`] says why).
 pub const ACQUIRE: &str = r#"
 WITH up AS (
   -- The key's row exists and is free (or expired): take it. The expiry
@@ -94,7 +104,7 @@ WITH up AS (
   UPDATE fencer_locks l
      SET lease_id = $2, owner = $3, token = l.token + 1,
          expires_at = clock_timestamp() + $4::bigint * interval '1 millisecond',
-         updated_at = clock_timestamp(), delay_ms = $5::bigint
+         updated_at = clock_timestamp(), delay_ms = $5::bigint, attempt = $6
    WHERE l.key = $1
      AND (l.lease_id IS NULL
           OR l.expires_at + l.delay_ms * interval '1 millisecond' <= clock_timestamp())
@@ -103,23 +113,35 @@ WITH up AS (
   -- No row yet: create it above the token floor. Only this path reads the
   -- floor (and waits for a clean-up in progress): acquires of existing
   -- keys never touch the floor's lock.
-  INSERT INTO fencer_locks (key, lease_id, owner, token, expires_at, updated_at, delay_ms)
+  INSERT INTO fencer_locks (key, lease_id, owner, token, expires_at, updated_at, delay_ms, attempt)
   SELECT $1, $2, $3, fencer_next_floor() + 1,
-         clock_timestamp() + $4::bigint * interval '1 millisecond', clock_timestamp(), $5::bigint
+         clock_timestamp() + $4::bigint * interval '1 millisecond', clock_timestamp(), $5::bigint, $6
    WHERE NOT EXISTS (SELECT 1 FROM fencer_locks WHERE key = $1)
   ON CONFLICT (key) DO NOTHING
   RETURNING token
+), again AS (
+  -- Already this lease's (a retry after an unknown outcome): confirm it,
+  -- and from now on only this attempt may undo it. Reads `up` and `ins`,
+  -- so it runs after them and only when neither took the row.
+  UPDATE fencer_locks l
+     SET attempt = $6
+   WHERE l.key = $1 AND l.lease_id = $2 AND l.expires_at > clock_timestamp()
+     AND NOT EXISTS (SELECT 1 FROM up) AND NOT EXISTS (SELECT 1 FROM ins)
+  RETURNING l.token
 )
 SELECT 1 AS status, token, 0::bigint AS remaining_ms FROM up
 UNION ALL
 SELECT 1, token, 0::bigint FROM ins
 UNION ALL
-SELECT CASE WHEN l.lease_id = $2 AND l.expires_at > clock_timestamp() THEN 1 ELSE -1 END,
+SELECT 1, token, 0::bigint FROM again
+UNION ALL
+SELECT -1,
        l.token,
        GREATEST(0, (EXTRACT(EPOCH FROM (l.expires_at + l.delay_ms * interval '1 millisecond'
                                         - clock_timestamp())) * 1000)::bigint)
   FROM fencer_locks l
  WHERE l.key = $1 AND NOT EXISTS (SELECT 1 FROM up) AND NOT EXISTS (SELECT 1 FROM ins)
+   AND NOT EXISTS (SELECT 1 FROM again)
 "#;
 
 /// $1 key, $2 lease, $3 ttl ms. Returns (status, token): 1 renewed,
@@ -173,6 +195,25 @@ SELECT CASE WHEN l.lease_id IS NULL OR l.lease_id = $2 OR l.expires_at <= clock_
        l.token, 0
   FROM fencer_locks l
  WHERE l.key = $1 AND NOT EXISTS (SELECT 1 FROM r)
+"#;
+
+/// $1 key, $2 lease, $3 notification channel, $4 attempt id: the
+/// compensation of an acquire attempt whose caller gave up. An undo must
+/// name the *attempt*, not the lease (PITFALLS 11, issue 26 item 1): an
+/// acquire is idempotent per lease id, so a retry after a timeout can be
+/// answered "held" with the same lease while the first try's late reply is
+/// still on its way — and that try's compensation, keyed by the lease
+/// alone, released the lease the retry had just handed out. This releases
+/// only while the row still carries the attempt; one that a later attempt
+/// confirmed is the application's, and then it changes nothing.
+pub const RELEASE_ATTEMPT: &str = r#"
+WITH r AS (
+  UPDATE fencer_locks
+     SET lease_id = NULL, owner = NULL, expires_at = NULL, updated_at = clock_timestamp()
+   WHERE key = $1 AND lease_id = $2 AND attempt = $4 AND expires_at > clock_timestamp()
+  RETURNING token
+)
+SELECT count(*)::int, length(pg_notify($3, '')::text) FROM r
 "#;
 
 /// $1 key, $2 floor: the key's next token will be above `floor`.

@@ -47,6 +47,9 @@ pub struct Acquire {
     pub wait: Duration,
     pub owner: Option<String>,
     pub renewal: Renewal,
+    /// The Dapr lock store the lease is taken through, if any: only that
+    /// store's `unlock` may release it by owner.
+    pub dapr_store: Option<String>,
 }
 
 enum Repair {
@@ -157,7 +160,8 @@ impl LockManager {
         };
         let result = self
             .acquire_registered(&req, &mut attempts, started, &group)
-            .await;
+            .await
+            .and_then(|view| self.held_at_answer(&key, &view.lease_id, started));
         if let Ok(view) = &result {
             attempts.granted = LeaseId::parse(&view.lease_id);
         }
@@ -186,6 +190,48 @@ impl LockManager {
             Err(e) => tracing::debug!(key = %key, error = %e, "lock not acquired"),
         }
         result
+    }
+
+    /// The lease as it stands at the moment of the answer, or an error if
+    /// it ran out before it (PITFALLS 12, issue 26 item 2): a slow
+    /// pre-registration, a slow backend or a frozen process can spend the
+    /// whole TTL between the grant and the answer, and a "held" answer with
+    /// the requested TTL would then make two holders of a client that uses
+    /// the lock for mutual exclusion alone. The view's times are taken now,
+    /// so the client is told the time left, not the time it asked for. A
+    /// lease that ran out is reported lost here (counted, logged) and
+    /// released by the acquire's clean-up (it is not handed over).
+    fn held_at_answer(
+        &self,
+        key: &LockKey,
+        lease_id: &str,
+        started: Instant,
+    ) -> Result<LeaseView, LockError> {
+        let now = Instant::now();
+        let (record, lost) = self.leases.get(key, now);
+        self.record_lost(lost);
+        match record {
+            Some(r) if r.lease_id.as_str() == lease_id && r.is_held() => Ok(r.view(now)),
+            Some(r)
+                if r.lease_id.as_str() == lease_id
+                    && crate::mutants::active("answer_after_deadline") =>
+            {
+                // Mutant: answer "held" with the full TTL, as before issue 26.
+                let mut view = r.view(now);
+                view.remaining_ms = view.ttl_ms;
+                Ok(view)
+            }
+            _ => {
+                let took = now.saturating_duration_since(started);
+                tracing::warn!(key = %key, took_ms = took.as_millis() as u64,
+                    "lease ran out before the acquire could answer; not handed over");
+                self.metrics.acquire_expired_before_answer.inc();
+                Err(LockError::ExpiredBeforeAnswer {
+                    key: key.clone(),
+                    took,
+                })
+            }
+        }
     }
 
     /// Acquires, then (if configured) registers the token at the gateway
@@ -433,6 +479,7 @@ impl LockManager {
                         ttl,
                         first_sent,
                         req.renewal,
+                        req.dapr_store.clone(),
                     );
                     return Ok(Try::Got(Box::new(record)));
                 }
@@ -470,6 +517,7 @@ impl LockManager {
         ttl: Duration,
         sent: Instant,
         renewal: Renewal,
+        dapr_store: Option<String>,
     ) -> LeaseRecord {
         let now = Instant::now();
         let record = LeaseRecord {
@@ -485,6 +533,7 @@ impl LockManager {
             deadline: self.leases.deadline(sent, ttl),
             state: LeaseState::Held,
             renewal,
+            dapr_store,
             last_activity: now,
             max_until: self.config.max_hold.map(|m| sent + m),
             writes: Default::default(),

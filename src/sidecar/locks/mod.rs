@@ -56,6 +56,8 @@ pub enum LockError {
     TooManyWaiters(usize),
     #[error("too many leases held by this sidecar (limit {0})")]
     TooManyLeases(usize),
+    #[error("the lease on `{key}` ran out before the answer ({} ms after the request): pre-registration, the backend or this process was too slow for its ttl_ms; retry, or ask for a longer ttl_ms", .took.as_millis())]
+    ExpiredBeforeAnswer { key: LockKey, took: Duration },
     #[error("the sidecar is shutting down")]
     ShuttingDown,
     #[error("could not register the new token at the gateway: {0}")]
@@ -200,6 +202,13 @@ impl LockManager {
         record
             .map(|r| r.view(now))
             .ok_or_else(|| LockError::NotFound(key.clone()))
+    }
+
+    /// `key`'s record, with its state brought up to date.
+    pub fn record(&self, key: &LockKey) -> Result<LeaseRecord, LockError> {
+        let (record, lost) = self.leases.get(key, Instant::now());
+        self.record_lost(lost);
+        record.ok_or_else(|| LockError::NotFound(key.clone()))
     }
 
     /// The key `lease` holds (or held, if lost) in this sidecar.

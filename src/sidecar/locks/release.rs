@@ -18,23 +18,47 @@ use crate::metrics::Metrics;
 const ORPHAN_RELEASE_ATTEMPTS: u32 = 3;
 
 impl LockManager {
+    /// Releases `lease` of `key`.
+    ///
+    /// The local record goes first, before the backend is told (PITFALLS
+    /// 12, issue 26 item 3): from then on the proxy refuses writes under the
+    /// lease and no view says "held", whatever happens to this call. The
+    /// backend call runs in a task of its own, so a client that disconnects
+    /// mid-release cannot cut it short; if it fails, the task keeps trying
+    /// in the background (the lease may still hold the key there) while the
+    /// caller is told the outcome is unknown.
     pub async fn release(&self, key: LockKey, lease: LeaseId) -> Result<(), LockError> {
         let lost = self.leases.refresh(&key, Instant::now());
         self.record_lost(lost);
         let known = self.leases.knows(&key, &lease);
-        let result = self
-            .call("release", self.backend.release(&key, &lease))
-            .await;
-        let result = match result {
-            Ok(Ownership::Owned { .. }) => Ok(()),
-            Ok(other) => Err(self.not_held(&key, known, other)),
-            Err(e) => Err(e.into()),
-        };
-        // On a backend error the lease may still hold: keep it so the
-        // application can retry the release.
-        if !matches!(result, Err(LockError::Backend(_))) {
+        if !crate::mutants::active("release_in_request") {
             forget(&self.leases, &self.metrics, &key, &lease);
         }
+        let (first_tx, first_rx) = tokio::sync::oneshot::channel();
+        let task = release_task(
+            self.backend.clone(),
+            self.leases.clone(),
+            self.metrics.clone(),
+            key.clone(),
+            lease.clone(),
+            first_tx,
+        );
+        if crate::mutants::active("release_in_request") {
+            // Mutant: the release lives in the request's future and the
+            // record stays "held" until the backend answered, as before
+            // issue 26.
+            task.await;
+        } else {
+            tokio::spawn(task);
+        }
+        let result = match first_rx.await {
+            Ok(Ok(Ownership::Owned { .. })) => Ok(()),
+            Ok(Ok(other)) => Err(self.not_held(&key, known, other)),
+            Ok(Err(e)) => Err(e.into()),
+            Err(_) => Err(LockError::Backend(BackendError::Unavailable(
+                "release task ended without an answer".into(),
+            ))),
+        };
         let label = match &result {
             Ok(_) => "released",
             Err(LockError::LeaseLost(_)) => "lease_lost",
@@ -104,6 +128,31 @@ fn forget(leases: &LeaseTable, metrics: &Metrics, key: &LockKey, lease: &LeaseId
                 .with_label_values(&[group.as_str()])
                 .observe(rec.acquired_at.elapsed().as_secs_f64());
         }
+    }
+}
+
+/// One release in a task of its own: the first backend answer goes to
+/// `first` (the caller, if it is still there); an unknown outcome is
+/// retried here like an orphan's, since the lease may still hold the key.
+async fn release_task(
+    backend: DynBackend,
+    leases: Arc<LeaseTable>,
+    metrics: Arc<Metrics>,
+    key: LockKey,
+    lease: LeaseId,
+    first: tokio::sync::oneshot::Sender<Result<Ownership, BackendError>>,
+) {
+    let result =
+        super::timed_call(&backend, &metrics, "release", backend.release(&key, &lease)).await;
+    let retry = matches!(result, Err(BackendError::Unavailable(_)));
+    let _ = first.send(result);
+    // The record is forgotten here as well: under the `release_in_request`
+    // mutant it was not forgotten before the call.
+    forget(&leases, &metrics, &key, &lease);
+    if retry {
+        tracing::warn!(key = %key, lease_tag = %lease.tag(),
+            "release outcome unknown; retrying in the background");
+        release_orphans(backend, leases, metrics, key, vec![lease], None, true).await;
     }
 }
 

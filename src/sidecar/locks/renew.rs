@@ -168,7 +168,17 @@ impl LockManager {
                     };
                 }
                 let group = self.metrics.groups.of(key.as_str());
-                let record = self.hold(key, &group, lease, token, None, ttl, sent, Renewal::Manual);
+                let record = self.hold(
+                    key,
+                    &group,
+                    lease,
+                    token,
+                    None,
+                    ttl,
+                    sent,
+                    Renewal::Manual,
+                    None,
+                );
                 tracing::info!(key = %key, token, lease_tag = %lease.tag(), "lease adopted on renewal");
                 Ok(record.view(Instant::now()))
             }

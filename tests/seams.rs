@@ -1,0 +1,317 @@
+//! Two holders at the seams between fencer's own mechanisms (issue 26
+//! items 1, 2, 3 and 10; PITFALLS 11 and 12): a retry and the compensation
+//! of the try before it, an answer and the lease's deadline, a release and
+//! the client's disconnect, and the credentials a local client may read.
+//! Every test runs real processes (the fencer binary, MariaDB, PostgreSQL,
+//! Redis) with a relay that holds back a *reply*, not a request.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use common::mariadb::MariaDb;
+use common::postgres::PgServer;
+use common::tcp_fault::{Mode, TcpFault};
+use common::*;
+
+/// How long the relay holds the first try's reply: past the backend's
+/// request timeout (1 s), so the caller gives up and retries while the
+/// statement has already been applied on the server.
+const LATE_REPLY: Duration = Duration::from_millis(1_500);
+
+/// The shape of item 1: try 1 of an acquire is applied on the server but
+/// its reply comes after the caller's timeout; try 2 (same lease id) is
+/// answered "held" and the client is told 200; then try 1's reply arrives
+/// and its compensation must not release the lease try 2 handed out.
+async fn late_first_reply_keeps_the_retried_lease(a: &Fencer, b: &Fencer, relay: &TcpFault) {
+    const KEY: &str = "seam-item1-key";
+    relay.set(Mode::DelayReplyTo {
+        marker: KEY.as_bytes(),
+        delay: LATE_REPLY,
+    });
+    let started = Instant::now();
+    let got = a.acquire(KEY, 30_000, 0).await;
+    assert_eq!(got.status, 200, "{}", got.body);
+    assert!(
+        a.metric("fencer_acquire_retries_total", &[]).await >= 1.0,
+        "the first try was not retried (the relay did not hold its reply?)"
+    );
+    // Let try 1's late reply arrive and its compensation run.
+    tokio::time::sleep((started + LATE_REPLY + Duration::from_millis(700)) - Instant::now()).await;
+    let other = b.acquire(KEY, 10_000, 0).await;
+    assert_eq!(
+        (other.status, other.code()),
+        (409, "lock_held"),
+        "a second sidecar acquired a key the first still holds (token {} vs {}): {}",
+        other.body["token"],
+        got.token(),
+        other.body
+    );
+    // The lease the client was given still renews: it is live.
+    let renewed = a.renew(KEY, &got.lease(), 30_000).await;
+    assert_eq!(renewed.status, 200, "{}", renewed.body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_a_late_first_reply_does_not_release_the_lease_its_retry_handed_out() {
+    let db = MariaDb::start();
+    let relay = TcpFault::start(db.port);
+    let via_relay = format!("mysql://root@127.0.0.1:{}/fencer", relay.port);
+    let a = Fencer::sidecar(
+        Backend::MySql,
+        Some(&via_relay),
+        &[("backend.mysql.request_timeout_ms", "1000")],
+    );
+    a.wait_ready();
+    let b = Fencer::sidecar(Backend::MySql, Some(&db.url()), &[]);
+    b.wait_ready();
+    late_first_reply_keeps_the_retried_lease(&a, &b, &relay).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_late_first_reply_does_not_release_the_lease_its_retry_handed_out() {
+    let pg = PgServer::start();
+    let relay = TcpFault::start(pg.port);
+    let via_relay = format!("postgres://postgres@127.0.0.1:{}/postgres", relay.port);
+    let a = Fencer::sidecar(
+        Backend::Postgres,
+        Some(&via_relay),
+        &[("backend.postgres.request_timeout_ms", "1000")],
+    );
+    a.wait_ready();
+    let b = Fencer::sidecar(Backend::Postgres, Some(&pg.url()), &[]);
+    b.wait_ready();
+    late_first_reply_keeps_the_retried_lease(&a, &b, &relay).await;
+}
+
+/// A sidecar on Redis whose token pre-registration goes through a relay in
+/// front of a real gateway, so the test can make it slow.
+struct SlowPreregistration {
+    _storage: Fencer,
+    _gateway: Fencer,
+    relay: TcpFault,
+    sidecar: Fencer,
+    other: Fencer,
+    _redis: RedisServer,
+}
+
+fn slow_preregistration() -> SlowPreregistration {
+    let redis = RedisServer::start(Persistence::Off);
+    let storage = Fencer::storage(&[]);
+    let gateway = Fencer::gateway(&storage.api, &[]);
+    let relay = TcpFault::start(gateway.api_port);
+    let pre = format!("http://127.0.0.1:{}/_fencer/v1/fences/", relay.port);
+    let sidecar = Fencer::sidecar(
+        Backend::Redis,
+        Some(&redis.url()),
+        &[
+            ("sidecar.preregister_url", pre.as_str()),
+            ("sidecar.preregister_timeout_ms", "6000"),
+        ],
+    );
+    sidecar.wait_ready();
+    let other = Fencer::sidecar(Backend::Redis, Some(&redis.url()), &[]);
+    other.wait_ready();
+    SlowPreregistration {
+        _storage: storage,
+        _gateway: gateway,
+        relay,
+        sidecar,
+        other,
+        _redis: redis,
+    }
+}
+
+/// Item 2: a pre-registration slower than the TTL. The grant is worth
+/// nothing by the time of the answer: no "held" answer (a client using the
+/// lock for mutual exclusion alone would be a second holder).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_whose_lease_ran_out_before_the_answer_is_not_answered_held() {
+    let s = slow_preregistration();
+    s.relay
+        .set(Mode::DelayReplies(Duration::from_millis(1_600)));
+    let r = s.sidecar.acquire("seam:item2", 1_000, 0).await;
+    s.relay.set(Mode::Pass);
+    assert_eq!(
+        (r.status, r.code()),
+        (503, "lease_expired_before_answer"),
+        "answered after the lease had run out: {}",
+        r.body
+    );
+    assert_eq!(
+        s.sidecar
+            .metric("fencer_acquire_expired_before_answer_total", &[])
+            .await,
+        1.0
+    );
+    // It was not handed over: another sidecar gets the key at once (the
+    // clean-up released it), and this sidecar lists no held lease.
+    let other = s.other.acquire("seam:item2", 10_000, 2_000).await;
+    assert_eq!(other.status, 200, "{}", other.body);
+    let mine = s.sidecar.get(&Fencer::path("seam:item2", "")).await;
+    assert_ne!(mine.body["state"], "held", "{}", mine.body);
+}
+
+/// Item 2, the other half: a grant that spent part of its TTL before the
+/// answer reports the time left, not the TTL asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_reports_the_time_left_at_the_answer_not_the_ttl_asked_for() {
+    let s = slow_preregistration();
+    s.relay.set(Mode::DelayReplies(Duration::from_millis(600)));
+    let r = s.sidecar.acquire("seam:item2b", 2_000, 0).await;
+    s.relay.set(Mode::Pass);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let left = r.body["ttl_ms"].as_u64().unwrap();
+    assert!(
+        left <= 1_400,
+        "told {left} ms after 600 ms of a 2000 ms lease were spent: {}",
+        r.body
+    );
+    assert_eq!(r.body["remaining_ms"], r.body["ttl_ms"], "{}", r.body);
+}
+
+/// Item 3: a release whose client goes away while the backend's reply is
+/// on its way. The backend frees the key; this sidecar must not go on
+/// saying "held" (nor let its proxy write under the lease).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_whose_client_disconnects_never_leaves_the_lease_held_here() {
+    let redis = RedisServer::start(Persistence::Off);
+    let relay = TcpFault::start(redis.port);
+    let a = Fencer::sidecar(Backend::Redis, Some(&relay.redis_url()), &[]);
+    a.wait_ready();
+    let b = Fencer::sidecar(Backend::Redis, Some(&redis.url()), &[]);
+    b.wait_ready();
+    let held = a.acquire("seam:item3", 30_000, 0).await;
+    assert_eq!(held.status, 200, "{}", held.body);
+
+    relay.set(Mode::DelayReplies(Duration::from_millis(1_500)));
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let gave_up = impatient
+        .post(format!(
+            "{}{}",
+            a.api,
+            Fencer::path("seam:item3", "release")
+        ))
+        .header("content-type", "application/json")
+        .body(json!({"lease_id": held.lease()}).to_string())
+        .send()
+        .await;
+    assert!(gave_up.is_err(), "the release answered within 300 ms");
+    relay.set(Mode::Pass);
+
+    // The backend applied the release: another sidecar gets the key.
+    let started = Instant::now();
+    let other = loop {
+        let r = b.acquire("seam:item3", 30_000, 0).await;
+        if r.status == 200 || started.elapsed() > Duration::from_secs(5) {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(other.status, 200, "{}", other.body);
+    // ...and this sidecar does not say it still holds it.
+    let view = a.get(&Fencer::path("seam:item3", "")).await;
+    assert_ne!(
+        view.body["state"], "held",
+        "two holders: the first sidecar still lists its released lease: {}",
+        view.body
+    );
+    let list = a.get("/v1/locks").await;
+    assert!(
+        list.body["leases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|l| l["state"] != "held"),
+        "{}",
+        list.body
+    );
+}
+
+/// Item 10: only the acquirer learns the lease id (a credential: it
+/// releases the lock and binds proxied writes) and the signed token; any
+/// other local client sees the lease by its tag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listing_leases_shows_neither_lease_ids_nor_signed_tokens() {
+    let s = Fencer::sidecar(Backend::Memory, None, &[]);
+    s.wait_ready();
+    let held = s
+        .post(
+            &Fencer::path("seam:item10", "acquire"),
+            json!({"ttl_ms": 30_000, "owner": "worker-1"}),
+        )
+        .await;
+    assert_eq!(held.status, 200, "{}", held.body);
+    let lease = held.lease();
+    let token = held.body["fencing_token"].as_str().unwrap().to_owned();
+    for path in [Fencer::path("seam:item10", ""), "/v1/locks".to_owned()] {
+        let r = s.get(&path).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        let text = r.body.to_string();
+        assert!(
+            !text.contains(&lease) && !text.contains(&token),
+            "{path} shows a credential: {text}"
+        );
+        assert!(text.contains("lease_tag"), "{text}");
+    }
+}
+
+fn dapr_config(prefix: Option<&str>) -> String {
+    let mut toml = "[[sidecar.dapr_lock_stores]]\nname = \"orders\"\n".to_owned();
+    if let Some(p) = prefix {
+        toml.push_str(&format!("key_prefix = \"{p}\"\n"));
+    }
+    toml
+}
+
+async fn dapr_unlock(s: &Fencer, resource: &str, owner: &str) -> Value {
+    let r = s
+        .post(
+            "/v1.0-alpha1/unlock/orders",
+            json!({"resourceId": resource, "lockOwner": owner}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.body
+}
+
+/// Item 10, Dapr: a store has a key namespace of its own by default, and
+/// even a store that shares the `/v1/locks` namespace on purpose releases
+/// only leases taken through it, never a `/v1/locks` lease of the same
+/// owner name (owner names are visible to every local client).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dapr_unlock_never_releases_a_lease_taken_through_the_lock_api() {
+    for prefix in [None, Some("")] {
+        let s = Fencer::sidecar_with_config(Backend::Memory, &dapr_config(prefix), &[]);
+        s.wait_ready();
+        let held = s
+            .post(
+                &Fencer::path("order:7", "acquire"),
+                json!({"ttl_ms": 30_000, "owner": "worker-1"}),
+            )
+            .await;
+        assert_eq!(held.status, 200, "{}", held.body);
+        let answer = dapr_unlock(&s, "order:7", "worker-1").await;
+        assert_ne!(answer["status"], 0, "prefix {prefix:?}: {answer}");
+        let view = s.get(&Fencer::path("order:7", "")).await;
+        assert_eq!(
+            view.body["state"], "held",
+            "prefix {prefix:?}: {}",
+            view.body
+        );
+        // The store's own locks still work as Dapr specifies.
+        let locked = s
+            .post(
+                "/v1.0-alpha1/lock/orders",
+                json!({"resourceId": "order:8", "lockOwner": "w", "expiryInSeconds": 30}),
+            )
+            .await;
+        assert_eq!(locked.body["success"], true, "{}", locked.body);
+        assert_eq!(dapr_unlock(&s, "order:8", "w").await["status"], 0);
+    }
+}

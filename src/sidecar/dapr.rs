@@ -28,7 +28,7 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use super::api::ApiState;
-use super::leases::Renewal;
+use super::leases::{LostReason, Renewal};
 use super::locks::{Acquire, LockError};
 use crate::error::ApiError;
 use crate::lock::LockKey;
@@ -318,7 +318,9 @@ async fn try_unlock(
     // not hold it either way, and finding out would take a backend read
     // that not every backend offers.
     let record = match state.locks.record(&key) {
-        Ok(r) if r.is_held() => r,
+        // Held, or released with the backend's answer still unknown (a
+        // failed unlock that Dapr's client retries).
+        Ok(r) if r.is_held() || r.lost_reason() == Some(LostReason::Released) => r,
         Ok(_) | Err(LockError::NotFound(_)) => return Ok(NOT_FOUND),
         Err(e) => return Err(internal(e)),
     };

@@ -35,6 +35,10 @@ pub enum LostReason {
     Backend,
     /// After a failover, the new master did not have the lease.
     Failover,
+    /// The application released it and the backend has not confirmed yet
+    /// (or did not answer): not held here any more, whatever the backend
+    /// says (PITFALLS 12). Not a loss: no lost event, no webhook.
+    Released,
 }
 
 impl LostReason {
@@ -43,6 +47,7 @@ impl LostReason {
             LostReason::Deadline => "deadline",
             LostReason::Backend => "backend",
             LostReason::Failover => "failover",
+            LostReason::Released => "released",
         }
     }
 }
@@ -195,6 +200,14 @@ impl LeaseRecord {
             .as_millis() as u64,
             lost_reason,
             renewal: self.renewal.as_str(),
+        }
+    }
+
+    /// Why the lease is no longer held here, if it is not.
+    pub fn lost_reason(&self) -> Option<LostReason> {
+        match self.state {
+            LeaseState::Held => None,
+            LeaseState::Lost { reason, .. } => Some(reason),
         }
     }
 
@@ -487,6 +500,22 @@ impl LeaseTable {
             .filter(|r| &r.lease_id == lease && r.is_held())?;
         rec.state = LeaseState::Lost { reason, at: now };
         Some(Lost::of(rec, reason, now))
+    }
+
+    /// Marks `lease`'s held record of `key` as being released (no lost
+    /// event: the application asked for it). Returns the record as it was.
+    pub fn releasing(&self, key: &LockKey, lease: &LeaseId) -> Option<LeaseRecord> {
+        let mut t = self.lock();
+        let rec = t
+            .current
+            .get_mut(key)
+            .filter(|r| &r.lease_id == lease && r.is_held())?;
+        let before = rec.clone();
+        rec.state = LeaseState::Lost {
+            reason: LostReason::Released,
+            at: Instant::now(),
+        };
+        Some(before)
     }
 
     /// Removes `key`'s record if it belongs to `lease`.

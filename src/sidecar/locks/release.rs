@@ -32,7 +32,9 @@ impl LockManager {
         self.record_lost(lost);
         let known = self.leases.knows(&key, &lease);
         if !crate::mutants::active("release_in_request") {
-            forget(&self.leases, &self.metrics, &key, &lease);
+            if let Some(rec) = self.leases.releasing(&key, &lease) {
+                count_end_of_hold(&self.metrics, &rec);
+            }
         }
         let (first_tx, first_rx) = tokio::sync::oneshot::channel();
         let task = release_task(
@@ -118,17 +120,22 @@ impl LockManager {
 fn forget(leases: &LeaseTable, metrics: &Metrics, key: &LockKey, lease: &LeaseId) {
     if let Some(rec) = leases.remove(key, lease) {
         if rec.is_held() {
-            let group = metrics.groups.of(key.as_str());
-            metrics
-                .leases_held
-                .with_label_values(&[group.as_str()])
-                .dec();
-            metrics
-                .hold_time
-                .with_label_values(&[group.as_str()])
-                .observe(rec.acquired_at.elapsed().as_secs_f64());
+            count_end_of_hold(metrics, &rec);
         }
     }
+}
+
+/// A held lease stops being held here: the held gauge and the hold time.
+fn count_end_of_hold(metrics: &Metrics, rec: &super::super::leases::LeaseRecord) {
+    let group = metrics.groups.of(rec.key.as_str());
+    metrics
+        .leases_held
+        .with_label_values(&[group.as_str()])
+        .dec();
+    metrics
+        .hold_time
+        .with_label_values(&[group.as_str()])
+        .observe(rec.acquired_at.elapsed().as_secs_f64());
 }
 
 /// One release in a task of its own: the first backend answer goes to
@@ -146,13 +153,15 @@ async fn release_task(
         super::timed_call(&backend, &metrics, "release", backend.release(&key, &lease)).await;
     let retry = matches!(result, Err(BackendError::Unavailable(_)));
     let _ = first.send(result);
-    // The record is forgotten here as well: under the `release_in_request`
-    // mutant it was not forgotten before the call.
-    forget(&leases, &metrics, &key, &lease);
     if retry {
+        // The record stays, marked released (never held again), so the
+        // application may retry — a Dapr unlock finds it by owner — while
+        // this task tries too.
         tracing::warn!(key = %key, lease_tag = %lease.tag(),
             "release outcome unknown; retrying in the background");
         release_orphans(backend, leases, metrics, key, vec![lease], None, true).await;
+    } else {
+        forget(&leases, &metrics, &key, &lease);
     }
 }
 

@@ -196,6 +196,7 @@ fn the_gateway_spec_lists_every_error_the_gateway_answers() {
         .filter(|p| p.extension().is_some_and(|e| e == "rs"))
         .collect();
     files.push(root().join("src/proxy/forward.rs"));
+    files.push(root().join("src/proxy/headers.rs"));
     for file in files {
         let src = std::fs::read_to_string(&file).unwrap();
         let mut pairs: Vec<(u16, String)> = pair

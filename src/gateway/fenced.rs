@@ -217,6 +217,12 @@ impl Fenced {
         let (body, body_end) = WatchedBody::wrap(stream(incoming));
         let req = Request::from_parts(parts, body);
         let forwarded_at = Instant::now();
+        // Reads are the methods known not to change the storage
+        // (`gateway.read_methods`): once the storage answered or gave up,
+        // nothing of a read can still land, so its key is not held for the
+        // uncertain window (issue 26 item 7: a GET's 504 held up the next
+        // write for the whole hold). A write's outcome may be unknown.
+        let is_read = self.kind == "read";
         let uncertain = match gw.forwarder.forward(req).await {
             Ok(resp) => {
                 gw.metrics
@@ -227,11 +233,15 @@ impl Fenced {
                 if reply.send(resp.map(stream)).is_err() {
                     gw.metrics.client_gone.inc();
                 }
-                // The storage decided; the upload may still be flowing.
-                let body_deadline = forwarded_at + gw.upstream_timeout;
-                match tokio::time::timeout_at(body_deadline, body_end).await {
-                    Ok(_) => None,
-                    Err(_) => Some(("request_body", forwarded_at)),
+                if is_read {
+                    None
+                } else {
+                    // The storage decided; the upload may still be flowing.
+                    let body_deadline = forwarded_at + gw.upstream_timeout;
+                    match tokio::time::timeout_at(body_deadline, body_end).await {
+                        Ok(_) => None,
+                        Err(_) => Some(("request_body", forwarded_at)),
+                    }
                 }
             }
             Err(e) => {
@@ -239,12 +249,17 @@ impl Fenced {
                     .upstream_duration
                     .with_label_values(&[e.outcome()])
                     .observe(forwarded_at.elapsed().as_secs_f64());
-                tracing::warn!(key = %key, error = %e, "upstream request failed");
+                tracing::warn!(key = %key, error = %e, kind = self.kind, "upstream request failed");
                 self.count("upstream_error");
                 if reply.send(e.to_response()).is_err() {
                     gw.metrics.client_gone.inc();
                 }
-                Some((e.outcome(), forwarded_at))
+                if is_read {
+                    tracing::debug!(key = %key, "a read's outcome is unknown; reads change nothing, the key is not held");
+                    None
+                } else {
+                    Some((e.outcome(), forwarded_at))
+                }
             }
         };
         if let Some(hold) = hold {

@@ -1,11 +1,15 @@
 //! Where the gateway decides what a request is: every request passes
 //! through [`Gateway::handle`].
 //!
-//! A request carrying `Fencing-Token` (any method: a fenced read advances
-//! the mark too) has its path put in normal form, its token verified against
-//! the key it may touch, and is then admitted and forwarded by
-//! [`super::fenced`] in a task of its own. Writes without a token are
-//! refused; reads without one pass unchecked.
+//! A request is a read only if its method is in `gateway.read_methods`
+//! (default `GET`, `HEAD`); every other method is a write. A request
+//! carrying `Fencing-Token` (any method: a fenced read advances the mark
+//! too) has its path put in normal form, its token verified against the key
+//! it may touch, and is then admitted and forwarded by [`super::fenced`] in
+//! a task of its own. Writes without a token are refused; reads without one
+//! pass unchecked. A request with any `Fencing-*` header twice is refused
+//! before anything else, and the storage receives no `Fencing-*` header but
+//! the checked token and sequence.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,7 +23,7 @@ use super::key_queue::KeyQueue;
 use crate::error::ApiError;
 use crate::metrics::GatewayMetrics;
 use crate::proxy::forward::{strip_hop_by_hop, Forwarder};
-use crate::proxy::{stream, ProxyBody};
+use crate::proxy::{headers, stream, ProxyBody};
 use crate::routes::Routes;
 use crate::token::Keyring;
 
@@ -32,7 +36,9 @@ pub struct Gateway {
     pub keys: Arc<KeyQueue>,
     pub keyring: Keyring,
     pub routes: Routes,
-    pub write_methods: Vec<Method>,
+    /// The methods that are reads (`gateway.read_methods`); every other
+    /// method is a write.
+    pub read_methods: Vec<Method>,
     /// Reads need a token too.
     pub require_token_for_reads: bool,
     pub enforce: bool,
@@ -61,16 +67,52 @@ impl Gateway {
             .inc();
     }
 
+    /// Counts and logs a refusal made before the request reached its key,
+    /// and answers it.
+    fn refuse(
+        &self,
+        req: &Request<Incoming>,
+        kind: &str,
+        result: &str,
+        err: ApiError,
+    ) -> Response<ProxyBody> {
+        self.count("none", kind, result);
+        tracing::info!(
+            method = %req.method(), path = req.uri().path(), kind, result,
+            "gateway refused a request"
+        );
+        err.into_hyper()
+    }
+
+    /// What a request is: a read only if its method is one of
+    /// `gateway.read_methods`, compared exactly (methods are
+    /// case-sensitive: `put` is not `PUT`, and not a read either).
+    fn kind(&self, req: &Request<Incoming>) -> &'static str {
+        if req.uri().path().starts_with(&self.fence_prefix) {
+            "preregister"
+        } else if self.read_methods.contains(req.method()) {
+            "read"
+        } else {
+            "write"
+        }
+    }
+
     pub async fn handle(self: Arc<Self>, mut req: Request<Incoming>) -> Response<ProxyBody> {
         strip_hop_by_hop(req.headers_mut());
-        if req.uri().path().starts_with(&self.fence_prefix) {
+        let kind = self.kind(&req);
+        if self.enforce {
+            if let Some(name) = headers::duplicated(req.headers()) {
+                return self.refuse(
+                    &req,
+                    kind,
+                    "duplicate_header",
+                    headers::duplicate_error(&name),
+                );
+            }
+        }
+        if kind == "preregister" {
             return super::preregister::handle(self, req).await;
         }
-        let kind = if self.write_methods.contains(req.method()) {
-            "write"
-        } else {
-            "read"
-        };
         if !self.enforce {
             self.count("none", kind, "unenforced");
             return self.forward_unfenced(req).await;
@@ -78,35 +120,39 @@ impl Gateway {
         let token_unchecked = kind == "read" && crate::mutants::active("unfenced_reads");
         if token_unchecked || !req.headers().contains_key(TOKEN_HEADER) {
             if !token_unchecked && (kind == "write" || self.require_token_for_reads) {
-                self.count("none", kind, "missing_token");
-                return ApiError::new(
-                    StatusCode::PRECONDITION_REQUIRED,
-                    "fencing_token_required",
-                    "this request needs a Fencing-Token header (send it through the fencer sidecar's proxy)",
-                )
-                .into_hyper();
+                return self.refuse(
+                    &req,
+                    kind,
+                    "missing_token",
+                    ApiError::new(
+                        StatusCode::PRECONDITION_REQUIRED,
+                        "fencing_token_required",
+                        "this request needs a Fencing-Token header (send it through the fencer sidecar's proxy); every method outside gateway.read_methods is a write",
+                    ),
+                );
             }
+            // Nothing was checked: nothing of ours goes to the storage.
+            headers::strip_fencing(req.headers_mut(), &[]);
             self.count("none", kind, "unchecked");
             return self.forward_unfenced(req).await;
         }
         if let Err((result, err)) = self.normalize_path(&mut req) {
-            self.count("none", kind, result);
-            return err.into_hyper();
+            return self.refuse(&req, kind, result, err);
         }
         let claim = match self.verify(&req) {
             Ok(c) => c,
-            Err((result, err)) => {
-                self.count("none", kind, result);
-                return err.into_hyper();
-            }
+            Err((result, err)) => return self.refuse(&req, kind, result, err),
         };
         let seq = match super::verify::sequence(&req) {
             Ok(s) => s,
-            Err(e) => {
-                self.count("none", kind, "invalid_sequence");
-                return e.into_hyper();
-            }
+            Err(e) => return self.refuse(&req, kind, "invalid_sequence", e),
         };
+        // The storage gets the checked token and sequence (a storage may
+        // record or check them: the demo storage's write log, an audit
+        // trail) and none of the other `Fencing-*` headers: `Fencing-Key`
+        // only repeats the token's key, and `Fencing-Lease`/`Fencing-Lock`
+        // are the proxy's business.
+        headers::strip_fencing(req.headers_mut(), &[TOKEN_HEADER, SEQ_HEADER]);
         super::fenced::forward(self, req, claim, seq, kind).await
     }
 

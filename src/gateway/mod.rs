@@ -101,7 +101,7 @@ pub async fn build(
         keys: Arc::new(KeyQueue::default()),
         keyring,
         routes: Routes::compile(&g.routes).map_err(|e| config_err("gateway.routes", e))?,
-        write_methods: crate::proxy::headers::methods(&g.write_methods),
+        read_methods: crate::proxy::headers::methods(&g.read_methods),
         require_token_for_reads: g.require_token_for_reads,
         enforce: g.enforce,
         fence_prefix: g.fence_api_prefix.clone(),
@@ -159,6 +159,12 @@ pub async fn serve(
 pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), StartError> {
     if !settings.gateway.enforce {
         tracing::warn!("gateway.enforce = false: fencing tokens are NOT checked");
+    }
+    if !settings.gateway.write_methods.is_empty() {
+        tracing::warn!(
+            read_methods = ?settings.gateway.read_methods,
+            "gateway.write_methods is deprecated and ignored: every method outside gateway.read_methods is a write"
+        );
     }
     let store_name = settings.gateway.fence_store.map_or("unset", |k| k.as_str());
     let registry = crate::metrics::registry("gateway", store_name);

@@ -6,8 +6,7 @@ use std::net::SocketAddr;
 use serde::Deserialize;
 
 use crate::settings::{
-    check_http_url, check_key_id, check_methods, check_range, config_enum, default_write_methods,
-    invalid, ConfigError,
+    check_http_url, check_key_id, check_methods, check_range, config_enum, invalid, ConfigError,
 };
 
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
@@ -42,6 +41,15 @@ pub struct GatewaySettings {
     /// Off: a plain reverse proxy that checks nothing (for comparisons and
     /// staged roll-outs). Never run production writes with it off.
     pub enforce: bool,
+    /// The methods that are reads: known not to change the storage. Every
+    /// other method — any case, any extension method (`MOVE`, `COPY`,
+    /// `MKCOL`, `PROPPATCH`, `MERGE`, `put`) — is a write and needs a token.
+    /// An allow-list: a list of write methods let every method nobody had
+    /// thought of through unfenced (issue 26 item 7).
+    pub read_methods: Vec<String>,
+    /// Deprecated and ignored for classification (every method outside
+    /// `read_methods` is a write); still accepted so older files load, but
+    /// a method listed here and in `read_methods` is a configuration error.
     pub write_methods: Vec<String>,
     /// Refuse (428) requests of *every* method without a token, not only
     /// writes: by default a read without a token is forwarded unchecked,
@@ -89,7 +97,8 @@ impl Default for GatewaySettings {
             listen: "0.0.0.0:8080".parse().expect("static addr"),
             upstream: "http://127.0.0.1:8081".into(),
             enforce: true,
-            write_methods: default_write_methods(),
+            read_methods: vec!["GET".into(), "HEAD".into()],
+            write_methods: Vec::new(),
             require_token_for_reads: false,
             routes: Vec::new(),
             keys: Vec::new(),
@@ -147,7 +156,16 @@ impl GatewaySettings {
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         let g = self;
         check_http_url("gateway.upstream", &g.upstream)?;
+        check_methods("gateway.read_methods", &g.read_methods)?;
         check_methods("gateway.write_methods", &g.write_methods)?;
+        if let Some(m) = g.write_methods.iter().find(|m| g.read_methods.contains(m)) {
+            return Err(invalid(
+                "gateway.write_methods",
+                format!(
+                    "`{m}` is in both gateway.read_methods and gateway.write_methods; write_methods is deprecated (every method outside read_methods is a write): remove it"
+                ),
+            ));
+        }
         crate::routes::Routes::compile(&g.routes)
             .map_err(|e| invalid("gateway.routes", e.to_string()))?;
         for (i, k) in g.keys.iter().enumerate() {
@@ -252,6 +270,32 @@ impl GatewaySettings {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `write_methods` can no longer let anything through: a method listed
+    /// as both is refused rather than resolved either way.
+    #[test]
+    fn a_method_cannot_be_both_a_read_and_a_write() {
+        let g = GatewaySettings {
+            write_methods: vec!["PUT".into(), "GET".into()],
+            ..GatewaySettings::default()
+        };
+        let e = g.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("gateway.write_methods") && e.contains("`GET`"),
+            "{e}"
+        );
+        let old = GatewaySettings {
+            write_methods: vec!["PUT".into(), "POST".into()],
+            ..GatewaySettings::default()
+        };
+        assert!(old.validate().is_ok());
+        let lower = GatewaySettings {
+            read_methods: vec!["get".into()],
+            ..GatewaySettings::default()
+        };
+        assert!(lower.validate().is_err());
+        assert_eq!(GatewaySettings::default().read_methods, ["GET", "HEAD"]);
+    }
 
     #[test]
     fn the_stamp_hold_counts_the_selected_stores_timeout() {

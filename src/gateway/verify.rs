@@ -6,7 +6,7 @@ use hyper::{Request, StatusCode};
 
 use super::handler::{Gateway, KEY_HEADER, SEQ_HEADER, TOKEN_HEADER};
 use crate::error::ApiError;
-use crate::routes::path::normalize_uri;
+use crate::routes::path::{normalize_uri, PathError};
 use crate::token::Claim;
 
 /// A refusal: the `result` label it is counted under and the response.
@@ -17,8 +17,15 @@ impl Gateway {
     /// the storage sees exactly the path that was checked) or refuses it.
     pub(super) fn normalize_path(&self, req: &mut Request<Incoming>) -> Result<(), Refusal> {
         *req.uri_mut() = normalize_uri(req.uri()).map_err(|e| {
+            // Path parameters get a result of their own: they are the
+            // route-binding bypass of issue 26 item 8, worth seeing apart
+            // from clients that send sloppy paths.
+            let result = match e {
+                PathError::Parameters => "path_parameters",
+                _ => "invalid_path",
+            };
             (
-                "invalid_path",
+                result,
                 ApiError::invalid(
                     "path",
                     format!("{e}: fenced requests need an unambiguous path"),
@@ -88,7 +95,7 @@ impl Gateway {
                         ApiError::new(
                             StatusCode::FORBIDDEN,
                             "path_not_routed",
-                            "routes are configured and this path matches none of them: no token may write it",
+                            "routes are configured and this path matches none of them (a route's {variable} matches only its var_chars, by default A-Z a-z 0-9 - _): no token may write it",
                         )
                         .with("key", claim.key.as_str()),
                     ))

@@ -38,7 +38,7 @@ impl GatewayMetrics {
                 IntCounterVec::new(
                     Opts::new(
                         "fencer_gateway_requests_total",
-                        "Gateway requests by lock group, kind (write, read, preregister) and result (accepted, stale, stale_sequence, duplicate_sequence, invalid_token, invalid_sequence, invalid_path, path_not_routed, missing_token, key_mismatch, busy, store_error, upstream_error, unchecked, unenforced).",
+                        "Gateway requests by lock group, kind (write, read, preregister) and result (accepted, stale, stale_sequence, duplicate_sequence, invalid_token, invalid_sequence, invalid_path, path_parameters, path_not_routed, duplicate_header, missing_token, key_mismatch, busy, store_error, upstream_error, client_gone, unchecked, unenforced).",
                     ),
                     &["group", "kind", "result"],
                 )

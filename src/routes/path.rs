@@ -14,7 +14,12 @@
 //! - every other character (UTF-8 included) is kept as it is;
 //! - an encoded `/` or `\`, a raw `\`, a `.` or `..` segment (encoded or
 //!   not), an empty segment (`//`, a trailing `/`) and a malformed escape
-//!   are refused — they have no one meaning.
+//!   are refused — they have no one meaning;
+//! - a `;` (raw or `%3B`) is refused: servlet-style storages (Tomcat, Jetty,
+//!   Spring) read what follows it as path parameters and drop them, so
+//!   `/kv/accounts/2;x` is `/kv/accounts/2` to them and another path to
+//!   everyone else (issue 26 item 8). Spring Security's firewall refuses
+//!   both spellings for the same reason.
 //!
 //! The query string is not part of the path and is forwarded unchanged.
 
@@ -32,6 +37,8 @@ pub enum PathError {
     EncodedSeparator,
     #[error("malformed percent-encoding")]
     BadEscape,
+    #[error("`;` path parameters (or an encoded `;`)")]
+    Parameters,
 }
 
 fn unreserved(b: u8) -> bool {
@@ -91,6 +98,9 @@ pub fn normalize(path: &str) -> Result<String, PathError> {
                     if b == b'/' || b == b'\\' {
                         return Err(PathError::EncodedSeparator);
                     }
+                    if b == b';' {
+                        return Err(PathError::Parameters);
+                    }
                     if unreserved(b) {
                         out.push(b as char);
                     } else {
@@ -99,6 +109,7 @@ pub fn normalize(path: &str) -> Result<String, PathError> {
                     i += 3;
                 }
                 b'\\' => return Err(PathError::EncodedSeparator),
+                b';' => return Err(PathError::Parameters),
                 _ => {
                     // hyper has already refused anything that is not a
                     // valid request-target byte; keep the rest as it is,
@@ -110,7 +121,7 @@ pub fn normalize(path: &str) -> Result<String, PathError> {
                     // `fuzz/regressions/path_normalize`).
                     let end = bytes[i..]
                         .iter()
-                        .position(|&b| b == b'%' || b == b'\\')
+                        .position(|&b| matches!(b, b'%' | b'\\' | b';'))
                         .map_or(bytes.len(), |n| i + n);
                     out.push_str(&segment[i..end]);
                     i = end;
@@ -167,6 +178,10 @@ mod tests {
             ("/kv/%2e/x", DotSegment),
             ("/kv/%zz", BadEscape),
             ("/kv/%4", BadEscape),
+            ("/kv/accounts/2;x", Parameters),
+            ("/kv/accounts;v=1/2", Parameters),
+            ("/kv/accounts/2%3bx", Parameters),
+            ("/kv/accounts/2%3B", Parameters),
             ("kv", NotAbsolute),
         ] {
             assert_eq!(normalize(p), Err(e), "{p}");

@@ -8,8 +8,9 @@
 //! item 2). The key is the lease's, or named by `Fencing-Lock: <key>`, or
 //! found from the path by the configured routes (matched on the path's
 //! normal form, which is also the form forwarded); when both are given they
-//! must agree. Every `Fencing-*` header the application sends is
-//! stripped: only the sidecar may vouch for a token. A request for a lock
+//! must agree. A request carrying any `Fencing-*` header twice is refused
+//! (400 `duplicate_fencing_header`); every `Fencing-*` header the
+//! application sends is stripped: only the sidecar may vouch for a token. A request for a lock
 //! that is not held (428) or whose lease is lost or past its local deadline
 //! (409) is answered here and never forwarded — that is the fail-fast half
 //! of fencing; the gateway is the half that cannot be bypassed.
@@ -94,6 +95,17 @@ impl Egress {
         // First, before adding anything: a `Connection` header naming one
         // of our headers must not strip it on the way out.
         strip_hop_by_hop(req.headers_mut());
+        // A `Fencing-*` header twice is refused, not read by its first value
+        // (issue 26 item 9): which of two `Fencing-Lease` values names the
+        // lease would be a guess.
+        if let Some(name) = crate::proxy::headers::duplicated(req.headers()) {
+            tracing::info!(header = %name, "proxied request refused: a Fencing-* header appears twice");
+            return self.refuse(
+                "bad_request",
+                started,
+                crate::proxy::headers::duplicate_error(&name),
+            );
+        }
         let headers = req.headers_mut();
         let lock = headers.get(LOCK_HEADER).cloned();
         let lease = headers.get(LEASE_HEADER).cloned();

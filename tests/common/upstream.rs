@@ -35,6 +35,9 @@ pub struct Seen {
     /// The first 64 KiB of the body.
     pub body: Vec<u8>,
     pub method: String,
+    /// Every `Fencing-*` header that reached the storage, as (lower-case
+    /// name, value), in order.
+    pub fencing: Vec<(String, String)>,
 }
 
 pub struct Recorder {
@@ -66,6 +69,17 @@ impl Recorder {
                             let arrived = Instant::now();
                             let path = req.uri().path().to_owned();
                             let method = req.method().to_string();
+                            let fencing: Vec<(String, String)> = req
+                                .headers()
+                                .iter()
+                                .filter(|(n, _)| n.as_str().starts_with("fencing-"))
+                                .map(|(n, v)| {
+                                    (
+                                        n.as_str().to_owned(),
+                                        String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                                    )
+                                })
+                                .collect();
                             let raw_token = req
                                 .headers()
                                 .get("fencing-token")
@@ -116,6 +130,7 @@ impl Recorder {
                                     raw_token,
                                     body: kept,
                                     method,
+                                    fencing,
                                 });
                             });
                             if reset {

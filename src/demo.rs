@@ -126,7 +126,7 @@ pub async fn run_once(args: &DemoArgs, via: Via) -> Result<RunReport, StartError
 }
 
 pub async fn run(args: DemoArgs) -> Result<(), StartError> {
-    println!(
+    crate::outln!(
         "hot-account demo: {} workers increment one balance (lock -> read -> +1 -> write -> release),\n\
          lock TTL {} ms, {} s per run; in ~{:.0}% of cycles a worker pauses 1.0-1.3 x TTL between read and write.\n",
         args.workers,
@@ -140,12 +140,15 @@ pub async fn run(args: DemoArgs) -> Result<(), StartError> {
         (Via::Gateway, "token checked at the gateway"),
         (Via::Proxy, "fencer: proxy + gateway"),
     ] {
-        eprintln!("running: {label} ...");
+        crate::errln!("running: {label} ...");
         reports.push((label, run_once(&args, via).await?));
     }
-    println!(
+    crate::outln!(
         "{:<34}{:>26}{:>30}{:>26}",
-        "", reports[0].0, reports[1].0, reports[2].0
+        "",
+        reports[0].0,
+        reports[1].0,
+        reports[2].0
     );
     type Row = (&'static str, fn(&RunReport) -> i64);
     let rows: [Row; 7] = [
@@ -158,7 +161,7 @@ pub async fn run(args: DemoArgs) -> Result<(), StartError> {
         ("cycles without a write", |r| r.skipped as i64),
     ];
     for (name, f) in rows {
-        println!(
+        crate::outln!(
             "{:<34}{:>26}{:>30}{:>26}",
             name,
             f(&reports[0].1),
@@ -166,7 +169,7 @@ pub async fn run(args: DemoArgs) -> Result<(), StartError> {
             f(&reports[2].1)
         );
     }
-    println!(
+    crate::outln!(
         "\nLost updates = writes accepted - final balance: each accepted write was +1 of the balance it read.\n\
          With fencing, a paused worker's write is refused (by the gateway's token check, or earlier by its\n\
          sidecar once its lease is lost), so every accepted increment survives."

@@ -154,7 +154,7 @@ pub async fn run(mut settings: Settings, shutdown: CancellationToken) -> Result<
         stack.storage,
         stack.admin,
     );
-    println!(
+    crate::outln!(
         "fencer dev is running (in-process locks, fences and storage):
   lock API       http://{api}
   egress proxy   http://{proxy}   -> gateway http://{gw} -> storage http://{st}

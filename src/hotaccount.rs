@@ -214,15 +214,13 @@ impl Worker {
 /// (`READ <token>` right before the think time, `WRITE <result> <token>`),
 /// so a controller can pause it between read and write.
 pub async fn run_worker(args: WorkerArgs) {
-    use std::io::Write;
     let think = Duration::from_millis(args.think_ms);
     let cycles = args.cycles;
     let worker = Worker::new(args);
     for _ in 0..cycles {
         let (result, token) = worker
             .cycle(|token| async move {
-                println!("READ {token}");
-                let _ = std::io::stdout().flush();
+                crate::outln!("READ {token}");
                 tokio::time::sleep(think).await;
             })
             .await;
@@ -232,7 +230,9 @@ pub async fn run_worker(args: WorkerArgs) {
             WriteResult::LeaseLost => "lease_lost",
             WriteResult::Skipped => "skipped",
         };
-        println!("WRITE {word} {token}");
-        let _ = std::io::stdout().flush();
+        if !crate::outln!("WRITE {word} {token}") {
+            // The controller reading these lines has gone.
+            return;
+        }
     }
 }

@@ -5,7 +5,12 @@
 //! - [`sidecar`] — the application-facing lock API, wait queues, lease deadlines;
 //! - [`token`] — signed fencing tokens;
 //! - [`admin`], [`metrics`], [`telemetry`] — health, Prometheus, logs;
+//! - [`out`] — printing that a closed stdout cannot turn into a panic;
 //! - [`settings`] — configuration (defaults, TOML file, environment).
+
+// Printing goes through [`out`] (`outln!`, `errln!`): `println!` panics
+// when stdout's reader has gone.
+#![deny(clippy::print_stdout, clippy::print_stderr)]
 
 pub mod admin;
 pub mod bench;
@@ -21,6 +26,7 @@ pub mod lock;
 pub mod metrics;
 pub mod mutants;
 pub mod mysql;
+pub mod out;
 pub mod pg;
 pub mod proxy;
 pub mod routes;

@@ -1,3 +1,7 @@
+// Printing goes through `outln!`/`errln!`: `println!` panics when stdout's
+// reader has gone.
+#![deny(clippy::print_stdout, clippy::print_stderr)]
+
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -6,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use fencer::cli::{Cli, Command};
 use fencer::settings::Settings;
 use fencer::start::StartError;
-use fencer::{dev, gateway, sidecar, storage, telemetry};
+use fencer::{dev, errln, gateway, outln, sidecar, storage, telemetry};
 
 /// mimalloc: the lock API's hot path is many small, short-lived allocations
 /// (request parsing, keys, JSON); glibc malloc spent ~17% of the sidecar's
@@ -17,14 +21,25 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// Exit code for configuration errors (distinct from runtime failures).
 const EXIT_CONFIG: u8 = 2;
 
+/// How long the exit waits for queued log lines to reach stderr: enough
+/// for a reader that keeps up, short enough that a stalled one does not
+/// hold the process (its leases are already released by then).
+const LOG_FLUSH: std::time::Duration = std::time::Duration::from_secs(1);
+
 fn main() -> ExitCode {
+    let code = run();
+    telemetry::flush(LOG_FLUSH);
+    code
+}
+
+fn run() -> ExitCode {
     // One TLS crypto provider for every client (rediss://, PostgreSQL TLS).
     fencer::pg::install_crypto_provider();
     let cli = Cli::parse();
     let settings = match Settings::load(cli.config.as_deref()) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("fencer: configuration error: {e}");
+            errln!("fencer: configuration error: {e}");
             return ExitCode::from(EXIT_CONFIG);
         }
     };
@@ -32,13 +47,16 @@ fn main() -> ExitCode {
         // A file that names a lock backend is a sidecar's.
         if settings.backend.kind.is_some() {
             if let Err(e) = settings.validate_sidecar() {
-                eprintln!("fencer: configuration error: {e}");
+                errln!("fencer: configuration error: {e}");
                 return ExitCode::from(EXIT_CONFIG);
             }
         }
-        println!("configuration ok");
-        // Passwords in URLs are replaced: this output lands in CI logs.
-        println!("{:#?}", settings.redacted());
+        // A reader that has gone (`check-config | head -1`) has what it
+        // wanted: stop printing, still exit 0.
+        if outln!("configuration ok") {
+            // Passwords in URLs are replaced: this output lands in CI logs.
+            outln!("{:#?}", settings.redacted());
+        }
         return ExitCode::SUCCESS;
     }
     let mut log = settings.log.clone();
@@ -96,7 +114,7 @@ fn main() -> ExitCode {
                 return match fencer::top::run(args).await {
                     Ok(()) => ExitCode::SUCCESS,
                     Err(e) => {
-                        eprintln!("fencer top: {e}");
+                        errln!("fencer top: {e}");
                         ExitCode::FAILURE
                     }
                 };
@@ -105,7 +123,7 @@ fn main() -> ExitCode {
                 return match fencer::bench::run(args).await {
                     Ok(()) => ExitCode::SUCCESS,
                     Err(e) => {
-                        eprintln!("fencer bench: {e}");
+                        errln!("fencer bench: {e}");
                         ExitCode::FAILURE
                     }
                 };
@@ -115,11 +133,11 @@ fn main() -> ExitCode {
         match result {
             Ok(()) => ExitCode::SUCCESS,
             Err(e @ StartError::Config(_)) => {
-                eprintln!("fencer: configuration error: {e}");
+                errln!("fencer: configuration error: {e}");
                 ExitCode::from(EXIT_CONFIG)
             }
             Err(e) => {
-                eprintln!("fencer: {e}");
+                errln!("fencer: {e}");
                 ExitCode::FAILURE
             }
         }
@@ -139,6 +157,8 @@ async fn wait_for_signal(shutdown: CancellationToken) {
     }
     #[cfg(not(unix))]
     let _ = ctrl_c.await;
-    tracing::info!("signal received");
+    // Cancel first: shutdown must not depend on logging (a log line that
+    // panicked here once left SIGTERM ignored and every lease held).
     shutdown.cancel();
+    tracing::info!("signal received");
 }

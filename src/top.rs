@@ -270,13 +270,14 @@ pub async fn run(args: TopArgs) -> Result<(), String> {
         at = Instant::now();
         let text = frame(&client, &args, &before, &after, secs).await;
         if args.once {
-            print!("{text}");
+            crate::out!("{text}");
             return Ok(());
         }
-        // Clear the screen and draw the frame.
-        print!("\x1b[2J\x1b[H{text}");
-        use std::io::Write;
-        let _ = std::io::stdout().flush();
+        // Clear the screen and draw the frame; a terminal or pipe that has
+        // gone ends the view.
+        if !crate::out!("\x1b[2J\x1b[H{text}") {
+            return Ok(());
+        }
         before = after;
     }
 }

@@ -270,7 +270,7 @@ pub async fn run(stack: &Stack<'_>, secs: u64, runs: usize) -> Result<Vec<Scenar
                 cpus[i].push(cpu);
             }
         }
-        println!(
+        crate::outln!(
             "{}: {} ({} clients, {} keys, {secs} s per target, targets interleaved within each run, median of {runs} run(s))",
             stack.name, sc.name, sc.clients, sc.keys
         );
@@ -278,7 +278,7 @@ pub async fn run(stack: &Stack<'_>, secs: u64, runs: usize) -> Result<Vec<Scenar
         for (i, t) in stack.targets.iter().enumerate() {
             let m = median_index(&reports[i]);
             let median = reports[i][m].clone();
-            println!("{}", lock_line(t.topology, &median));
+            crate::outln!("{}", lock_line(t.topology, &median));
             if let Some([client, sidecar, masters, others, counters]) = cpus[i][m] {
                 let lock = if t.others.is_empty() {
                     format!("{} {masters:.1}", t.backend_label)
@@ -289,7 +289,7 @@ pub async fn run(stack: &Stack<'_>, secs: u64, runs: usize) -> Result<Vec<Scenar
                         masters + others
                     )
                 };
-                println!(
+                crate::outln!(
                     "            cpu µs per cycle: client {client:.1}  sidecar {sidecar:.1}  {lock}  counter redis {counters:.1}  total {:.1}",
                     client + sidecar + masters + others + counters
                 );
@@ -310,7 +310,7 @@ pub async fn run(stack: &Stack<'_>, secs: u64, runs: usize) -> Result<Vec<Scenar
             .collect();
         for r in &ratios {
             let label = format!("{}/{}", r.target, r.base);
-            println!(
+            crate::outln!(
                 "  ratio     {label:<15} cycles/s {:.2}x (median of per-run ratios; runs: {})  owner changes/s {:.2}x (runs: {})  wait p99 {:.2}x (runs: {})",
                 median(r.cycles.clone()),
                 list(&r.cycles),
@@ -320,7 +320,7 @@ pub async fn run(stack: &Stack<'_>, secs: u64, runs: usize) -> Result<Vec<Scenar
                 list(&r.wait_p99),
             );
         }
-        println!(
+        crate::outln!(
             "  wait p99  ms, median of runs: {}",
             topologies
                 .iter()
@@ -333,7 +333,7 @@ pub async fn run(stack: &Stack<'_>, secs: u64, runs: usize) -> Result<Vec<Scenar
                 .collect::<Vec<_>>()
                 .join(", "),
         );
-        println!(
+        crate::outln!(
             "  all runs  lost updates: {}  errors: {}",
             topologies
                 .iter()

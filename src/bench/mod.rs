@@ -218,22 +218,25 @@ pub async fn measure(args: &BenchArgs) -> Result<Results, String> {
                 }
                 f_runs.push(f);
             }
-            println!(
+            crate::outln!(
                 "{} ({} clients, {} keys, {} s per side, median of {runs} run(s))",
-                sc.name, sc.clients, sc.keys, args.seconds
+                sc.name,
+                sc.clients,
+                sc.keys,
+                args.seconds
             );
             let f = median_run(&f_runs).cloned().unwrap_or_default();
-            println!("{}", lock_line("fencer", &f));
+            crate::outln!("{}", lock_line("fencer", &f));
             if let Some(l) = cpu_line(&f) {
-                println!("{l}");
+                crate::outln!("{l}");
             }
             let b = median_run(&b_runs).cloned();
             if let Some(b) = &b {
-                println!("{}", lock_line("baseline", b));
+                crate::outln!("{}", lock_line("baseline", b));
                 if let Some(l) = cpu_line(b) {
-                    println!("{l}");
+                    crate::outln!("{l}");
                 }
-                println!(
+                crate::outln!(
                     "  ratio     cycles/s {:.2}x (median of per-run ratios; runs: {})  owner changes/s {:.2}x  cycle p50 {:.2}x",
                     median(ratios.clone()),
                     ratios
@@ -285,7 +288,7 @@ pub async fn measure(args: &BenchArgs) -> Result<Results, String> {
                 } else {
                     "one path after the other"
                 };
-                println!(
+                crate::outln!(
                     "{WRITE_PATH} ({clients} client(s), PUT of a small value, {} s per path, {how}, median of {runs} run(s))",
                     args.seconds
                 );
@@ -295,9 +298,9 @@ pub async fn measure(args: &BenchArgs) -> Result<Results, String> {
                     .collect();
                 let direct_p50 = Report::pct(&medians[0].1.cycle_us, 0.5);
                 for (p, r) in &medians {
-                    println!("{}", write_path::line(p.label(), r, direct_p50));
+                    crate::outln!("{}", write_path::line(p.label(), r, direct_p50));
                 }
-                println!("{cpu_line}");
+                crate::outln!("{cpu_line}");
                 let added = |p: write_path::Path| {
                     medians
                         .iter()
@@ -308,7 +311,7 @@ pub async fn measure(args: &BenchArgs) -> Result<Results, String> {
                     added(write_path::Path::Fenced),
                     added(write_path::Path::Nginx),
                 ) {
-                    println!(
+                    crate::outln!(
                         "  ratio     added p50 fencer/nginx {:.2}x (proxy + gateway: two hops; nginx: one)",
                         f / n.max(1e-9)
                     );
@@ -319,7 +322,7 @@ pub async fn measure(args: &BenchArgs) -> Result<Results, String> {
             }
         } else if name == FENCE_STORE {
             let Some(pg) = &args.postgres else {
-                println!("{FENCE_STORE}: skipped (give --postgres URL)");
+                crate::outln!("{FENCE_STORE}: skipped (give --postgres URL)");
                 continue;
             };
             let stack = fence_store::Stack::start(pg).await?;
@@ -331,14 +334,14 @@ pub async fn measure(args: &BenchArgs) -> Result<Results, String> {
             }
             let d = median_run(&direct).cloned().unwrap_or_default();
             let f = median_run(&fenced).cloned().unwrap_or_default();
-            println!(
+            crate::outln!(
                 "{FENCE_STORE} ({clients} writers, each its own key, a new token per write, {} s per side, median of {runs} run(s))",
                 args.seconds
             );
             let direct_p50 = Report::pct(&d.cycle_us, 0.5);
-            println!("{}", write_path::line("direct", &d, direct_p50));
-            println!("{}", write_path::line("fenced", &f, direct_p50));
-            println!(
+            crate::outln!("{}", write_path::line("direct", &d, direct_p50));
+            crate::outln!("{}", write_path::line("fenced", &f, direct_p50));
+            crate::outln!(
                 "  ratio     writes/s fenced/direct {:.2}x",
                 f.cycles_per_sec() / d.cycles_per_sec().max(1e-9)
             );
@@ -349,11 +352,12 @@ pub async fn measure(args: &BenchArgs) -> Result<Results, String> {
                 .max(2 * args.lease_ttl_ms.div_ceil(1000) / 3 + 1);
             let r =
                 leases::run(&redis_url, args.leases as usize, args.lease_ttl_ms, window).await?;
-            println!(
+            crate::outln!(
                 "{LEASES} ({} auto-renewed leases, ttl {} ms, one sidecar on Redis)",
-                args.leases, args.lease_ttl_ms
+                args.leases,
+                args.lease_ttl_ms
             );
-            println!("{}", r.lines());
+            crate::outln!("{}", r.lines());
             results.leases = Some(r);
         } else if name == TOPOLOGIES {
             if !redis_topology::redis_cli_available() {
@@ -362,7 +366,7 @@ pub async fn measure(args: &BenchArgs) -> Result<Results, String> {
                 if named {
                     return Err(format!("{TOPOLOGIES} {why}"));
                 }
-                println!("{TOPOLOGIES}: skipped ({why})");
+                crate::outln!("{TOPOLOGIES}: skipped ({why})");
                 continue;
             }
             results.redis_topologies = topologies::run(args.seconds, runs).await?;

@@ -63,7 +63,7 @@ impl Stack {
                 Some(format!("http://127.0.0.1:{nginx_port}"))
             }
             Err(e) => {
-                eprintln!("fencer bench: nginx comparison skipped: {e}");
+                crate::errln!("fencer bench: nginx comparison skipped: {e}");
                 None
             }
         };

@@ -67,6 +67,21 @@ pub static SERVER: std::sync::LazyLock<ServerMetrics> = std::sync::LazyLock::new
     }
 });
 
+/// Log lines that never reached stderr, by reason: `queue_full` (stderr
+/// did not keep up — a reader that stopped reading — and the log queue
+/// was full) or `write_failed` (the write failed: the reader has gone).
+/// Process-wide, like [`SERVER`]: logging is ([`crate::telemetry::queue`]).
+pub static LOG_LINES_DROPPED: std::sync::LazyLock<IntCounterVec> = std::sync::LazyLock::new(|| {
+    IntCounterVec::new(
+        Opts::new(
+            "fencer_log_lines_dropped_total",
+            "Log lines dropped instead of blocking fencer: queue_full (stderr did not keep up), write_failed (stderr closed).",
+        ),
+        &["reason"],
+    )
+    .expect("valid metric")
+});
+
 pub fn registry(role: &str, backend: &str) -> Registry {
     let registry = Registry::new();
     registry
@@ -74,6 +89,13 @@ pub fn registry(role: &str, backend: &str) -> Registry {
         .expect("registered once per registry");
     registry
         .register(Box::new(SERVER.limit_waits.clone()))
+        .expect("registered once per registry");
+    for reason in ["queue_full", "write_failed"] {
+        // Both series from the start: a rate() alert needs the zero.
+        LOG_LINES_DROPPED.with_label_values(&[reason]);
+    }
+    registry
+        .register(Box::new(LOG_LINES_DROPPED.clone()))
         .expect("registered once per registry");
     let build = IntGaugeVec::new(
         Opts::new("fencer_build_info", "Build information; always 1."),

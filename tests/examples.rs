@@ -36,7 +36,7 @@ const HOLD: &[&str] = &[
     "lock free again token=#",
 ];
 const AUTO_RENEW: &[&str] = &[
-    "acquired token=# ttl_ms=1000",
+    "acquired token=# ttl_ms=#",
     "step 1: keepalive ok",
     "step 2: keepalive ok",
     "step 3: keepalive ok",
@@ -53,7 +53,7 @@ const PROXY_WRITE: &[&str] = &[
     "released",
 ];
 const LEASE_LOST: &[&str] = &[
-    "acquired token=# ttl_ms=1000",
+    "acquired token=# ttl_ms=#",
     "write ok balance=1",
     "pausing 1500 ms (longer than the ttl, no renew)",
     "lease lost: stopping",

@@ -391,3 +391,41 @@ async fn duplicate_fencing_headers_are_refused_at_the_proxy() {
             >= 3.0
     );
 }
+
+/// The egress proxy classifies methods the same way (PITFALLS 13): with
+/// `require_lock_for_writes`, a method outside `proxy.read_methods` that
+/// names no lock — MOVE, a lower-case `put`, an extension method — is a
+/// write and is refused (428) instead of passed on without a token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_treats_every_method_outside_its_read_list_as_a_write() {
+    let upstream = Recorder::start().await;
+    let s = Fencer::sidecar(
+        Backend::Memory,
+        None,
+        &[
+            ("proxy.upstream", upstream.url().as_str()),
+            ("proxy.require_lock_for_writes", "true"),
+        ],
+    );
+    let url = format!("{}/kv/q", s.proxy);
+    for method in [
+        "MOVE",
+        "COPY",
+        "MKCOL",
+        "PROPPATCH",
+        "MERGE",
+        "put",
+        "PURGE",
+    ] {
+        let w = send(&s.http, method, &url, &[], Some("{}")).await;
+        assert_eq!(
+            (w.status, w.code()),
+            (428, "lock_not_held"),
+            "{method}: {}",
+            w.body
+        );
+    }
+    assert!(upstream.seen().is_empty(), "{:?}", upstream.seen());
+    let r = send(&s.http, "GET", &url, &[], None).await;
+    assert_ne!(r.status, 428, "{}", r.body);
+}

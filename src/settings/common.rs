@@ -115,13 +115,6 @@ impl Default for MetricsSettings {
     }
 }
 
-/// Methods that count as writes unless configured otherwise.
-pub(crate) fn default_write_methods() -> Vec<String> {
-    ["PUT", "POST", "PATCH", "DELETE"]
-        .map(String::from)
-        .to_vec()
-}
-
 impl SigningSettings {
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         check_key_id("signing.key_id", &self.key_id)?;

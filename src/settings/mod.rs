@@ -26,7 +26,6 @@ pub(crate) use check::{
     check_http_url, check_key_id, check_methods, check_range, invalid, read_secret,
 };
 pub use check::{redact_url, ConfigError};
-pub(crate) use common::default_write_methods;
 pub use common::{
     AdminSettings, GroupRule, LogFormat, LogSettings, MetricsSettings, RuntimeSettings,
     SigningSettings,

@@ -58,7 +58,8 @@ pub struct Egress {
     pub order_wait: Duration,
     pub forwarder: Forwarder,
     pub routes: Routes,
-    pub write_methods: Vec<Method>,
+    /// Every other method is a write.
+    pub read_methods: Vec<Method>,
     pub require_lock_for_writes: bool,
     /// Requests under a lock must name their lease.
     pub require_lease: bool,
@@ -118,7 +119,7 @@ impl Egress {
             headers.remove(name);
         }
 
-        let is_write = self.write_methods.contains(req.method());
+        let is_write = !self.read_methods.contains(req.method());
         let named = lock.is_some() || lease.is_some() || !self.routes.is_empty();
         if named || is_write {
             if let Err(e) = normalize_uri(&mut req) {

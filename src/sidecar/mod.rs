@@ -273,7 +273,7 @@ impl Sidecar {
             ),
             forwarder,
             routes: Routes::compile(&p.routes).map_err(|e| config_err("proxy.routes", e))?,
-            write_methods: crate::proxy::headers::methods(&p.write_methods),
+            read_methods: crate::proxy::headers::methods(&p.read_methods),
             require_lock_for_writes: p.require_lock_for_writes,
             require_lease: p.require_lease,
             metrics: self.metrics.clone(),

@@ -6,9 +6,7 @@ use std::net::SocketAddr;
 use serde::Deserialize;
 
 use crate::settings::limits::*;
-use crate::settings::{
-    check_http_url, check_methods, check_range, default_write_methods, invalid, ConfigError,
-};
+use crate::settings::{check_http_url, check_methods, check_range, invalid, ConfigError};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -106,6 +104,14 @@ pub struct ProxySettings {
     /// workers sharing a sidecar, a paused worker's write would go out with
     /// another worker's token (issue 10 item 2).
     pub require_lease: bool,
+    /// The reads: methods known not to change the storage. Every other
+    /// method — any case, any extension method — is a write (needs a lock
+    /// with `require_lock_for_writes`, is put in normal form): an
+    /// allow-list, as at the gateway (issue 26 item 7, PITFALLS 13).
+    pub read_methods: Vec<String>,
+    /// Deprecated and ignored (every method outside `read_methods` is a
+    /// write); still accepted so older files load, but a method listed
+    /// here and in `read_methods` is a configuration error.
     pub write_methods: Vec<String>,
     /// Map request paths to lock keys when `Fencing-Lock` is absent.
     pub routes: Vec<crate::routes::RouteSpec>,
@@ -121,7 +127,8 @@ impl Default for ProxySettings {
             upstream: "http://127.0.0.1:8080".into(),
             require_lock_for_writes: false,
             require_lease: true,
-            write_methods: default_write_methods(),
+            read_methods: vec!["GET".into(), "HEAD".into()],
+            write_methods: Vec::new(),
             routes: Vec::new(),
             connect_timeout_ms: 1_000,
             // Above the gateway's whole budget (wait for the key 5 s +
@@ -258,7 +265,16 @@ impl ProxySettings {
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         let p = self;
         check_http_url("proxy.upstream", &p.upstream)?;
+        check_methods("proxy.read_methods", &p.read_methods)?;
         check_methods("proxy.write_methods", &p.write_methods)?;
+        if let Some(m) = p.write_methods.iter().find(|m| p.read_methods.contains(m)) {
+            return Err(invalid(
+                "proxy.write_methods",
+                format!(
+                    "`{m}` is in both proxy.read_methods and proxy.write_methods; write_methods is deprecated (every method outside read_methods is a write): remove it"
+                ),
+            ));
+        }
         crate::routes::Routes::compile(&p.routes)
             .map_err(|e| invalid("proxy.routes", e.to_string()))?;
         check_range("proxy.connect_timeout_ms", p.connect_timeout_ms, 10, 60_000)?;

@@ -159,7 +159,25 @@ async fn release_task(
         // this task tries too.
         tracing::warn!(key = %key, lease_tag = %lease.tag(),
             "release outcome unknown; retrying in the background");
-        release_orphans(backend, leases, metrics, key, vec![lease], None, true).await;
+        for attempt in 0..ORPHAN_RELEASE_ATTEMPTS {
+            tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
+            let retried =
+                super::timed_call(&backend, &metrics, "release", backend.release(&key, &lease))
+                    .await;
+            if let Ok(found) = retried {
+                let result = if matches!(found, Ownership::Owned { .. }) {
+                    "released"
+                } else {
+                    "not_held"
+                };
+                metrics.orphan_releases.with_label_values(&[result]).inc();
+                forget(&leases, &metrics, &key, &lease);
+                return;
+            }
+        }
+        metrics.orphan_releases.with_label_values(&["error"]).inc();
+        tracing::warn!(key = %key, lease_tag = %lease.tag(),
+            "release still unanswered; the lease stays marked released here until the application retries or its TTL ends");
     } else {
         forget(&leases, &metrics, &key, &lease);
     }

@@ -67,6 +67,17 @@ pub struct RedisSettings {
     pub request_timeout_ms: u64,
     pub connect_timeout_ms: u64,
     pub token_mode: TokenMode,
+    /// Every master's `maxmemory-policy` must be `noeviction`: under any
+    /// other policy Redis may evict a live lock entry (`volatile-*` evicts
+    /// keys with a TTL first — exactly the lock entries) and grant the key
+    /// again while its holder still reports it held. Until every master in
+    /// use says `noeviction` the backend is not ready and acquires answer
+    /// 503. `true` turns the refusal into a warning at every check.
+    pub allow_eviction: bool,
+    /// How often every master's eviction policy is read again, besides at
+    /// start, after each (re)connection and after each failover: an
+    /// operator can `CONFIG SET maxmemory-policy` on a live server.
+    pub eviction_check_interval_ms: u64,
     /// PEM CA certificate(s) for `rediss://` with a private CA (default:
     /// the public web roots).
     pub ca_file: Option<String>,
@@ -90,6 +101,8 @@ impl Default for RedisSettings {
             request_timeout_ms: 1_000,
             connect_timeout_ms: 1_000,
             token_mode: TokenMode::HybridClock,
+            allow_eviction: false,
+            eviction_check_interval_ms: 10_000,
             ca_file: None,
         }
     }
@@ -237,6 +250,12 @@ impl RedisSettings {
             self.connect_timeout_ms,
             10,
             60_000,
+        )?;
+        check_range(
+            "backend.redis.eviction_check_interval_ms",
+            self.eviction_check_interval_ms,
+            100,
+            600_000,
         )?;
         Ok(())
     }

@@ -252,7 +252,15 @@ async fn lossy_failover(token_mode: &str) -> (bool, String) {
         relay_replication: true,
         ..SentinelOpts::default()
     });
-    let s = sentinel_sidecar(&set, &[("backend.redis.token_mode", token_mode)]);
+    // `counter` with Sentinel is refused unless explicitly accepted
+    // (tests/redis_policies.rs); this recipe is why.
+    let s = sentinel_sidecar(
+        &set,
+        &[
+            ("backend.redis.token_mode", token_mode),
+            ("backend.redis.allow_counter_with_failover", "true"),
+        ],
+    );
     // Replicated before the freeze: survives the failover.
     let kept = s.acquire("kept", 60_000, 0).await;
     assert_eq!(kept.status, 200, "{}", kept.body);

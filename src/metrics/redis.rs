@@ -1,5 +1,8 @@
 //! The Redis backend's topology series: which master it writes to, the
-//! failovers it followed, and the writes replicas did not confirm in time.
+//! failovers it followed, the writes replicas did not confirm in time, and
+//! whether its masters may evict lock entries.
+
+use std::sync::Arc;
 
 use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
@@ -19,11 +22,99 @@ pub struct RedisMetrics {
     pub min_replicas_to_write: IntGauge,
     /// Re-resolutions of the master or slot map, by cause.
     pub topology_refreshes: IntCounterVec,
+    /// The masters' eviction policies (`mode` label).
+    pub eviction: Arc<EvictionMetrics>,
+}
+
+/// The `maxmemory-policy` names Redis knows; any other reads as `other`,
+/// so the `policy` label stays a fixed set.
+pub const POLICIES: [&str; 8] = [
+    "noeviction",
+    "allkeys-lru",
+    "allkeys-lfu",
+    "allkeys-random",
+    "volatile-lru",
+    "volatile-lfu",
+    "volatile-random",
+    "volatile-ttl",
+];
+
+/// Whether the masters of a Redis-based backend may evict lock entries
+/// (`fencer_redis_*` or `fencer_redlock_*`).
+pub struct EvictionMetrics {
+    /// 1 when every master under the label said `noeviction` at its last
+    /// check; 0 when one may evict, refused to say, or is not checked yet.
+    /// Labelled by `mode` (Redis: one series) or `master` (RedLock: the
+    /// index in `urls`).
+    pub safe: IntGaugeVec,
+    /// Masters in use per `maxmemory-policy` (plus `unknown`: not read yet
+    /// or not readable, `other`: a name outside [`POLICIES`]).
+    pub policies: IntGaugeVec,
+    /// 1 when `allow_eviction` turned the refusal into a warning.
+    pub allowed: IntGauge,
+}
+
+impl EvictionMetrics {
+    /// `prefix`: `fencer_redis` or `fencer_redlock`; `label`: `mode` or
+    /// `master`, with its values known up front.
+    pub fn new(
+        registry: &Registry,
+        prefix: &str,
+        label: &str,
+        values: &[String],
+    ) -> EvictionMetrics {
+        let m = EvictionMetrics {
+            safe: register(
+                registry,
+                IntGaugeVec::new(
+                    Opts::new(
+                        format!("{prefix}_eviction_safe"),
+                        "1 when every Redis master says maxmemory-policy noeviction; 0 when one may evict live lock entries, cannot be read or is not checked yet (acquires are then refused unless allow_eviction).",
+                    ),
+                    &[label],
+                )
+                .expect("valid metric"),
+            ),
+            policies: register(
+                registry,
+                IntGaugeVec::new(
+                    Opts::new(
+                        format!("{prefix}_maxmemory_policy"),
+                        "Redis masters in use per maxmemory-policy (unknown: not read yet or not readable; other: a name fencer does not know).",
+                    ),
+                    &["policy"],
+                )
+                .expect("valid metric"),
+            ),
+            allowed: register(
+                registry,
+                IntGauge::new(
+                    format!("{prefix}_eviction_allowed"),
+                    "1 when allow_eviction is set: a master that may evict lock entries is only warned about.",
+                )
+                .expect("valid metric"),
+            ),
+        };
+        for v in values {
+            m.safe.with_label_values(&[v]).set(0);
+        }
+        for p in POLICIES.iter().chain(&["unknown", "other"]) {
+            m.policies.with_label_values(&[p]).set(0);
+        }
+        m
+    }
 }
 
 impl RedisMetrics {
-    pub fn new(registry: &Registry) -> RedisMetrics {
+    /// `mode`: `backend.redis.mode`, the label of the eviction series.
+    pub fn new(registry: &Registry, mode: &str) -> RedisMetrics {
         let m = RedisMetrics {
+            eviction: Arc::new(EvictionMetrics::new(
+                registry,
+                "fencer_redis",
+                "mode",
+                &[mode.to_owned()],
+            )),
             master: register(
                 registry,
                 IntGaugeVec::new(

@@ -1,7 +1,10 @@
 //! The RedLock backend's series: how rounds end, which masters fail.
 
+use std::sync::Arc;
+
 use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
 
+use super::redis::EvictionMetrics;
 use super::register;
 
 pub struct RedLockMetrics {
@@ -12,11 +15,20 @@ pub struct RedLockMetrics {
     pub master_errors: IntCounterVec,
     /// Masters that answered the last ping.
     pub masters_up: IntGauge,
+    /// Each master's eviction policy (`master` = index in `urls`).
+    pub eviction: Arc<EvictionMetrics>,
 }
 
 impl RedLockMetrics {
     pub fn new(registry: &Registry, masters: usize) -> RedLockMetrics {
+        let indices: Vec<String> = (0..masters).map(|i| i.to_string()).collect();
         let m = RedLockMetrics {
+            eviction: Arc::new(EvictionMetrics::new(
+                registry,
+                "fencer_redlock",
+                "master",
+                &indices,
+            )),
             rounds: register(
                 registry,
                 IntCounterVec::new(

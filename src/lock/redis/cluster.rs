@@ -11,20 +11,23 @@
 //! `CLUSTER NODES` every `topology_check_interval_ms` and trusts the view
 //! with the highest config epoch seen (a node that has not heard of a
 //! promotion yet shows an older one). A change of the master of any slot
-//! bumps the failover epoch, and the sidecar re-verifies its leases.
+//! bumps the failover epoch, and the sidecar re-verifies its leases. Every
+//! master of a new map has its eviction policy read before acquires go on.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, RwLock};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
+use redis::aio::ConnectionManager;
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{ProtocolVersion, PushInfo};
 use tokio::sync::{mpsc, watch};
 
-use super::client::{check_min_replicas, ClientTls};
+use super::client::{check_min_replicas, manager_config, open_client, ClientTls};
 use super::conn::Target;
+use super::eviction::EvictionGuard;
 use crate::metrics::redis::RedisMetrics;
 
 pub struct ClusterConfig {
@@ -40,6 +43,13 @@ pub struct ClusterTopology {
     conn: RwLock<Option<ClusterConnection>>,
     epoch: watch::Sender<u64>,
     metrics: Arc<RedisMetrics>,
+    eviction: Arc<EvictionGuard>,
+    /// A connection of its own to each master, for reading its eviction
+    /// policy: the cluster client reaches a node by address only once it
+    /// has connected to it itself, which for a just-promoted replica may be
+    /// after the first lock command goes there — and none goes there until
+    /// its policy was read.
+    node_conns: Mutex<HashMap<String, ConnectionManager>>,
 }
 
 /// Slot ranges to the master serving them, as `host:port`.
@@ -52,6 +62,7 @@ impl ClusterTopology {
     pub fn start(
         config: ClusterConfig,
         metrics: Arc<RedisMetrics>,
+        eviction: Arc<EvictionGuard>,
         pushes: mpsc::UnboundedSender<PushInfo>,
     ) -> Result<Arc<ClusterTopology>, redis::RedisError> {
         let mut builder = ClusterClientBuilder::new(config.nodes.clone())
@@ -76,6 +87,8 @@ impl ClusterTopology {
             conn: RwLock::new(None),
             epoch,
             metrics,
+            eviction,
+            node_conns: Mutex::new(HashMap::new()),
         });
         tokio::spawn(me.clone().run(client));
         Ok(me)
@@ -160,6 +173,7 @@ impl ClusterTopology {
                 v
             };
             seen = Some((epoch, map));
+            self.eviction.set_servers(self.policy_targets(&masters));
             if first {
                 let targets = masters
                     .iter()
@@ -179,6 +193,51 @@ impl ClusterTopology {
                 ));
             }
         }
+    }
+
+    /// Each master's own connection (made on first use, with the scheme,
+    /// credentials and TLS of the first configured node), for the eviction
+    /// guard; connections of masters no longer in the map are dropped.
+    fn policy_targets(&self, masters: &[String]) -> Vec<(String, String, Target)> {
+        let mut conns = self.node_conns.lock().expect("cluster lock");
+        conns.retain(|a, _| masters.contains(a));
+        let mut out = Vec::with_capacity(masters.len());
+        for address in masters {
+            let conn = match conns.get(address) {
+                Some(c) => c.clone(),
+                None => match self.node_conn(address) {
+                    Ok(c) => {
+                        conns.insert(address.clone(), c.clone());
+                        c
+                    }
+                    Err(e) => {
+                        tracing::warn!(address, error = %e, "cannot build a connection to a cluster master");
+                        continue;
+                    }
+                },
+            };
+            out.push((address.clone(), "cluster".to_owned(), Target::Node(conn)));
+        }
+        out
+    }
+
+    fn node_conn(&self, address: &str) -> Result<ConnectionManager, String> {
+        let (host, port) = address
+            .rsplit_once(':')
+            .and_then(|(h, p)| Some((h, p.parse::<u16>().ok()?)))
+            .ok_or_else(|| format!("bad address {address}"))?;
+        let template = self
+            .config
+            .nodes
+            .first()
+            .ok_or_else(|| "no configured node".to_owned())?;
+        let mut url = url::Url::parse(template).map_err(|e| e.to_string())?;
+        url.set_host(Some(host)).map_err(|e| e.to_string())?;
+        url.set_port(Some(port))
+            .map_err(|_| "bad port".to_owned())?;
+        let client = open_client(url.as_str(), &self.config.tls).map_err(|e| e.to_string())?;
+        let config = manager_config(self.config.request_timeout, self.config.connect_timeout);
+        ConnectionManager::new_lazy_with_config(client, config).map_err(|e| e.to_string())
     }
 
     /// `CLUSTER NODES` from a random node: the highest config epoch in it

@@ -11,10 +11,15 @@
 //!
 //! Failovers (sentinel, cluster) are published by [`LockBackend::failovers`];
 //! the sidecar then re-verifies its leases with [`LockBackend::check_many`].
+//!
+//! Every master in use must say `maxmemory-policy noeviction` before an
+//! acquire is sent to it ([`eviction`]): Redis would otherwise evict the
+//! lock entries, fencer's only keys with a TTL, first.
 
 pub mod client;
 pub mod cluster;
 pub mod conn;
+pub mod eviction;
 pub mod keys;
 pub mod scripts;
 pub mod sentinel;
@@ -33,7 +38,8 @@ use tokio::sync::watch;
 
 use self::client::{open_client, sentinel_url, ClientTls};
 use self::cluster::{ClusterConfig, ClusterTopology};
-use self::conn::{Call, Reply, Wait};
+use self::conn::{Call, Reply, Target, Wait};
+use self::eviction::{EvictionGuard, Wording};
 use self::keys::RedisKeys;
 use self::scripts::{Lua, Scripts};
 use self::sentinel::{SentinelConfig, SentinelMaster};
@@ -65,6 +71,8 @@ pub struct RedisBackend {
     publish: &'static str,
     watcher: Watcher,
     metrics: Arc<RedisMetrics>,
+    /// Refuses acquires while a master may evict lock entries.
+    eviction: Arc<EvictionGuard>,
 }
 
 /// Which writes `WAIT` follows.
@@ -84,26 +92,43 @@ impl RedisBackend {
         registry: &prometheus::Registry,
     ) -> Result<RedisBackend, BackendError> {
         let tls = ClientTls::from_file(settings.ca_file.as_deref())?;
-        let metrics = Arc::new(RedisMetrics::new(registry));
+        let mode = settings.mode.as_str();
+        let metrics = Arc::new(RedisMetrics::new(registry, mode));
         let timeout = Duration::from_millis(settings.request_timeout_ms);
         let connect_timeout = Duration::from_millis(settings.connect_timeout_ms);
         let check_interval = Duration::from_millis(settings.topology_check_interval_ms);
+        let eviction = EvictionGuard::start(
+            Wording {
+                what: "redis",
+                setting: "backend.redis.allow_eviction",
+            },
+            settings.allow_eviction,
+            None,
+            timeout,
+            Duration::from_millis(settings.eviction_check_interval_ms),
+            metrics.eviction.clone(),
+        );
         let bad_url =
             |e: redis::RedisError| BackendError::Unavailable(format!("invalid redis url: {e}"));
         let (topology, watcher) = match settings.mode {
             RedisMode::Single => {
                 let client = open_client(&settings.url, &tls).map_err(bad_url)?;
-                if let Ok(url) = url::Url::parse(&settings.url) {
-                    let address = format!(
-                        "{}:{}",
-                        url.host_str().unwrap_or_default(),
-                        url.port().unwrap_or(6379)
-                    );
-                    metrics.master.with_label_values(&[&address]).set(1);
-                }
+                let address = match url::Url::parse(&settings.url) {
+                    Ok(url) => {
+                        let address = format!(
+                            "{}:{}",
+                            url.host_str().unwrap_or_default(),
+                            url.port().unwrap_or(6379)
+                        );
+                        metrics.master.with_label_values(&[&address]).set(1);
+                        address
+                    }
+                    Err(_) => crate::settings::redact_url(&settings.url),
+                };
                 let config = client::manager_config(timeout, connect_timeout);
                 let conn = ConnectionManager::new_lazy_with_config(client.clone(), config)
                     .map_err(|e| BackendError::Unavailable(e.to_string()))?;
+                eviction.set_servers(vec![(address, mode.to_owned(), Target::Node(conn.clone()))]);
                 let subscriber = Subscriber::start(
                     Source::Fixed(Box::new(client)),
                     settings.key_prefix.clone(),
@@ -138,6 +163,7 @@ impl RedisBackend {
                         check_interval,
                     },
                     metrics.clone(),
+                    eviction.clone(),
                 );
                 let subscriber = Subscriber::start(
                     Source::Master(master.clone()),
@@ -158,6 +184,7 @@ impl RedisBackend {
                         check_interval,
                     },
                     metrics.clone(),
+                    eviction.clone(),
                     pushes,
                 )
                 .map_err(bad_url)?;
@@ -192,6 +219,7 @@ impl RedisBackend {
             }),
             watcher,
             metrics,
+            eviction,
         };
         if let RedisMode::Single = settings.mode {
             backend.spawn_preload();
@@ -288,10 +316,24 @@ impl RedisBackend {
         match outcome {
             Err(_) => Err(BackendError::Unavailable("redis request timed out".into())),
             Ok(Err(e)) => {
-                self.topology.saw_error(&e);
+                self.saw_error(&e);
                 Err(classify(e))
             }
             Ok(Ok(reply)) => Ok(reply),
+        }
+    }
+
+    /// A command failed: the master may have moved (sentinel), and a
+    /// connection that dropped reconnects to a server whose eviction
+    /// policy must be read again (it may have restarted with another). Not
+    /// in cluster mode, where the error does not say which master broke
+    /// and one shard's outage must not stop the others: there a changed
+    /// slot map and the periodic check re-read.
+    fn saw_error(&self, e: &redis::RedisError) {
+        self.topology.saw_error(e);
+        let dropped = e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal();
+        if dropped && !self.topology.is_cluster() {
+            self.eviction.invalidate(None);
         }
     }
 
@@ -419,6 +461,9 @@ impl LockBackend for RedisBackend {
         lease: &LeaseId,
         ttl: Duration,
     ) -> Result<Attempt, BackendError> {
+        // Nothing is written to a Redis that may evict the entry (and so
+        // grant the key again while this lease holds it).
+        self.eviction.admit().await?;
         let k = self.keys(key);
         let mut call = Call::default();
         call.key(k.lock())
@@ -585,14 +630,16 @@ impl LockBackend for RedisBackend {
         }
     }
 
+    /// Reachable, and every master in use says `noeviction` (or
+    /// `allow_eviction`): a Redis that may evict lock entries is not ready.
     async fn ping(&self) -> Result<(), BackendError> {
         let mut target = self.topology.target()?;
         let reply =
             tokio::time::timeout(self.timeout, target.command::<String>(&redis::cmd("PING"))).await;
         match reply {
-            Ok(Ok(_)) => Ok(()),
+            Ok(Ok(_)) => self.eviction.admit().await.map(|_| ()),
             Ok(Err(e)) => {
-                self.topology.saw_error(&e);
+                self.saw_error(&e);
                 Err(BackendError::Unavailable(e.to_string()))
             }
             Err(_) => Err(BackendError::Unavailable("redis ping timed out".into())),

@@ -24,7 +24,9 @@
 //!   hear the sentinels.
 //! - **A change of master** bumps the epoch published on a watch channel:
 //!   the sidecar then re-verifies every lease on the new master (leases the
-//!   new master does not have are lost) and waiters re-check.
+//!   new master does not have are lost) and waiters re-check. The new
+//!   master's eviction policy is read before an acquire goes to it (a
+//!   promoted replica need not be configured like the old master).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -35,6 +37,8 @@ use redis::aio::ConnectionManager;
 use tokio::sync::{watch, Notify};
 
 use super::client::{manager_config, open_client, ClientTls};
+use super::conn::Target;
+use super::eviction::EvictionGuard;
 use crate::metrics::redis::RedisMetrics;
 
 /// The master in use.
@@ -67,13 +71,18 @@ pub struct SentinelMaster {
     /// tried first by the next resolution.
     hint: Mutex<Option<String>>,
     metrics: Arc<RedisMetrics>,
+    eviction: Arc<EvictionGuard>,
 }
 
 impl SentinelMaster {
     /// Starts following the master in the background; until the first
     /// resolution, [`SentinelMaster::current`] is `None` and lock calls fail
     /// as unavailable.
-    pub fn start(config: SentinelConfig, metrics: Arc<RedisMetrics>) -> Arc<SentinelMaster> {
+    pub fn start(
+        config: SentinelConfig,
+        metrics: Arc<RedisMetrics>,
+        eviction: Arc<EvictionGuard>,
+    ) -> Arc<SentinelMaster> {
         let (epoch, _) = watch::channel(0);
         let me = Arc::new(SentinelMaster {
             config,
@@ -82,6 +91,7 @@ impl SentinelMaster {
             refresh: Notify::new(),
             hint: Mutex::new(None),
             metrics,
+            eviction,
         });
         tokio::spawn(me.clone().follow());
         for sentinel in me.config.sentinels.clone() {
@@ -285,6 +295,13 @@ impl SentinelMaster {
 
     fn adopt(&self, master: Master) {
         let address = master.address.clone();
+        // The guard learns of the new master before any command can reach
+        // it: an acquire in between reads its policy first.
+        self.eviction.set_servers(vec![(
+            address.clone(),
+            "sentinel".to_owned(),
+            Target::Node(master.conn.clone()),
+        )]);
         let previous = self
             .current
             .write()

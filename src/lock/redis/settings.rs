@@ -12,7 +12,9 @@ use crate::settings::{check_range, config_enum, invalid, ConfigError};
 pub enum TokenMode {
     /// `INCR` of a per-key counter: small tokens (1, 2, 3 …), but a Redis that
     /// loses the counter (no persistence, failover to a lagging replica)
-    /// reissues old values.
+    /// reissues old values. Safe only on one server with AOF and
+    /// `appendfsync always` that never fails over; refused with a replicated
+    /// topology unless `allow_counter_with_failover`.
     Counter,
     /// `max(counter + 1, server_time_ms * 1024)`: tokens move forward even
     /// when the counter is lost, as long as the Redis server clock does not
@@ -67,6 +69,23 @@ pub struct RedisSettings {
     pub request_timeout_ms: u64,
     pub connect_timeout_ms: u64,
     pub token_mode: TokenMode,
+    /// `counter` tokens with a replicated Redis (sentinel or cluster mode,
+    /// `wait_replicas` above 0) are refused: a failover to a replica that
+    /// missed the last `INCR` hands the same number out again (measured:
+    /// two leases with token 6 for ~56 ms). `true` accepts that, e.g. when
+    /// every write passes a gateway that refuses a reissued number.
+    pub allow_counter_with_failover: bool,
+    /// Every master's `maxmemory-policy` must be `noeviction`: under any
+    /// other policy Redis may evict a live lock entry (`volatile-*` evicts
+    /// keys with a TTL first — exactly the lock entries) and grant the key
+    /// again while its holder still reports it held. Until every master in
+    /// use says `noeviction` the backend is not ready and acquires answer
+    /// 503. `true` turns the refusal into a warning at every check.
+    pub allow_eviction: bool,
+    /// How often every master's eviction policy is read again, besides at
+    /// start, after each (re)connection and after each failover: an
+    /// operator can `CONFIG SET maxmemory-policy` on a live server.
+    pub eviction_check_interval_ms: u64,
     /// PEM CA certificate(s) for `rediss://` with a private CA (default:
     /// the public web roots).
     pub ca_file: Option<String>,
@@ -90,6 +109,9 @@ impl Default for RedisSettings {
             request_timeout_ms: 1_000,
             connect_timeout_ms: 1_000,
             token_mode: TokenMode::HybridClock,
+            allow_counter_with_failover: false,
+            allow_eviction: false,
+            eviction_check_interval_ms: 10_000,
             ca_file: None,
         }
     }
@@ -189,6 +211,7 @@ impl RedisSettings {
                     }
                 }
             }
+            self.check_counter_tokens()?;
         }
         check_range(
             "backend.redis.sentinels (count)",
@@ -238,6 +261,38 @@ impl RedisSettings {
             10,
             60_000,
         )?;
+        check_range(
+            "backend.redis.eviction_check_interval_ms",
+            self.eviction_check_interval_ms,
+            100,
+            600_000,
+        )?;
         Ok(())
+    }
+
+    /// `counter` tokens only where no failover can reissue them. A
+    /// replica is promoted with whatever replication had delivered, so its
+    /// counter may be behind tokens already handed out, and its next
+    /// `INCR` repeats one (PITFALLS §3); AOF with `appendfsync always` on
+    /// the old master does not help, the new master never had the write.
+    /// Replication the configuration reveals: sentinel and cluster mode,
+    /// and `wait_replicas` (a master with replicas). A single server whose
+    /// replicas an operator promotes by hand is not visible here (README).
+    fn check_counter_tokens(&self) -> Result<(), ConfigError> {
+        if self.token_mode != TokenMode::Counter || self.allow_counter_with_failover {
+            return Ok(());
+        }
+        let replicated = match self.mode {
+            RedisMode::Sentinel => "sentinel mode",
+            RedisMode::Cluster => "cluster mode",
+            RedisMode::Single if self.wait_replicas > 0 => "wait_replicas above 0",
+            RedisMode::Single => return Ok(()),
+        };
+        Err(invalid(
+            "backend.redis.token_mode",
+            format!(
+                "`counter` with {replicated} can hand out the same token twice: a failover promotes a replica that missed the last INCR and it counts from there again (AOF on the old master does not help); use `hybrid_clock`, or set backend.redis.allow_counter_with_failover = true to accept reissued tokens (README, Guarantees)"
+            ),
+        ))
     }
 }

@@ -25,6 +25,10 @@
 //! - The sidecar's local deadline is computed from the send time with the
 //!   larger of its own and RedLock's drift ratio (`sidecar/mod.rs`): the
 //!   RedLock validity, never the requested TTL.
+//! - A master that may evict lock entries forgets grants like one restarted
+//!   empty, so every master must say `maxmemory-policy noeviction`
+//!   ([`super::redis::eviction`]): one that says otherwise stops acquires;
+//!   one not checked yet (unreachable, just reconnected) does not vote.
 
 pub mod scripts;
 pub mod settings;
@@ -42,6 +46,7 @@ use self::settings::RedLockSettings;
 use self::vote::{quorum, tally, validity, Tally, Vote};
 use super::redis::client::{manager_config, open_client, ClientTls};
 use super::redis::conn::{self, Call, Target};
+use super::redis::eviction::{EvictionGuard, Wording};
 use super::redis::keys::RedisKeys;
 use super::redis::scripts::{Lua, Scripts};
 use super::redis::subscriber::{Source, Subscriber};
@@ -51,6 +56,8 @@ use super::{
 use crate::metrics::redlock::RedLockMetrics;
 
 struct Master {
+    /// `host:port`, for messages.
+    name: String,
     conn: ConnectionManager,
     subscriber: Subscriber,
 }
@@ -73,6 +80,8 @@ pub struct RedLockBackend {
     age_key: String,
     lock_delay_ms: u64,
     metrics: RedLockMetrics,
+    /// Which masters may vote, by their eviction policy.
+    eviction: Arc<EvictionGuard>,
 }
 
 /// What one master answered to a renewal or release script.
@@ -107,11 +116,43 @@ impl RedLockBackend {
                 connect_timeout,
                 wake.clone(),
             );
-            masters.push(Master { conn, subscriber });
+            let name = match url::Url::parse(url) {
+                Ok(u) => format!(
+                    "{}:{}",
+                    u.host_str().unwrap_or_default(),
+                    u.port().unwrap_or(6379)
+                ),
+                Err(_) => crate::settings::redact_url(url),
+            };
+            masters.push(Master {
+                name,
+                conn,
+                subscriber,
+            });
         }
+        let metrics = RedLockMetrics::new(registry, masters.len());
+        let eviction = EvictionGuard::start(
+            Wording {
+                what: "redlock master",
+                setting: "backend.redlock.allow_eviction",
+            },
+            settings.allow_eviction,
+            Some(quorum(masters.len())),
+            timeout,
+            Duration::from_millis(settings.eviction_check_interval_ms),
+            metrics.eviction.clone(),
+        );
+        eviction.set_servers(
+            masters
+                .iter()
+                .enumerate()
+                .map(|(i, m)| (m.name.clone(), i.to_string(), Target::Node(m.conn.clone())))
+                .collect(),
+        );
         Ok(RedLockBackend {
             quorum: quorum(masters.len()),
-            metrics: RedLockMetrics::new(registry, masters.len()),
+            metrics,
+            eviction,
             masters,
             scripts: Scripts::new(),
             lock: Lua::new(scripts::LOCK),
@@ -148,7 +189,17 @@ impl RedLockBackend {
                         .inc();
                     let error = match failed {
                         Err(_) => "timed out".to_owned(),
-                        Ok(Err(e)) => e.to_string(),
+                        Ok(Err(e)) => {
+                            if e.is_io_error()
+                                || e.is_connection_dropped()
+                                || e.is_connection_refusal()
+                            {
+                                // It reconnects to a server whose policy
+                                // must be read again before it votes.
+                                self.eviction.invalidate(Some(&self.masters[i].name));
+                            }
+                            e.to_string()
+                        }
                         Ok(Ok(_)) => unreachable!(),
                     };
                     tracing::debug!(master = i, error, "redlock master call failed");
@@ -300,11 +351,25 @@ impl LockBackend for RedLockBackend {
             } else {
                 self.quarantine.as_millis() as u64
             });
-        let votes: Vec<Vote> = self
-            .on(&self.all(), &self.lock, &call)
-            .await
+        // Masters whose eviction policy is not known to be safe do not
+        // vote: their answer is "unknown", as if they had not answered.
+        let usable = self.eviction.admit().await?;
+        let voters: Vec<usize> = self
+            .all()
             .into_iter()
-            .map(vote)
+            .filter(|&i| usable.get(i).copied().unwrap_or(false))
+            .collect();
+        let mut answers = self.on(&voters, &self.lock, &call).await.into_iter();
+        let votes: Vec<Vote> = self
+            .all()
+            .into_iter()
+            .map(|i| {
+                if voters.contains(&i) {
+                    vote(answers.next().flatten())
+                } else {
+                    Vote::Unknown
+                }
+            })
             .collect();
         let outcome = tally(&votes, self.quorum).map_err(BackendError::Protocol)?;
         let (token, granted) = match outcome {
@@ -540,7 +605,18 @@ impl LockBackend for RedLockBackend {
         let up = answers.iter().filter(|a| **a).count();
         self.metrics.masters_up.set(up as i64);
         if up >= self.quorum {
-            Ok(())
+            // A master that answered with an eviction policy other than
+            // noeviction stops the backend, and a majority must be known
+            // safe to vote.
+            let safe = self.eviction.admit().await?.iter().filter(|u| **u).count();
+            if safe >= self.quorum {
+                Ok(())
+            } else {
+                Err(BackendError::Unavailable(format!(
+                    "redlock: {safe} of {} masters checked maxmemory-policy noeviction, fewer than a majority",
+                    self.masters.len()
+                )))
+            }
         } else {
             Err(BackendError::Unavailable(format!(
                 "redlock: {up} of {} masters answer, fewer than a majority",

@@ -33,6 +33,17 @@ pub struct RedLockSettings {
     /// 0 = off: only with `appendfsync always` on every master.
     pub restart_quarantine_ms: u64,
     pub key_prefix: String,
+    /// Every master's `maxmemory-policy` must be `noeviction`: a master that
+    /// evicts a live lock entry forgets a grant, like one restarted empty,
+    /// and with it a second client can reach a "majority". Until every
+    /// master that answers says `noeviction` the backend is not ready and
+    /// acquires answer 503; a master not yet checked (unreachable, just
+    /// reconnected) does not vote. `true` turns the refusal into a warning
+    /// at every check.
+    pub allow_eviction: bool,
+    /// How often every master's eviction policy is read again, besides at
+    /// start and after a master reconnects.
+    pub eviction_check_interval_ms: u64,
     /// PEM CA for `rediss://` masters with a private CA.
     pub ca_file: Option<String>,
 }
@@ -48,6 +59,8 @@ impl Default for RedLockSettings {
             retry_jitter_ms: 50,
             restart_quarantine_ms: 60_000,
             key_prefix: "fencer:".into(),
+            allow_eviction: false,
+            eviction_check_interval_ms: 10_000,
             ca_file: None,
         }
     }
@@ -129,6 +142,12 @@ impl RedLockSettings {
                 "at most 64 bytes and no `{` or `}`",
             ));
         }
+        check_range(
+            "backend.redlock.eviction_check_interval_ms",
+            self.eviction_check_interval_ms,
+            100,
+            600_000,
+        )?;
         Ok(())
     }
 }

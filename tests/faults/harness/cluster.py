@@ -198,6 +198,10 @@ class Cluster:
             "backend.redis.token_mode": sc.get("token_mode", "hybrid_clock"),
             "backend.redis.request_timeout_ms": 500,
         }
+        if out["backend.redis.token_mode"] == "counter":
+            # Refused with a replicated Redis unless accepted explicitly:
+            # the counter_tokens mutant runs it to show why.
+            out["backend.redis.allow_counter_with_failover"] = "true"
         if sc.get("wait_replicas"):
             out["backend.redis.wait_replicas"] = sc["wait_replicas"]
             out["backend.redis.wait_timeout_ms"] = sc.get("wait_timeout_ms", 100)
@@ -304,6 +308,10 @@ class Cluster:
             "backend.redis.token_mode": sc.get("token_mode", "hybrid_clock"),
             "backend.redis.request_timeout_ms": 500,
         }
+        if out["backend.redis.token_mode"] == "counter":
+            # Refused with a replicated Redis unless accepted explicitly:
+            # the counter_tokens mutant runs it to show why.
+            out["backend.redis.allow_counter_with_failover"] = "true"
         if sc.get("wait_replicas"):
             out["backend.redis.wait_replicas"] = sc["wait_replicas"]
             out["backend.redis.wait_timeout_ms"] = sc.get("wait_timeout_ms", 100)

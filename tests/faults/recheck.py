@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import run as suite  # noqa: E402
 from harness import checker  # noqa: E402
-from harness.scenario import load_history  # noqa: E402
+from harness.scenario import load_history, seam_counts  # noqa: E402
 
 COLS = ["commit_seq", "key", "token", "seq", "lease", "prev", "new", "op_id", "claimed_prev", "t_ns", "method"]
 
@@ -36,28 +36,36 @@ def scenario_of(report):
             return dict(f, backend=backend)
     for base, mutants in (("zk-session", suite.ZOOKEEPER_MUTANTS), ("redlock-majority-restarts",
                                                                      suite.REDLOCK_MUTANTS),
-                            ("mysql-cut", suite.MYSQL_MUTANTS)):
+                            ("mysql-cut", suite.MYSQL_MUTANTS), ("seams", suite.SEAM_MUTANTS)):
         for m in mutants.values():
             if m["name"] == name:
                 return dict(next(f for f in suite.FAMILIES if f["name"] == base), **m)
     raise SystemExit(f"unknown scenario {name!r}")
 
 
-def injections(run_dir):
+def sidecar_logs(run_dir):
+    """Each sidecar's name and its JSON log lines, parsed."""
     out = []
     for log in sorted(glob.glob(os.path.join(run_dir, "sidecar-*", "fencer.log"))):
-        name = os.path.basename(os.path.dirname(log))
+        lines = []
         with open(log, errors="replace") as f:
             for line in f:
-                if not line.startswith("{"):
-                    continue
-                try:
-                    e = json.loads(line)
-                except ValueError:
-                    continue
-                fields = e.get("fields", e)
-                if fields.get("message") == "token injected":
-                    out.append(dict(fields, sidecar=name))
+                if line.startswith("{"):
+                    try:
+                        lines.append(json.loads(line))
+                    except ValueError:
+                        pass
+        out.append((os.path.basename(os.path.dirname(log)), lines))
+    return out
+
+
+def injections(run_dir):
+    out = []
+    for name, lines in sidecar_logs(run_dir):
+        for e in lines:
+            fields = e.get("fields", e)
+            if fields.get("message") == "token injected":
+                out.append(dict(fields, sidecar=name))
     return out
 
 
@@ -72,6 +80,7 @@ def recheck(run_dir):
     commits = [dict(zip(COLS, r)) for r in db.execute(f"SELECT {', '.join(COLS)} FROM log ORDER BY commit_seq")]
     nemesis = load_history(os.path.join(run_dir, "nemesis.jsonl"))
     r = checker.check(events, commits, injections(run_dir), [], nemesis, sc)
+    r.bites.update(seam_counts(lines for _, lines in sidecar_logs(run_dir)))
     # Bites scraped from the processes during the run (not in the files).
     for k in ("zk_sessions_expired",):
         if k in report.get("bites", {}):
@@ -80,6 +89,7 @@ def recheck(run_dir):
     verdict = "FAIL" if r.violations else ("INCONCLUSIVE" if short else "PASS")
     print(json.dumps({"dir": run_dir, "was": report["verdict"], "now": verdict, "bites": r.bites,
                       "violations": [v["property"] + ": " + v["message"] for v in r.violations],
+                      "m1_excused": r.stats.get("m1_excused", {}),
                       "below_threshold": short}))
     return verdict == "PASS"
 

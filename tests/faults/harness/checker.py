@@ -107,16 +107,32 @@ def check(events, commits, injections, marks, nemesis, cfg):
             r.violate("S7", f"{m['key']}: gateway mark went from {p['token']} down to {m['token']}", [p, m])
         seen[m["key"]] = m
 
-    # M1 (scenarios that promise it: no worker pauses, no clock faults): no
-    # two leases of a key overlap as their clients saw them: from the
-    # grant's answer to the release, or to `ttl_ms` after the acquire was
-    # sent if that comes first — the client's own sound bound on its lease
-    # (see overlapping(): a frozen sidecar or a slow pre-registration
-    # answers a grant long after it was made).
-    if cfg.get("exclusive"):
-        for a, b in overlapping(events, clip_at_ttl=True)[:3]:
-            r.violate("M1", f"{a[3]}: leases of {a[2]} and {b[2]} overlap ({(a[1] - b[0]) / 1e6:.0f} ms)",
-                      [a, b])
+    # M1 (every run): the spans in which sidecars told clients "held"
+    # never overlap for one key, except inside a window a nemesis named
+    # (admits_overlap: a fault after which the backend itself admits a
+    # second holder, or a freeze between a check and its answer), or by
+    # no more than the answer's transit (M1_TRANSIT_SLACK_MS) where the
+    # earlier span ended at its reported time left.
+    pairs = m1_pairs(events)
+    windows = [n for n in nemesis if n.get("kind") == "admits_overlap"]
+    slack_ns = cfg.get("m1_transit_slack_ms", M1_TRANSIT_SLACK_MS) * 1_000_000
+    excused = defaultdict(int)
+    unexplained = []
+    for a, b in pairs:
+        w = excusing_window(a, b, windows)
+        if w is not None:
+            excused[w["cause"]] += 1
+        elif a["by_ttl"] and a["end"] - b["start"] <= slack_ns:
+            excused["transit"] += 1
+        else:
+            unexplained.append((a, b))
+    for a, b in unexplained[:3]:
+        r.violate("M1", f"{a['key']}: {a['what']} of {a['proc']} (lease {a['tag'][:8]}, token {a['token']}) and "
+                        f"{b['what']} of {b['proc']} (lease {b['tag'][:8]}, token {b['token']}) say held at once "
+                        f"for {(min(a['end'], b['end']) - b['start']) / 1e6:.0f} ms; no nemesis admits it",
+                  [a, b])
+    if len(unexplained) > 3:
+        r.violate("M1", f"{len(unexplained) - 3} more overlapping pairs no nemesis admits")
 
     # L1: waits are bounded by wait_ms (plus backend time), net of pauses of
     # the waiting worker itself.
@@ -157,15 +173,25 @@ def check(events, commits, injections, marks, nemesis, cfg):
         "pauses": sum(len(v) for v in pauses.values()),
         "expiries_while_paused": expiries_while_paused(events, pauses),
         "overlaps": overlaps(events),
-        # The pairs M1 would flag (spans clipped at the client's own TTL
-        # bound): without worker pauses' help, only a lease ended early
-        # where it is kept (premature expiry, a forward jump of a server
-        # clock leases run on, a frozen sidecar) makes one.
-        "m1_overlaps": len(overlapping(events, clip_at_ttl=True)),
+        # Pairs of "held" spans that overlap (M1), and of those the ones a
+        # nemesis admitted (by cause in stats["m1_excused"]).
+        "m1_overlaps": len(pairs),
+        "m1_excused": sum(excused.values()),
         "indeterminate": len(writes_info),
         "applied": len(commits),
         "acked": len(writes_ok),
         "faults": sum(1 for n in nemesis if n.get("kind") not in NOT_FAULTS),
+        # The seams: replies held past the backend request timeout (the
+        # proxy's record: the fault landed on a request), releases whose
+        # client gave up (short_release_p), acquires answered
+        # `lease_expired_before_answer` (slow pre-registration).
+        "late_replies": sum(1 for n in nemesis if n.get("kind") == "late_reply_fired"),
+        "releases_given_up": sum(1 for e in events if e["f"] == "release" and e["kind"] == "info"
+                                 and e.get("short_ms")),
+        "probes_held": sum(1 for e in events if e["f"] == "get" and e["kind"] == "ok"
+                           and (e.get("resp") or {}).get("state") == "held"),
+        "expired_before_answer": sum(1 for e in events if e["f"] == "acquire" and e["kind"] == "fail"
+                                     and e.get("error") == "lease_expired_before_answer"),
     }
     if (any(n.get("kind") in FAILOVER_KINDS for n in nemesis)
             or cfg.get("backend") in ("redis-sentinel", "redis-cluster")):
@@ -195,7 +221,8 @@ def check(events, commits, injections, marks, nemesis, cfg):
         r.bites["mysql_forward_jumps"] = sum(1 for n in jumps if n.get("jump_s", 0) > 0)
         r.bites["mysql_rows_expired"] = sum(1 for n in nemesis if n.get("kind") == "expire" and n.get("deleted"))
     tags = {lease_tag(l) for toks in issued.values() for ls in toks.values() for l in ls}
-    r.stats = {"leases": len(tags), "unavailability_ms": unavailability(events, nemesis)}
+    r.stats = {"leases": len(tags), "unavailability_ms": unavailability(events, nemesis),
+               "m1_excused": dict(excused)}
     return r
 
 
@@ -247,50 +274,129 @@ def expiries_while_paused(events, pauses):
 
 
 def overlaps(events):
-    """Pairs of leases of one key that both held it, as their clients saw
-    it: from acquire-ok to release-invoke."""
-    return len(overlapping(events))
-
-
-def overlapping(events, clip_at_ttl=False):
-    """Those pairs, each span as (start, end, proc, key).
-
-    `clip_at_ttl` (M1): a span also ends `ttl_ms` after the acquire was
-    sent. The lease lives `ttl_ms` from the send of the backend try that
-    won it, somewhere between the acquire's invoke and its answer, so the
-    invoke is the only sound anchor the client has: the answer can come
-    long after the grant (a sidecar frozen right after granting; a slow
-    pre-registration at the gateway, which the sidecar waits for before it
-    answers — at a run's start it took 400 ms, and the next holder got the
-    key, correctly, 170 ms after the first holder's answer). The price: an
-    acquire that waited for the key has a short or empty span, so a second
-    holder during its lease goes unseen. A span that ends before it starts
-    is no span."""
+    """Pairs of leases of one key that both held it, as their clients
+    acted: from acquire-ok to release-invoke, however long that was (a
+    bite metric: clients that held on past their lease, paused)."""
     spans = defaultdict(list)
     open_ = {}
-    invoked = {}
     for e in events:
-        if e["f"] == "acquire" and e["kind"] == "invoke":
-            invoked[e["proc"]] = e["t"]
-        elif e["f"] == "acquire" and e["kind"] == "ok":
-            ttl = (e.get("resp") or {}).get("ttl_ms")
-            limit = invoked.get(e["proc"], e["t"]) + ttl * 1_000_000 if (clip_at_ttl and ttl) else None
-            open_[e["proc"]] = (e["key"], e["t"], limit)
+        if e["f"] == "acquire" and e["kind"] == "ok":
+            open_[e["proc"]] = (e["key"], e["t"])
         elif e["f"] == "release" and e["kind"] == "invoke" and e["proc"] in open_:
-            key, t0, limit = open_.pop(e["proc"])
-            end = e["t"] if limit is None else min(e["t"], limit)
-            if end > t0:
-                spans[key].append((t0, end, e["proc"], key))
-    out = []
-    for key, ss in spans.items():
+            key, t0 = open_.pop(e["proc"])
+            if e["t"] > t0:
+                spans[key].append((t0, e["t"], e["proc"]))
+    n = 0
+    for ss in spans.values():
         ss.sort()
         for i, a in enumerate(ss):
             for b in ss[i + 1:]:
                 if b[0] >= a[1]:
                     break
                 if a[2] != b[2]:
+                    n += 1
+    return n
+
+
+# How late a client may read an answer after its sidecar computed the time
+# left in it: scheduling on a loaded machine (the sidecar's response write,
+# the worker's read). A span that ends at its reported time left (not at
+# the client's release) can overshoot the sidecar's deadline by that much;
+# an overlap no longer than this at such an end is counted as `transit`,
+# not as a violation. Measured on the shared 2-core box (load average
+# 10–12): 156 ms and 85 ms (two PR-tier runs, each matched against the
+# sidecars' logs). The seams' mutants are still killed with it: most of
+# their overlaps end at a release, or last far longer.
+M1_TRANSIT_SLACK_MS = 200
+
+
+def held_spans(events):
+    """Per key, the spans in which a sidecar told a client "held", each a
+    dict (start, end, proc, key, tag, token, what):
+
+    - an acquire answered 200 at t with `ttl_ms` (the time left at the
+      answer): [t, t + ttl_ms], ended at the client's release of that lease
+      if it sent one sooner (its hold ends when it lets go);
+    - a `GET /v1/locks/{key}` answered "held" at t with `remaining_ms`:
+      [t, t + remaining_ms], ended at a release of that lease sent after
+      the question was asked. A question asked after the client released
+      (the probe after a release it gave up on) is not ended by that
+      release: the sidecar says the lease is still held.
+
+    Times are the client's (monotonic, taken as the answer was read): the
+    sidecar's reckoning is its own deadline, `sidecar.safety_margin_ms`
+    and the clock-drift share of the TTL before the backend's expiry.
+    `by_ttl`: the span ends at its reported time left (else at a release)."""
+    tag_of = {}
+    releases = defaultdict(list)  # (proc, tag) -> [t of release invokes]
+    for e in events:
+        if e["f"] == "acquire" and e["kind"] == "ok":
+            tag_of[e["resp"]["lease_id"]] = lease_tag(e["resp"]["lease_id"])
+        elif e["f"] == "release" and e["kind"] == "invoke" and e.get("tag"):
+            releases[(e["proc"], e["tag"])].append(e["t"])
+
+    def released_after(proc, tag, t):
+        ts = [x for x in releases.get((proc, tag), []) if x >= t]
+        return min(ts) if ts else None
+
+    spans = defaultdict(list)
+    asked = {}
+    for e in events:
+        if e["f"] == "get" and e["kind"] == "invoke":
+            asked[e["proc"]] = e["t"]
+        if e["kind"] != "ok":
+            continue
+        resp = e.get("resp") or {}
+        if e["f"] == "acquire":
+            tag = tag_of[resp["lease_id"]]
+            left, since = resp.get("ttl_ms"), e["t"]
+        elif e["f"] == "get" and resp.get("state") == "held":
+            tag = resp.get("lease_tag")
+            left, since = resp.get("remaining_ms"), asked.get(e["proc"], e["t"])
+        else:
+            continue
+        if left is None or tag is None:
+            continue
+        end = by_ttl = e["t"] + left * 1_000_000
+        rel = released_after(e["proc"], tag, since)
+        if rel is not None:
+            end = min(end, rel)
+        if end > e["t"]:
+            spans[e["key"]].append({"start": e["t"], "end": end, "proc": e["proc"], "key": e["key"], "tag": tag,
+                                    "token": resp.get("token"), "what": e["f"], "left_ms": left,
+                                    "by_ttl": end == by_ttl})
+    return spans
+
+
+def m1_pairs(events):
+    """Pairs of overlapping "held" spans of one key for different leases,
+    each pair as (earlier start, later start)."""
+    out = []
+    for ss in held_spans(events).values():
+        ss.sort(key=lambda x: x["start"])
+        for i, a in enumerate(ss):
+            for b in ss[i + 1:]:
+                if b["start"] >= a["end"]:
+                    break
+                if a["tag"] != b["tag"]:
                     out.append((a, b))
     return out
+
+
+def excusing_window(a, b, windows):
+    """The first admits_overlap window that explains the overlap of spans
+    `a` and `b`: it intersects the overlap, names their key (or every key)
+    and, if it names workers, one of the two clients."""
+    lo, hi = max(a["start"], b["start"]), min(a["end"], b["end"])
+    for w in windows:
+        if w["t0"] > hi or w["t1"] < lo:
+            continue
+        if w.get("keys") and a["key"] not in w["keys"]:
+            continue
+        if w.get("workers") and a["proc"] not in w["workers"] and b["proc"] not in w["workers"]:
+            continue
+        return w
+    return None
 
 
 FAILOVER_KINDS = ("failover", "lossy_failover", "shard_failover")
@@ -299,7 +405,7 @@ FAILOVER_KINDS = ("failover", "lossy_failover", "shard_failover")
 # after it).
 UNAVAILABILITY_KINDS = FAILOVER_KINDS + ("kill_zk_leader", "kill_mysql")
 # Nemesis events that report rather than inflict.
-NOT_FAULTS = ("heal", "cluster_healthy", "zk_healthy", "zk_leader_elected")
+NOT_FAULTS = ("heal", "cluster_healthy", "zk_healthy", "zk_leader_elected", "admits_overlap", "late_reply_fired")
 
 
 def unavailability(events, nemesis):

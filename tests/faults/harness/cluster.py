@@ -175,6 +175,9 @@ class Cluster:
             else:
                 settings["backend.postgres.url"] = lock_url
                 settings["backend.postgres.request_timeout_ms"] = 1000
+            # Extra settings a scenario asks for (e.g. an override a
+            # configuration mutant needs to be allowed to start).
+            settings.update(sc.get("sidecar_settings", {}))
             # sidecar_faketime: every sidecar's clock; first_sidecar_faketime:
             # one sidecar's only (the others keep the real clock).
             faketime = sc.get("sidecar_faketime") or (sc.get("first_sidecar_faketime") if i == 0 else None)
@@ -262,6 +265,40 @@ class Cluster:
         except Exception:
             pass
         return {k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in out.items()}
+
+    def lock_request_timeout_ms(self):
+        """The sidecars' bound on one lock-backend request (the settings
+        above): a reply held longer than this comes after its caller gave
+        up (late_reply)."""
+        b = self.sc["backend"]
+        if b == "zookeeper":
+            return self.sc.get("zk_request_timeout_ms", 500)
+        if b == "mysql":
+            return self.sc.get("mysql_request_timeout_ms", 1000)
+        if b == "postgres":
+            return 1000
+        if b == "redlock":
+            return 50  # backend.redlock.request_timeout_ms's default
+        return 500
+
+    def lock_links(self):
+        """The proxied links from sidecars to the lock backend, in groups
+        a fault hits together: one group per sidecar on ZooKeeper (its
+        links to every member: its client talks to one of them) and MySQL;
+        one per master on RedLock; the one shared link on Redis and
+        PostgreSQL. None on the sentinel set and the cluster (no proxy)."""
+        if self.zk:
+            return [s.zk_proxies for s in self.sidecars]
+        if self.my:
+            return [[s.mysql_proxy] for s in self.sidecars]
+        if self.redlock:
+            return [[p] for p in self.redlock.proxies]
+        if self.lockp:
+            return [[self.lockp]]
+        return []
+
+    def worker_of(self, sidecar):
+        return next(w.cfg["id"] for w in self.workers if w.sidecar is sidecar)
 
     def zk_session_s(self):
         return self.sc.get("zk_session_timeout_ms", 3000) / 1000
@@ -366,6 +403,7 @@ class Cluster:
             "timeout_ms": sc.get("client_timeout_ms", 4000), "duration_s": sc["duration_s"],
             "history": os.path.join(wdir, "history.jsonl"), "pause_file": os.path.join(wdir, "pause.req"),
             "replay_p": sc.get("replay_p", 0), "forge_p": sc.get("forge_p", 0),
+            "short_release_p": sc.get("short_release_p", 0), "short_release_ms": sc.get("short_release_ms", 200),
         }
         with open(os.path.join(wdir, "config.json"), "w") as f:
             json.dump(cfg, f)
@@ -449,8 +487,13 @@ class Cluster:
                     self.my.restart()
                     self.event(kind="restarted", target="mysql", by="heal")
                 if self.my.clock_file and self.my.offset_s:
+                    t0, back = time.monotonic_ns(), self.my.offset_s
                     self.event(kind="clock_mysql", offset_s=0, by="heal",
                                landed_ms=self.my.set_offset(0))
+                    if back < 0:  # back to the real clock: a forward jump
+                        self.event(kind="admits_overlap", cause="clock_mysql_forward", t0=t0,
+                                   t1=time.monotonic_ns() + int((self.sc["ttl_ms"] / 1000 + 0.3) * 1e9),
+                                   keys=None, workers=None)
             except Exception as e:
                 self.event(kind="nemesis_error", family="heal", error=str(e)[:2000])
         if self.redlock:

@@ -9,6 +9,14 @@ Each proxy forwards bytes both ways until the nemesis sets a mode:
                   request arrives, its answer never does)
   freeze_unscripted  hold connections that never sent a Redis script command
                   (the pub/sub connection: a half-open subscriber)
+  late_reply      once: the next request chunk (on any connection; with
+                  `marker`, the next one containing those bytes) is forwarded
+                  at once (`marker` may be a list: every one of them; none
+                  of the list `unless`), and
+                  the first answer chunk on its connection after
+                  it is held `ms`, then delivered; then back to `pass`. The
+                  request reaches the server and is applied; only its *reply*
+                  comes late (past the caller's timeout: PITFALLS 11)
 and `reset_all()` closes every open connection with a TCP RST (bytes a
 held connection was holding are dropped, never delivered later).
 
@@ -107,7 +115,7 @@ class FaultProxy:
         except OSError:
             _rst(cwriter)
             return
-        conn = {"scripted": False, "writers": [cwriter, swriter]}
+        conn = {"scripted": False, "writers": [cwriter, swriter], "late_ms": None}
         self.conns.append(conn)
         up = asyncio.ensure_future(self._pump(creader, swriter, conn, up=True))
         down = asyncio.ensure_future(self._pump(sreader, cwriter, conn, up=False))
@@ -118,6 +126,24 @@ class FaultProxy:
             w.close()
         if conn in self.conns:
             self.conns.remove(conn)
+
+    def _arm_late_reply(self, conn, chunk):
+        """late_reply: this request's connection gets its next reply held
+        (once per arming; the proxy is back to `pass` at once)."""
+        m = self.mode
+        if m["mode"] != "late_reply" or conn.get("dead"):
+            return
+        markers = m.get("marker") or []
+        if isinstance(markers, str):
+            markers = [markers]
+        if any(x.encode() not in chunk for x in markers):
+            return
+        if any(x.encode() in chunk for x in m.get("unless") or []):
+            return
+        self.mode = {"mode": "pass"}
+        conn["late_ms"] = m.get("ms", 0)
+        # What the held reply answers, for the record (printable bytes).
+        conn["late_req"] = "".join(chr(b) if 32 <= b < 127 else "." for b in chunk[:120])
 
     async def _pump(self, reader, writer, conn, up):
         while True:
@@ -135,10 +161,20 @@ class FaultProxy:
                 u = chunk.upper()
                 if b"EVAL" in u or b"SCRIPT" in u:
                     conn["scripted"] = True
+                self._arm_late_reply(conn, chunk)
             while self._held(conn) and not conn.get("dead"):
                 await asyncio.sleep(0.005)
             if conn.get("dead"):
                 return  # reset while held: the bytes die with the connection
+            if not up and conn["late_ms"] is not None:
+                # The one reply late_reply holds: later chunks of this
+                # connection queue behind it (TCP keeps their order).
+                ms, conn["late_ms"] = conn["late_ms"], None
+                if self.events:
+                    self.events(kind="late_reply_fired", proxy=self.name, ms=ms, request=conn.get("late_req"))
+                await asyncio.sleep(ms / 1000)
+                if conn.get("dead"):
+                    return
             m = self.mode
             if m["mode"] == "delay" and m.get("direction", "both") in ("both", "up" if up else "down"):
                 await asyncio.sleep(m.get("ms", 0) / 1000)

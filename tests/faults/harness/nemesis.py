@@ -22,6 +22,17 @@ to the histories. Families:
   expire          premature expiry: the lock entry deleted / expired in the
                   backend (a backend wall-clock step)
   slow_storage    the storage holds writes longer than the clients wait
+  late_reply      one lock-backend link holds back only the *reply* to the
+                  next request that names a scenario key, 1.1–1.5× the
+                  sidecars' backend request timeout, then delivers it: the
+                  request is applied on the backend while its caller times
+                  out and retries (PITFALLS 11: an undo that a retry can
+                  share); every backend with a proxied link (Redis,
+                  PostgreSQL, MySQL, ZooKeeper, RedLock masters)
+  slow_preregistration  one sidecar's link to its gateway delays every
+                  answer 1.2–2× the TTL for a while: an acquire's token
+                  pre-registration ends after its lease did (PITFALLS 12:
+                  held at the moment of the answer)
   failover        kill -9 the Redis master of a sentinel set; a replica is
                   promoted; the old node rejoins as a replica 1–3 s later
   lossy_failover  the same, after freezing replication for 0.3–0.8 s while
@@ -77,13 +88,21 @@ pause_backend SIGSTOPs one member (if it leads, a pause past syncLimit,
 it again at once, and expire deletes the key's holder node (lowest
 sequence) through a session of its own (zkclient.py) — the holder's
 sidecar is not told, the next node in the queue takes the key. The
-ZooKeeper families exist only on "zookeeper". On "mysql" (a private
+ZooKeeper families exist only on "zookeeper".
+
+Every fault after which the backend itself admits two holders of a key
+(docs/faults.md, "M1") also writes an `admits_overlap` event: its cause,
+the window [t0, t1] in which a second holder may appear (the fault's time
+plus a TTL and some slack), and the keys or workers it can concern. The
+checker excuses an overlap of "held" answers only inside such a window;
+it never infers one. On "mysql" (a private
 MariaDB, each sidecar behind a proxy of its own) net_lock hits one
 sidecar's link to the server, pause_backend SIGSTOPs mariadbd, kill_backend
 is kill_mysql, and expire sets the key's lease row's `expires_at` to the
 server's now behind the holder's back; kill_mysql, cut_mysql and
 clock_mysql exist only there.
 """
+import os
 import random
 import subprocess
 import threading
@@ -96,6 +115,8 @@ from .zkclient import ZkClient, key_dir, sequence
 # Families that need one lock-backend process / one link to it (lockp), a
 # sentinel set, or a cluster, by backend.
 NEEDS_SINGLE_BACKEND = {"net_lock", "pause_backend", "kill_backend"}
+# A proxied link to the lock backend (none on the sentinel set or the cluster).
+NEEDS_LOCK_LINK = {"late_reply"}
 NEEDS_SENTINELS = {"failover", "lossy_failover"}
 NEEDS_CLUSTER = {"shard_failover"}
 NEEDS_REDLOCK = {"kill_master_empty", "kill_masters_empty", "pause_master"}
@@ -111,7 +132,38 @@ FAILOVER_BUDGET_S = 8
 ZK_FAILOVER_BUDGET_S = 10
 
 
+# How to tell an acquire or a release from the other requests that carry
+# a key, by backend: (bytes it carries as well, bytes it never carries).
+# MySQL's acquire procedure takes the key's bell name (`fencer:<hex>`),
+# its release does not (and the bell connections' GET_LOCK carries the
+# bell name without the key); PostgreSQL's release names the key's
+# notification channel (`fencer_<hex>`), its acquire does not. Elsewhere
+# acquire and release carry the same bytes, and late_reply aims at
+# whichever comes next.
+AIM_MARKERS = {
+    "acquire": {"mysql": (["fencer:"], []), "postgres": ([], ["fencer_"])},
+    "release": {"mysql": ([], ["fencer:"]), "postgres": (["fencer_"], [])},
+}
+
+
+def key_marker(keys):
+    """Bytes every lock-backend request about one of `keys` carries: their
+    common leading letters and digits (the backends escape other
+    characters differently: ZooKeeper's node names, Redis hash tags)."""
+    prefix = os.path.commonprefix(list(keys))
+    out = ""
+    for ch in prefix:
+        if not ch.isalnum():
+            break
+        out += ch
+    if not out:
+        raise ValueError(f"late_reply needs keys with a common alphanumeric prefix: {keys}")
+    return out
+
+
 def available(family, backend):
+    if family in NEEDS_LOCK_LINK:
+        return backend not in MULTI_NODE_BACKENDS
     if family in NEEDS_MYSQL:
         return backend == "mysql"
     if family in NEEDS_ZOOKEEPER:
@@ -183,11 +235,39 @@ class Nemesis:
         time.sleep(d)
         heal()
 
+    # Slack added to every window: scheduling on a loaded 2-core machine
+    # between a process's clock reading and its answer's arrival.
+    WINDOW_SLACK_S = 0.3
+
+    def admits(self, cause, t0, t1=None, keys=None, workers=None):
+        """Names a window in which two clients may legitimately be told
+        "held" for one key at once: from `t0` (monotonic ns) to `t1` (ns,
+        default t0) plus a TTL and slack — a lease that lived at the fault
+        ends within a TTL of it. `keys` / `workers` (ids) limit it to the
+        keys it touched / the clients whose answers it could have made
+        stale; None means every one."""
+        if cause in self.c.sc.get("hide_windows", ()):
+            return  # a mutant: the defect injected from outside, unannounced
+        t1 = t0 if t1 is None else t1
+        end = t1 + int((self.ttl + self.WINDOW_SLACK_S) * 1e9)
+        self.c.event(kind="admits_overlap", cause=cause, t0=t0, t1=end,
+                     keys=list(keys) if keys else None, workers=list(workers) if workers else None)
+
+    def hold_paused(self, what, d, apply, heal, workers, **kv):
+        """A freeze (hold()) of a process that stands between a client and
+        its answers: an answer checked just before the freeze arrives after
+        it with the time left it had then — no process can rule that out,
+        so the window is named (pause_worker, pause_node, pause_sidecar)."""
+        t0 = time.monotonic_ns()
+        self.hold(what, d, apply, heal, **kv)
+        self.admits(what, t0, time.monotonic_ns(), workers=workers)
+
     # ------------------------------------------------------------ families
 
     def pause_worker(self):
         w = self.rng.choice(self.c.workers)
-        self.hold("pause", self.pause_len(), w.pause, w.resume, worker=w.cfg["id"], target=w.name)
+        self.hold_paused("pause", self.pause_len(), w.pause, w.resume, [w.cfg["id"]], worker=w.cfg["id"],
+                         target=w.name)
 
     def pause_node(self):
         w = self.rng.choice(self.c.workers)
@@ -199,11 +279,13 @@ class Nemesis:
         def heal():
             w.sidecar.proc.resume()
             w.resume()
-        self.hold("pause", self.pause_len(), apply, heal, worker=w.cfg["id"], target="node:" + w.name)
+        self.hold_paused("pause", self.pause_len(), apply, heal, [w.cfg["id"]], worker=w.cfg["id"],
+                         target="node:" + w.name)
 
     def pause_sidecar(self):
         s = self.rng.choice(self.c.sidecars)
-        self.hold("pause_sidecar", self.pause_len(), s.proc.pause, s.proc.resume, target=s.name)
+        self.hold_paused("pause_sidecar", self.pause_len(), s.proc.pause, s.proc.resume, [self.c.worker_of(s)],
+                         target=s.name)
 
     def pause_gateway(self):
         g = self.rng.choice(self.c.gateways)
@@ -250,8 +332,13 @@ class Nemesis:
             self.kill_mysql()
             return
         if self.c.redis:
-            self.c.event(kind="kill", target="redis")
+            t0 = time.monotonic_ns()
+            self.c.event(kind="kill", target="redis", t=t0)
             self.c.redis.restart()
+            if not self.c.sc.get("redis_aof", True):
+                # Restarted empty: every lock entry is gone while its
+                # holders' leases live on (Redis without persistence).
+                self.admits("kill_backend_empty", t0, time.monotonic_ns())
         else:
             self.c.event(kind="kill", target="postgres")
             self.c.pg.crash_restart()
@@ -291,8 +378,10 @@ class Nemesis:
 
     def expire(self):
         key = self.rng.choice(self.c.sc["keys"])
+        t0 = time.monotonic_ns()
         if self.c.zk:
             self._zk_expire(key)
+            self.admits("expire", t0, time.monotonic_ns(), keys=[key])
             return
         if self.c.my:
             # The holder's sidecar is not told; its local deadline is still
@@ -302,6 +391,7 @@ class Nemesis:
                                 f"'{key}' AND lease_id IS NOT NULL AND expires_at > SYSDATE(6); "
                                 "SELECT ROW_COUNT()")
             self.c.event(kind="expire", key=key, deleted=out.strip() == "1")
+            self.admits("expire", t0, time.monotonic_ns(), keys=[key])
             return
         self.c.event(kind="expire", key=key)
         if self.c.redlock:
@@ -316,6 +406,61 @@ class Nemesis:
             self.c.redis.cmd("DEL", "fencer:{" + key + "}:lock")
         else:
             self.c.pg.psql(f"UPDATE fencer_locks SET expires_at = clock_timestamp() WHERE key = '{key}'")
+        self.admits("expire", t0, time.monotonic_ns(), keys=[key])
+
+    def late_reply(self):
+        """Holds back only the reply to the next request that names a
+        scenario key (any key: the marker is the keys' common prefix) on
+        one lock-backend link group, 1.1–1.5× the sidecars' request
+        timeout (`late_reply_factor`), then delivers it (`late_reply_aims`: "key", or "acquire"
+        where the backend's acquire carries bytes of its own, MySQL's bell
+        name; one is picked per fault). The request is applied at once: an
+        acquire is granted while its caller times out and retries with the
+        same lease (the retry is answered "held"), then the late reply
+        arrives and that try's compensation runs; a release frees the key
+        while its caller waits. Armed for up to 3 s; the event
+        `late_reply_fired` (from the proxy) says when a reply was held."""
+        groups = self.c.lock_links()
+        group = self.rng.choice(groups)
+        timeout = self.c.lock_request_timeout_ms()
+        ms = int(self.rng.uniform(*self.c.sc.get("late_reply_factor", (1.1, 1.5))) * timeout)
+        marker, unless = [key_marker(self.c.sc["keys"])], []
+        aim = self.rng.choice(self.c.sc.get("late_reply_aims", ["key"]))
+        if self.c.sc["backend"] in AIM_MARKERS.get(aim, {}):
+            also, unless = AIM_MARKERS[aim][self.c.sc["backend"]]
+            marker += also
+        self.c.event(kind="late_reply", proxy=",".join(p.name for p in group), ms=ms, marker=marker,
+                     unless=unless, aim=aim, timeout_ms=timeout)
+        for p in group:
+            p.set("late_reply", ms=ms, marker=marker, unless=unless)
+        armed_until = time.monotonic() + 3.0
+        while time.monotonic() < armed_until and any(p.mode["mode"] == "late_reply" for p in group):
+            time.sleep(0.01)
+        fired = False
+        for p in group:
+            if p.mode["mode"] == "late_reply":
+                p.set("pass")
+            else:
+                fired = True
+        if fired:
+            # The held reply is still on its way: let it land before the
+            # next fault (one on the same connection would queue behind it).
+            time.sleep(ms / 1000)
+
+    def slow_preregistration(self):
+        """One sidecar's link to its gateway delays every answer 1.2–2× the
+        TTL, for that delay plus 0.5–2 s: the token pre-registration of an
+        acquire made meanwhile ends after its lease did (the request
+        reaches the gateway at once: the mark moves). The sidecar must not
+        answer such an acquire "held" (PITFALLS 12). The proxied workers'
+        reads and writes on that link are slow too (below their client
+        timeout)."""
+        s = self.rng.choice(self.c.sidecars)
+        p = s.gateway_proxy
+        ms = int(self.rng.uniform(1.2, 2.0) * self.ttl * 1000)
+        d = ms / 1000 + self.rng.uniform(0.5, 2.0)
+        self.hold("slow_preregistration", d, lambda: p.set("delay", ms=ms, direction="down"),
+                  lambda: p.set("pass"), proxy=p.name, ms=ms, target=s.name)
 
     def slow_storage(self):
         """The storage holds writes longer than the clients wait — but applies
@@ -410,6 +555,10 @@ class Nemesis:
             time.sleep(self.rng.uniform(1.0, 3.0))
             rs.restart_node(old)
             self.c.event(kind="restarted", target=f"redis:{old}")
+            # Asynchronous replication: the promoted replica may lack lock
+            # entries the old master granted (and the sentinels may switch
+            # again on their own while the old node rejoins).
+            self.admits(family, t_kill, time.monotonic_ns() + int(2e9))
 
     # ------------------------------------------------------------ cluster shard failovers
 
@@ -466,6 +615,7 @@ class Nemesis:
             time.sleep(self.rng.uniform(1.0, 3.0))
             rc.restart(old)
             self.c.event(kind="restarted", target=f"redis:{old}")
+            self.admits(family, t_kill, time.monotonic_ns() + int(2e9), keys=shard_keys)
         t0 = time.monotonic()
         rc.wait_healthy(20)
         self.c.event(kind="cluster_healthy", after_restart_ms=round((time.monotonic() - t0) * 1000))
@@ -487,6 +637,11 @@ class Nemesis:
         self.c.event(kind="kill_master_empty", t=ts[0], masters=picked,
                      target=",".join(f"redlock-{i}" for i in picked))
         self.c.event(kind="restarted", target="redlock", masters=picked)
+        if self.c.sc.get("redlock_quarantine_ms", 2000) < self.c.sc["ttl_ms"]:
+            # Published RedLock: a master restarted empty votes at once for
+            # a key another client's majority still holds. The quarantine
+            # (configured ≥ the TTL) closes that; without it, it is admitted.
+            self.admits("kill_master_empty", ts[0], time.monotonic_ns())
 
     def pause_master(self):
         rl = self.c.redlock
@@ -588,7 +743,8 @@ class Nemesis:
         d = self._session_plus()
         if not self._time_for("pause_sidecar_long", d):
             return
-        self.hold("pause_sidecar_long", d, s.proc.pause, s.proc.resume, target=s.name)
+        self.hold_paused("pause_sidecar_long", d, s.proc.pause, s.proc.resume, [self.c.worker_of(s)],
+                         target=s.name)
 
     def _time_for(self, family, d):
         """Whether a fault of `d` s ends (nearly) before the heal: one that
@@ -656,8 +812,18 @@ class Nemesis:
         landed = my.set_offset(offset)
         self.c.event(kind="clock_mysql", t=t, target="mysql", offset_s=round(offset, 3),
                      jump_s=round(offset - old, 3), landed_ms=landed, hold_ms=int(hold * 1000))
+        if offset - old > 0:
+            self._forward_jump(t)
         time.sleep(hold)
         t = time.monotonic_ns()
         landed = my.set_offset(0)
         self.c.event(kind="clock_mysql", t=t, target="mysql", offset_s=0, jump_s=round(-offset, 3),
                      landed_ms=landed)
+        if -offset > 0:
+            self._forward_jump(t)
+
+    def _forward_jump(self, t):
+        """A forward step of the clock leases run on ends every live lease
+        early on the server: admitted from the write of the offset until a
+        TTL after it landed (now, as set_offset polled until it did)."""
+        self.admits("clock_mysql_forward", t, time.monotonic_ns())

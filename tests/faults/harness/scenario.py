@@ -39,6 +39,26 @@ def injections(sidecars):
     return out
 
 
+def seam_counts(logs):
+    """What the sidecars' logs (one list of parsed JSON lines each) say
+    about the seams the late_reply and slow_preregistration faults aim at:
+    compensations of abandoned acquire tries by outcome (`superseded`: a
+    retry of the same lease had been answered meanwhile — the undo that
+    must not release it, PITFALLS 11), and acquires not handed over
+    because their lease ran out first."""
+    out = {"undo_released": 0, "undo_superseded": 0, "expired_before_answer_logged": 0}
+    for log in logs:
+        for e in log:
+            fields = e.get("fields", e)
+            msg = fields.get("message", "")
+            if msg == "compensation of an acquire attempt whose caller gave up":
+                k = "undo_" + str(fields.get("outcome"))
+                out[k] = out.get(k, 0) + 1
+            elif msg.startswith("lease ran out before the acquire could answer"):
+                out["expired_before_answer_logged"] += 1
+    return out
+
+
 def run(sc, seed, binary, out_dir, keep=False):
     """Runs scenario `sc`; returns a result dict (verdict PASS, FAIL or
     INCONCLUSIVE, violations, bite metrics)."""
@@ -67,6 +87,7 @@ def run(sc, seed, binary, out_dir, keep=False):
             commits = json.load(r)["log"]
         inj = injections(cluster.sidecars)
         report = checker.check(events, commits, inj, cluster.marks, cluster.nemesis_events, sc)
+        report.bites.update(seam_counts(s.log_events() for s in cluster.sidecars))
         failover_metrics = cluster.failover_metrics() if (cluster.rset or cluster.rcluster) else None
         redlock_rounds = cluster.redlock_rounds() if cluster.redlock else None
         zk_metrics = cluster.zookeeper_metrics() if cluster.zk else None
@@ -97,7 +118,7 @@ def run(sc, seed, binary, out_dir, keep=False):
         if n.get("kind") == "proxy" and n.get("mode") != "reset":
             continue  # the proxy's own record of a mode the nemesis logged as "net"
         if n.get("kind") not in ("start", "heal", "restarted", "nemesis_error", "promoted", "skipped",
-                                 "cluster_healthy", "zk_healthy", "zk_leader_elected"):
+                                 "cluster_healthy", "zk_healthy", "zk_leader_elected") + checker.NOT_FAULTS:
             k = "net_" + n["mode"] if n.get("kind") in ("net", "proxy") else n.get("kind")
             faults_by_kind[k] = faults_by_kind.get(k, 0) + 1
     result = {
@@ -106,6 +127,7 @@ def run(sc, seed, binary, out_dir, keep=False):
         "writes_per_s": round(len(commits) / max(1, sc["duration_s"]), 1),
         "mutants": sc.get("mutants", {}), "verdict": verdict,
         "violations": report.violations, "bites": report.bites, "below_threshold": short,
+        "m1_excused": report.stats.get("m1_excused", {}),
         "seconds": round(time.monotonic() - started, 1), "dir": run_dir,
     }
     if any(n.get("kind") in checker.UNAVAILABILITY_KINDS for n in cluster.nemesis_events):

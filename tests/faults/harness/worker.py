@@ -181,8 +181,21 @@ class Worker:
                   {"balance": 0, "op_id": op_id, "prev": -1}, key=key, op_id=op_id, forged=True)
 
     def release(self, lock, lease_id, ctx):
-        self.call("release", "POST", f"{self.cfg['api']}/v1/locks/{lock}/release",
-                  body={"lease_id": lease_id}, **ctx)
+        """Releases the lease. With `short_release_p`, the client gives up
+        after `short_release_ms` (a client that disconnects mid-release:
+        PITFALLS 12). Its outcome is then unknown to it (`info`); its hold
+        ended when it sent the release, and it asks its sidecar what it
+        holds now (`get`): an answer "held" for the lease it gave back,
+        while the backend may have handed the key on, is a second holder
+        (M1 checks it)."""
+        cfg = self.cfg
+        short = self.rng.random() < cfg.get("short_release_p", 0)
+        timeout = cfg.get("short_release_ms", 200) / 1000 if short else None
+        extra = {"short_ms": cfg.get("short_release_ms", 200)} if short else {}
+        r = self.call("release", "POST", f"{cfg['api']}/v1/locks/{lock}/release",
+                      body={"lease_id": lease_id}, timeout=timeout, **extra, **ctx)
+        if short and r is None:
+            self.call("get", "GET", f"{cfg['api']}/v1/locks/{lock}", key=ctx["key"], probe=True)
 
 
 def main():

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """fencer's fault suite: real fencer processes, Redis, PostgreSQL,
-ZooKeeper and MariaDB under seeded faults; histories checked for S1–S7 (docs/faults.md).
+ZooKeeper and MariaDB under seeded faults; histories checked for S1–S7 and
+M1 (docs/faults.md).
 
-  python3 tests/faults/run.py --tier pr                  # the CI tier (~15 min)
+  python3 tests/faults/run.py --tier pr                  # the CI tier (~23 min)
   python3 tests/faults/run.py --tier long --minutes 30   # per backend, mixed faults
   python3 tests/faults/run.py --only pause-short --seed 7 --keep
   python3 tests/faults/run.py --mutant check_then_forward --repeat 20
@@ -19,6 +20,8 @@ ZooKeeper and MariaDB under seeded faults; histories checked for S1–S7 (docs/f
   python3 tests/faults/run.py --only mysql-clock --seed 3 --keep      # MariaDB's clock jumps
   python3 tests/faults/run.py --tier long --backend mysql --minutes 10
   python3 tests/faults/run.py --mutant no_enforcement --backend mysql --skip-directed
+  python3 tests/faults/run.py --only seams --seed 7 --keep       # issue 26's seams (M1)
+  python3 tests/faults/run.py --mutant undo_by_lease --repeat 5  # must FAIL (M1)
 
 Exit status 0 when every safety run is PASS and every mutant run FAILs.
 Histories, logs and the report of every run that is not a clean PASS are

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """fencer's fault suite: real fencer processes, Redis, PostgreSQL,
-ZooKeeper and MariaDB under seeded faults; histories checked for S1–S7 (docs/faults.md).
+ZooKeeper and MariaDB under seeded faults; histories checked for S1–S7 and
+M1 (docs/faults.md).
 
-  python3 tests/faults/run.py --tier pr                  # the CI tier (~15 min)
+  python3 tests/faults/run.py --tier pr                  # the CI tier (~23 min)
   python3 tests/faults/run.py --tier long --minutes 30   # per backend, mixed faults
   python3 tests/faults/run.py --only pause-short --seed 7 --keep
   python3 tests/faults/run.py --mutant check_then_forward --repeat 20
@@ -19,6 +20,8 @@ ZooKeeper and MariaDB under seeded faults; histories checked for S1–S7 (docs/f
   python3 tests/faults/run.py --only mysql-clock --seed 3 --keep      # MariaDB's clock jumps
   python3 tests/faults/run.py --tier long --backend mysql --minutes 10
   python3 tests/faults/run.py --mutant no_enforcement --backend mysql --skip-directed
+  python3 tests/faults/run.py --only seams --seed 7 --keep       # issue 26's seams (M1)
+  python3 tests/faults/run.py --mutant undo_by_lease --repeat 5  # must FAIL (M1)
 
 Exit status 0 when every safety run is PASS and every mutant run FAILs.
 Histories, logs and the report of every run that is not a clean PASS are
@@ -205,19 +208,22 @@ FAMILIES += [
 # pre-registrations slower than the TTL, and clients that give up on their
 # release (then ask their sidecar what it holds). No pauses, no clock
 # faults: no nemesis here admits a second holder, so M1 must hold
-# throughout. Bites: each seam opened at least once — a late reply's undo
-# found its row taken by the retry (`undo_superseded`), a release given up
-# on, an acquire not answered because its lease ran out first. TTL 1.5 s,
-# above the backend's 1 s statement bound: a retry after a late reply is
-# answered with lease left, which is what the undo of the try before it
-# must not release. Workers think 50–400 ms. On
-# MySQL (each sidecar behind a link of its own) by default; re-targeted by
-# --backend (PostgreSQL: one shared link). In the PR tier.
+# throughout. Bites: replies held, a release given up on, an acquire not
+# answered because its lease ran out first. The undo seam itself (a late
+# reply's undo found its row taken by the retry, `undo_superseded`) is
+# reported, not required: it opened in 11 of the 13 MySQL runs measured
+# (the late acquire must have been a grant), and its mutant has a run of
+# its own. TTL 1.5 s, above the backend's 1 s statement bound: a retry
+# after a late reply is answered with lease left, which is what the undo of
+# the try before it must not release. Workers think 50–400 ms and give up
+# on every release after 250 ms; late replies aim at acquires and releases
+# half and half. On MySQL (each sidecar behind a link of its own)
+# by default; re-targeted by --backend (PostgreSQL: one shared link). In
+# the PR tier.
 SEAMS = sc("seams", backend="mysql", ttl_ms=1500, think_ms=[50, 400], self_pause_p=0.0, interval=(0.2, 0.6),
-           short_release_p=0.8, short_release_ms=250, duration_s=40, late_reply_aims=["acquire", "release"],
+           short_release_p=1.0, short_release_ms=250, duration_s=40, late_reply_aims=["acquire", "release"],
            nemesis=["late_reply", "late_reply", "late_reply", "slow_preregistration"],
-           bite={"late_replies": 5, "undo_superseded": 1, "releases_given_up": 1, "expired_before_answer": 1,
-                 "acked": 60})
+           bite={"late_replies": 4, "releases_given_up": 1, "expired_before_answer": 1, "acked": 60})
 FAMILIES += [SEAMS]
 SENTINEL_FAMILIES = [f for f in FAMILIES if f["backend"] == "redis-sentinel"]
 CLUSTER_FAMILIES = [f for f in FAMILIES if f["backend"] == "redis-cluster"]
@@ -432,14 +438,11 @@ def directed_rmw(binary, out_dir, seed, mutants):
 
 def retarget(family, backend):
     """`family` on another lock backend. The seams' bites only where the
-    backend has that seam: an abandoned acquire undone by a compensation
-    (PostgreSQL, MySQL), a release slower than its client's patience (not
-    RedLock); and ZooKeeper's sessions allow no 1.5 s lease."""
+    backend has that seam (a release slower than its client's patience:
+    not RedLock); and ZooKeeper's sessions allow no 1.5 s lease."""
     out = dict(family, backend=backend)
     if family is SEAMS:
         drop = set()
-        if backend not in ("postgres", "mysql"):
-            drop.add("undo_superseded")
         if backend == "redlock":
             # A reply held 55–75 ms (past the 50 ms per-master bound) on
             # one master's link: the release answers well within 250 ms.

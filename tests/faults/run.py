@@ -622,7 +622,10 @@ def main():
             if m in MYSQL_MUTANTS and a.mutant:  # not in the PR tier
                 base = next(f for f in FAMILIES if f["name"] == "mysql-cut")
                 record(scenario.run(dict(base, **MYSQL_MUTANTS[m]), s_seed, a.bin, a.out, a.keep), "FAIL")
-            if m in SEAM_MUTANTS:
+            # The PR tier runs the seams' directed tests only: their random
+            # kills (6/6 to 9/9 measured, 2/3 for undo_by_lease on MySQL)
+            # are not certain enough to gate CI on; `--mutant` runs them.
+            if m in SEAM_MUTANTS and a.mutant:
                 s = dict(SEAMS, **SEAM_MUTANTS[m])
                 if a.backend and a.mutant:
                     s["backend"] = a.backend

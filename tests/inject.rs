@@ -321,7 +321,10 @@ fn per_pod_annotations_override_ports_resources_config_and_volume_names() {
         .iter()
         .map(|m| m["name"].as_str().unwrap())
         .collect();
-    assert_eq!(mounts, ["fencer-config-2", "fencer-signing-2"]);
+    assert_eq!(
+        mounts,
+        ["fencer-config-2", "fencer-signing-2", "fencer-state"]
+    );
     let volumes = pod["spec"]["volumes"].as_array().unwrap();
     let find = |n: &str| volumes.iter().find(|v| v["name"] == n).unwrap();
     assert_eq!(
@@ -763,10 +766,12 @@ async fn the_injected_sidecar_runs_as_its_container_spec_says() {
     // chart ships it) and the signing Secret.
     let fs = tempfile::tempdir().unwrap();
     let under = |p: &str| -> String {
-        match p.strip_prefix("/etc/fencer") {
-            Some(rest) => format!("{}/etc/fencer{rest}", fs.path().display()),
-            None => p.to_owned(),
+        for dir in ["/etc/fencer", "/var/lib/fencer"] {
+            if let Some(rest) = p.strip_prefix(dir) {
+                return format!("{}{dir}{rest}", fs.path().display());
+            }
         }
+        p.to_owned()
     };
     for m in sidecar["volumeMounts"].as_array().unwrap() {
         let volume = pod["spec"]["volumes"]
@@ -783,6 +788,8 @@ async fn the_injected_sidecar_runs_as_its_container_spec_says() {
         } else if volume.get("secret").is_some() {
             std::fs::create_dir_all(&path).unwrap();
             std::fs::write(path.join("k1"), common::SECRET).unwrap();
+        } else if volume.get("emptyDir").is_some() {
+            std::fs::create_dir_all(&path).unwrap();
         }
     }
     let log = fs.path().join("sidecar.log");
@@ -855,6 +862,11 @@ async fn the_injected_sidecar_runs_as_its_container_spec_says() {
         let r = http.get(probe_url(probe)).send().await.unwrap();
         assert_eq!(r.status(), 200, "{probe}");
     }
+    // The state emptyDir holds the write-sequence reservation.
+    assert!(
+        fs.path().join("var/lib/fencer/write-sequence").exists(),
+        "no reservation in the state volume"
+    );
 
     // The app's view: the variables the injector gave it.
     let app = &pod["spec"]["containers"][0];

@@ -550,6 +550,68 @@ async fn an_adopted_lease_writes_on_and_a_reused_sequence_is_refused() {
     assert_eq!(storage.seen().len(), 3);
 }
 
+/// Issue 27 item 7: a sidecar restarted with its wall clock stepped — 10
+/// minutes back, or after a process whose clock ran an hour ahead — adopts
+/// its lease and writes on at once. Sequence numbers continue above the
+/// reservation kept in `sidecar.state_dir`, not from the clock; numbered
+/// from the clock, every write of the adopted lease was refused 409
+/// `stale_sequence` until the clock caught up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adopted_lease_writes_on_after_the_clock_stepped_across_the_restart() {
+    let lib = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+    assert!(
+        std::path::Path::new(lib).exists(),
+        "install Debian's faketime package (tests/run.sh does)"
+    );
+    let redis = RedisServer::start(Persistence::Off);
+    let storage = Recorder::start().await;
+    let gateway = Fencer::gateway(&storage.url(), &[]);
+    let state = tempfile::tempdir().unwrap();
+    let state_dir = state.path().to_str().unwrap().to_owned();
+    for (key, before, after) in [("acct:back", "+0", "-10m"), ("acct:ahead", "+1h", "+0")] {
+        let mut sidecar = Fencer::sidecar_env(
+            Backend::Redis,
+            Some(&redis.url()),
+            &[
+                ("proxy.upstream", &gateway.api),
+                ("sidecar.state_dir", &state_dir),
+            ],
+            &[
+                ("LD_PRELOAD", lib),
+                ("FAKETIME", before),
+                ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+            ],
+        );
+        let lease = sidecar.acquire(key, 60_000, 0).await;
+        assert_eq!(lease.status, 200, "{}", lease.body);
+        let url = format!("{}/kv/{}", sidecar.proxy, key.replace(':', "-"));
+        let headers = [("Fencing-Lock", key), ("Fencing-Lease", &lease.lease())];
+        let w = put(&sidecar.http, &url, &headers).await;
+        assert_eq!(w.status, 200, "{}", w.body);
+
+        sidecar.set_process_env("FAKETIME", after);
+        sidecar.crash_and_restart();
+        let adopted = sidecar.renew(key, &lease.lease(), 60_000).await;
+        assert_eq!(adopted.status, 200, "{}", adopted.body);
+        for _ in 0..2 {
+            let w = put(&sidecar.http, &url, &headers).await;
+            assert_eq!(
+                w.status, 200,
+                "clock {before} then {after}: the adopted lease cannot write: {}",
+                w.body
+            );
+        }
+        let seqs: Vec<u64> = storage
+            .seen()
+            .iter()
+            .filter(|s| s.path.ends_with(&key.replace(':', "-")))
+            .map(|s| s.seq.unwrap())
+            .collect();
+        assert_eq!(seqs.len(), 3, "{seqs:?}");
+        assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+    }
+}
+
 // ------------------------------------------------------------ item 8
 
 /// `counter` tokens of 10^14 and above are formatted exactly (Lua printed

@@ -22,6 +22,8 @@ pub const SIDECAR_LABEL: &str = "fencer.dev/sidecar";
 pub const ADMIN_PORT_NAME: &str = "fencer-metrics";
 const CONFIG_PATH: &str = "/etc/fencer/fencer.toml";
 const SIGNING_DIR: &str = "/etc/fencer/signing";
+/// The sidecar's `state_dir` (an `emptyDir`).
+const STATE_DIR: &str = "/var/lib/fencer";
 
 /// What the injector decided for one pod.
 #[derive(Debug, PartialEq)]
@@ -75,6 +77,8 @@ pub fn mutate(pod: &Value, settings: &InjectSettings) -> Result<Outcome, InjectE
     if let Some(socket_volume) = &names.socket {
         volumes.push(json!({"name": socket_volume, "emptyDir": {}}));
     }
+    // One small file (the write-sequence reservation).
+    volumes.push(json!({"name": names.state, "emptyDir": {"sizeLimit": "1Mi"}}));
     // First among the init containers: init containers after it may take
     // locks, and a native sidecar is started (and its startup probe
     // awaited) before the next init container runs.
@@ -171,6 +175,9 @@ struct VolumeNames {
     config: String,
     signing: String,
     socket: Option<String>,
+    /// The sidecar's `state_dir`: survives a restart of the sidecar
+    /// container (not of the pod), which is when leases are adopted.
+    state: String,
 }
 
 impl VolumeNames {
@@ -192,6 +199,7 @@ impl VolumeNames {
             config: free("fencer-config"),
             signing: free("fencer-signing"),
             socket: socket.then(|| free("fencer-socket")),
+            state: free("fencer-state"),
         }
     }
 }
@@ -224,7 +232,9 @@ fn sidecar(settings: &InjectSettings, o: &PodOptions, names: &VolumeNames) -> Va
     let mut mounts = vec![
         json!({"name": names.config, "mountPath": CONFIG_PATH, "subPath": "fencer.toml", "readOnly": true}),
         json!({"name": names.signing, "mountPath": SIGNING_DIR, "readOnly": true}),
+        json!({"name": names.state, "mountPath": STATE_DIR}),
     ];
+    vars.push(env("FENCER__SIDECAR__STATE_DIR", STATE_DIR.to_owned()));
     if let (Some(socket), Some(volume)) = (&o.socket, &names.socket) {
         vars.push(env_var("FENCER__SIDECAR__LISTEN_UNIX", socket));
         mounts.push(json!({"name": volume, "mountPath": socket_dir(socket)}));

@@ -30,6 +30,9 @@ pub struct Metrics {
     pub http_requests: IntCounterVec,
     pub proxy_requests: IntCounterVec,
     pub proxy_duration: HistogramVec,
+    /// Write-sequence reservations written to the state directory, by
+    /// result (written, failed).
+    pub sequence_reservations: IntCounterVec,
     pub preregistrations: IntCounterVec,
     pub webhook_deliveries: IntCounterVec,
     pub hold_streams: IntGauge,
@@ -176,6 +179,14 @@ impl Metrics {
                 &["result"]
             )
             .unwrap()),
+            sequence_reservations: reg!(IntCounterVec::new(
+                Opts::new(
+                    "fencer_proxy_sequence_reservations_total",
+                    "Write-sequence reservations written to sidecar.state_dir, by result (written, failed). A failed one leaves adopted leases' writes to the wall clock after a restart."
+                ),
+                &["result"]
+            )
+            .unwrap()),
             webhook_deliveries: reg!(IntCounterVec::new(
                 Opts::new(
                     "fencer_webhook_deliveries_total",
@@ -242,6 +253,9 @@ impl Metrics {
             "upstream_error",
         ] {
             self.proxy_requests.with_label_values(&[r]);
+        }
+        for r in ["written", "failed"] {
+            self.sequence_reservations.with_label_values(&[r]);
         }
         for c in ["release", "resync", "promoted", "fallback"] {
             self.waiter_wakeups.with_label_values(&[c]);

@@ -28,10 +28,11 @@
 //!   the lease's turn until the answer: a client that goes away cannot let
 //!   the next request of the lease overtake it (issue 9 item 1).
 //!
-//! Sequence numbers are `max(previous + 1, unix_ms × 2^20)`: increasing
-//! within a process, and above anything an earlier process gave the same
-//! lease, so a lease adopted after a sidecar restart can go on writing
-//! (issue 9 item 7).
+//! Sequence numbers come from [`super::sequence`]: increasing within a
+//! process and above anything an earlier process gave the same lease, so a
+//! lease adopted after a sidecar restart can go on writing (issue 9 item 7)
+//! — with `sidecar.state_dir`, even when the clock stepped back across the
+//! restart (issue 27 item 7).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,6 +53,8 @@ use crate::routes::Routes;
 use crate::proxy::headers::{LEASE as LEASE_HEADER, LOCK as LOCK_HEADER};
 
 pub struct Egress {
+    /// Numbers each lease's requests (`Fencing-Seq`).
+    pub sequencer: Arc<super::sequence::Sequencer>,
     pub locks: Arc<LockManager>,
     /// How long a request waits for the lease's previous one to get its
     /// response head (at most: never past the lease's deadline).
@@ -64,14 +67,6 @@ pub struct Egress {
     /// Requests under a lock must name their lease.
     pub require_lease: bool,
     pub metrics: Arc<Metrics>,
-}
-
-/// The next sequence number after `last` (see the module comment).
-pub fn next_seq(last: u64) -> u64 {
-    let unix_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
-    (last + 1).max(unix_ms << 20)
 }
 
 impl Egress {
@@ -231,14 +226,15 @@ impl Egress {
                 );
             }
         };
-        // Checked again now that it is our turn: the lease may have been
-        // lost, or its deadline passed, while we waited.
+        // Numbered first (this may wait for a reservation on disk), then
+        // checked again: the lease may have been lost, or its deadline
+        // passed, while we waited.
+        let mut turn = turn;
+        *turn = self.sequencer.next(*turn).await;
         let record = match self.locks.lease_for_write(&key, Some(&record.lease_id)) {
             Ok(r) => r,
             Err(e) => return self.refused_lease(&key, e, started),
         };
-        let mut turn = turn;
-        *turn = next_seq(*turn);
         // The fault suite checks from these lines that no token went out
         // past its lease's local deadline (left_ms > 0).
         tracing::debug!(
@@ -346,20 +342,4 @@ fn normalize_uri(req: &mut Request<Incoming>) -> Result<(), ApiError> {
         )
     })?;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::next_seq;
-
-    #[test]
-    fn sequences_increase_and_start_above_earlier_processes() {
-        let a = next_seq(0);
-        assert!(a > 1 << 60, "{a}");
-        assert!(a <= i64::MAX as u64);
-        let b = next_seq(a);
-        assert!(b > a);
-        // Far ahead (many requests in one millisecond): still +1.
-        assert_eq!(next_seq(u64::MAX >> 2), (u64::MAX >> 2) + 1);
-    }
 }

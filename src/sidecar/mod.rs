@@ -8,6 +8,7 @@ pub mod leases;
 pub mod locks;
 pub mod preregister;
 pub mod request;
+pub mod sequence;
 pub mod settings;
 pub mod waiters;
 pub mod webhook;
@@ -266,7 +267,14 @@ impl Sidecar {
             Duration::from_millis(p.upstream_timeout_ms),
         )
         .map_err(|e| config_err("proxy.upstream", e))?;
+        let reservations = self.metrics.sequence_reservations.clone();
+        let sequencer = match self.settings.sidecar.state_dir.as_str() {
+            "" => sequence::Sequencer::unpersisted(reservations),
+            dir => sequence::Sequencer::open(std::path::Path::new(dir), reservations)
+                .map_err(|e| config_err("sidecar.state_dir", e))?,
+        };
         Ok(Some(Arc::new(Egress {
+            sequencer: Arc::new(sequencer),
             locks: self.locks.clone(),
             order_wait: std::time::Duration::from_millis(
                 p.upstream_timeout_ms + p.connect_timeout_ms,

@@ -57,6 +57,13 @@ pub struct SidecarSettings {
     /// each a key prefix on this sidecar's backend. Empty: the Dapr API
     /// answers 400 ERR_LOCK_STORE_NOT_FOUND.
     pub dapr_lock_stores: Vec<super::dapr::DaprLockStore>,
+    /// A directory that survives a restart of this sidecar (in Kubernetes:
+    /// an `emptyDir`, which the injector mounts), where the proxy reserves
+    /// write sequence numbers ahead of handing them out. With it, leases
+    /// adopted after a restart write on at once even when the wall clock
+    /// stepped back meanwhile; without it (empty), their writes are refused
+    /// (`stale_sequence`) until the clock is past the earlier process's.
+    pub state_dir: String,
 }
 
 impl Default for SidecarSettings {
@@ -83,6 +90,7 @@ impl Default for SidecarSettings {
             lost_lease_webhook: String::new(),
             webhook_timeout_ms: 2_000,
             dapr_lock_stores: Vec::new(),
+            state_dir: String::new(),
         }
     }
 }

@@ -598,6 +598,13 @@ impl Fencer {
         self.spawn();
     }
 
+    /// Sets (or replaces) a raw process variable for the next start.
+    pub fn set_process_env(&mut self, name: &str, value: &str) {
+        let key = format!("!{name}");
+        self.env.retain(|(k, _)| *k != key);
+        self.env.push((key, value.to_owned()));
+    }
+
     /// SIGKILL (a crash), then start again on the same ports.
     pub fn crash_and_restart(&mut self) {
         self.kill();

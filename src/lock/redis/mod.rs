@@ -198,6 +198,7 @@ impl RedisBackend {
                     settings.key_prefix.clone(),
                     connect_timeout,
                     wake,
+                    metrics.clone(),
                 );
                 (Topology::Cluster(cluster), Watcher::Sharded(subscriber))
             }

@@ -485,7 +485,8 @@ fn counter_tokens_with_a_replicated_redis_are_refused() {
 /// evictable under `volatile-*`); 0 (never) is fine with both.
 #[test]
 fn counter_idle_ttl_is_refused_where_it_cannot_be_safe() {
-    let cases: [(&[(&str, &str)], Option<&str>); 10] = [
+    type Env<'a> = &'a [(&'a str, &'a str)];
+    let cases: [(Env, Option<&str>); 10] = [
         (
             &[("FENCER__BACKEND__REDIS__COUNTER_IDLE_TTL_MS", "999")],
             Some("between 1000"),

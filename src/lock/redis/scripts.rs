@@ -11,22 +11,25 @@
 
 use redis::Script;
 
-/// Lua: `keep_counter(key, value, idle)` sets a token counter's expiry
+/// Lua: `keep_counter(key, value, idle, now)` sets a token counter's expiry
 /// after a write: `idle` ms from now, and never before the server clock's
 /// floor (ms × 1024) is above `value` — `floor(value / 1024) + 2` ms since
 /// the epoch, on the clock the next acquire reads its floor from; the 2 ms
 /// cover rounding of values above 2^53 by Lua's doubles and the expiry
 /// (the key is gone once the clock is past the time). `PEXPIREAT` is an
 /// absolute time, as replicas and a promoted replica see it. `idle` 0:
-/// the counter keeps no expiry (`SET` has removed any). See
+/// the counter keeps no expiry (`SET` has removed any). `now`: the
+/// server's `TIME` in ms if the script has read it already. See
 /// [`super::counters`].
 macro_rules! keep_counter_lua {
     () => {
         r#"
-local function keep_counter(key, value, idle)
+local function keep_counter(key, value, idle, now)
   if idle <= 0 then return end
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if not now then
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
   local live = math.floor((tonumber(value) or 0) / 1024) + 2 - now
   if live < idle then live = idle end
   redis.call('PEXPIREAT', key, string.format('%.0f', now + live))
@@ -71,7 +74,8 @@ end
 local tok
 if ARGV[3] == 'hybrid' then
   local t = redis.call('TIME')
-  local floor = tonumber(t[1]) * 1024000 + math.floor(tonumber(t[2]) / 1000) * 1024
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local floor = now * 1024
   local c = tonumber(redis.call('GET', KEYS[2]) or '0')
   if c >= 9007199254740991 then
     return redis.error_reply('fencer: token counter at 2^53; Lua numbers are no longer exact')
@@ -80,7 +84,7 @@ if ARGV[3] == 'hybrid' then
   if c < floor then c = floor end
   tok = string.format('%.0f', c)
   redis.call('SET', KEYS[2], tok)
-  keep_counter(KEYS[2], tok, tonumber(ARGV[5]))
+  keep_counter(KEYS[2], tok, tonumber(ARGV[5]), now)
 else
   -- INCR is exact 64-bit arithmetic in Redis; its reply becomes a Lua
   -- double, which tostring() prints as 1e+14 from 10^14 up. Read the

@@ -14,6 +14,10 @@
 //! - `token_mode = "counter"` with a replicated topology reissues tokens
 //!   after a lossy failover (`redis_topologies::lossy_failover_with_counter_tokens_reissues_a_token`);
 //!   `check-config` refuses it unless `allow_counter_with_failover`.
+//! - Token counters expire after `counter_idle_ttl_ms` without an
+//!   acquisition, never before the clock floor passed them (issue 27 item
+//!   6): the database shrinks back to the held locks and tokens still
+//!   increase, on one Redis and on RedLock.
 //!
 //! Every Redis here is a real `redis-server` the test starts.
 

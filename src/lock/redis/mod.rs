@@ -14,7 +14,8 @@
 //!
 //! Every master in use must say `maxmemory-policy noeviction` before an
 //! acquire is sent to it ([`eviction`]): Redis would otherwise evict the
-//! lock entries, fencer's only keys with a TTL, first.
+//! lock entries and the token counters (which expire when idle,
+//! [`counters`]), fencer's keys with a TTL, first.
 
 pub mod client;
 pub mod cluster;

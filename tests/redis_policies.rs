@@ -14,6 +14,10 @@
 //! - `token_mode = "counter"` with a replicated topology reissues tokens
 //!   after a lossy failover (`redis_topologies::lossy_failover_with_counter_tokens_reissues_a_token`);
 //!   `check-config` refuses it unless `allow_counter_with_failover`.
+//! - Token counters expire after `counter_idle_ttl_ms` without an
+//!   acquisition, never before the clock floor passed them (issue 27 item
+//!   6): the database shrinks back to the held locks and tokens still
+//!   increase, on one Redis and on RedLock.
 //!
 //! Every Redis here is a real `redis-server` the test starts.
 
@@ -476,5 +480,276 @@ fn counter_tokens_with_a_replicated_redis_are_refused() {
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `counter_idle_ttl_ms` (issue 27 item 6): refused below one second and
+/// above thirty days, with `counter` tokens (no clock floor to pass an
+/// expired counter) and with `allow_eviction` (a counter with a TTL is
+/// evictable under `volatile-*`); 0 (never) is fine with both.
+#[test]
+fn counter_idle_ttl_is_refused_where_it_cannot_be_safe() {
+    type Env<'a> = &'a [(&'a str, &'a str)];
+    let cases: [(Env, Option<&str>); 10] = [
+        (
+            &[("FENCER__BACKEND__REDIS__COUNTER_IDLE_TTL_MS", "999")],
+            Some("between 1000"),
+        ),
+        (
+            &[("FENCER__BACKEND__REDIS__COUNTER_IDLE_TTL_MS", "2592000001")],
+            Some("between 1000"),
+        ),
+        (
+            &[("FENCER__BACKEND__REDIS__COUNTER_IDLE_TTL_MS", "1000")],
+            None,
+        ),
+        (
+            &[
+                ("FENCER__BACKEND__REDIS__COUNTER_IDLE_TTL_MS", "60000"),
+                ("FENCER__BACKEND__REDIS__TOKEN_MODE", "counter"),
+            ],
+            Some("no clock floor"),
+        ),
+        (
+            &[
+                ("FENCER__BACKEND__REDIS__COUNTER_IDLE_TTL_MS", "0"),
+                ("FENCER__BACKEND__REDIS__TOKEN_MODE", "counter"),
+            ],
+            None,
+        ),
+        (&[("FENCER__BACKEND__REDIS__TOKEN_MODE", "counter")], None),
+        (
+            &[
+                ("FENCER__BACKEND__REDIS__COUNTER_IDLE_TTL_MS", "60000"),
+                ("FENCER__BACKEND__REDIS__ALLOW_EVICTION", "true"),
+            ],
+            Some("backend.redis.allow_eviction"),
+        ),
+        (&[("FENCER__BACKEND__REDIS__ALLOW_EVICTION", "true")], None),
+        (
+            &[
+                ("FENCER__BACKEND__KIND", "redlock"),
+                (
+                    "FENCER__BACKEND__REDLOCK__URLS",
+                    "redis://10.0.0.1:6379,redis://10.0.0.2:6379,redis://10.0.0.3:6379",
+                ),
+                ("FENCER__BACKEND__REDLOCK__COUNTER_IDLE_TTL_MS", "500"),
+            ],
+            Some("backend.redlock.counter_idle_ttl_ms"),
+        ),
+        (
+            &[
+                ("FENCER__BACKEND__KIND", "redlock"),
+                (
+                    "FENCER__BACKEND__REDLOCK__URLS",
+                    "redis://10.0.0.1:6379,redis://10.0.0.2:6379,redis://10.0.0.3:6379",
+                ),
+                ("FENCER__BACKEND__REDLOCK__COUNTER_IDLE_TTL_MS", "5000"),
+                ("FENCER__BACKEND__REDLOCK__ALLOW_EVICTION", "true"),
+            ],
+            Some("backend.redlock.allow_eviction"),
+        ),
+    ];
+    for (extra, refused) in cases {
+        let mut env = vec![("FENCER__BACKEND__KIND", "redis")];
+        env.extend_from_slice(extra);
+        let out = check_config(&env);
+        let err = String::from_utf8_lossy(&out.stderr);
+        match refused {
+            Some(why) => {
+                assert_eq!(out.status.code(), Some(2), "{extra:?}: {err}");
+                assert!(err.contains("counter_idle_ttl_ms"), "{extra:?}: {err}");
+                assert!(err.contains(why), "{extra:?}: {err}");
+            }
+            None => assert!(out.status.success(), "{extra:?}: {err}"),
+        }
+    }
+}
+
+// ------------------------------------------------------------ counter expiry
+
+/// The Redis server's clock floor now (`TIME` ms × 1024), the least a
+/// `hybrid_clock` acquire mints.
+fn clock_floor(conn: &mut redis::Connection) -> u64 {
+    let (s, us): (u64, u64) = redis::cmd("TIME").query(conn).unwrap();
+    (s * 1000 + us / 1000) * 1024
+}
+
+fn pttl(conn: &mut redis::Connection, key: &str) -> i64 {
+    redis::cmd("PTTL").arg(key).query(conn).unwrap()
+}
+
+fn dbsize(conn: &mut redis::Connection) -> u64 {
+    redis::cmd("DBSIZE").query(conn).unwrap()
+}
+
+fn counter_key(key: &str) -> String {
+    format!("fencer:{{{key}}}:token")
+}
+
+/// How far ahead of the clock floor the test puts a counter, as a repair
+/// to a gateway's mark does: 3 s of floor.
+const LEAD_MS: u64 = 3_000;
+const IDLE_MS: i64 = 1_000;
+
+/// Issue 27 item 6, single Redis with `hybrid_clock` tokens: a counter
+/// carries the idle expiry (`PTTL` within `counter_idle_ttl_ms`), except
+/// one ahead of the clock floor, which lives until the floor has passed
+/// it; after many distinct keys the database shrinks back to the lock
+/// entries still held; and a key's tokens strictly increase across the
+/// expiry — also for the counter that was ahead (an expiry at the idle
+/// time alone would hand out a token ~2 s of floor below it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_token_counters_expire_and_tokens_still_increase() {
+    let redis = RedisServer::start(Persistence::Off);
+    let s = Fencer::sidecar(
+        Backend::Redis,
+        Some(&redis.url()),
+        &[("backend.redis.counter_idle_ttl_ms", "1000")],
+    );
+    s.wait_ready();
+    let mut conn = redis.conn();
+    let first = s.acquire_eventually("idle").await;
+    s.release("idle", &first.lease()).await;
+    let ttl = pttl(&mut conn, &counter_key("idle"));
+    assert!(
+        (1..=IDLE_MS).contains(&ttl),
+        "the counter's PTTL is {ttl}, not within the idle expiry of {IDLE_MS} ms"
+    );
+    let held: Vec<Resp> = {
+        let mut v = Vec::new();
+        for i in 0..2 {
+            let r = s.acquire(&format!("held-{i}"), 30_000, 0).await;
+            assert_eq!(r.status, 200, "{}", r.body);
+            v.push(r);
+        }
+        v
+    };
+    for i in 0..200 {
+        let key = format!("order-{i}");
+        let r = s.acquire(&key, 10_000, 0).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        s.release(&key, &r.lease()).await;
+    }
+    // A counter ahead of the clock, as a repair leaves it.
+    let ahead = clock_floor(&mut conn) + LEAD_MS * 1024;
+    let _: () = redis::cmd("SET")
+        .arg(counter_key("ahead"))
+        .arg(ahead)
+        .query(&mut conn)
+        .unwrap();
+    let lead = s.acquire("ahead", 10_000, 0).await;
+    assert_eq!(lead.token(), ahead + 1, "{}", lead.body);
+    s.release("ahead", &lead.lease()).await;
+    let ttl = pttl(&mut conn, &counter_key("ahead"));
+    assert!(
+        ttl > (LEAD_MS as i64) - 500 && ttl <= (LEAD_MS as i64) + 10,
+        "the counter {LEAD_MS} ms ahead of the floor has PTTL {ttl}: it must live until the floor passes it"
+    );
+    // Counters of the first keys may have expired already (1 s idle).
+    let peak = dbsize(&mut conn);
+    assert!(peak > held.len() as u64 + 1, "DBSIZE {peak}");
+    let took = within(Duration::from_secs(10), "counters expired", async || {
+        dbsize(&mut conn) == held.len() as u64
+    })
+    .await;
+    eprintln!("DBSIZE {peak} after 203 keys; counters gone after {took:?}, 2 lock entries left");
+    let again = s.acquire("idle", 10_000, 0).await;
+    assert!(
+        again.token() > first.token(),
+        "token {} after the counter expired is not above {}",
+        again.token(),
+        first.token()
+    );
+    let after = s.acquire("ahead", 10_000, 0).await;
+    assert!(
+        after.token() > lead.token(),
+        "token {} after the counter expired is not above {} (the counter expired before the clock floor passed it)",
+        after.token(),
+        lead.token()
+    );
+}
+
+fn redlock_masters() -> Vec<RedisServer> {
+    (0..3)
+        .map(|_| RedisServer::start(Persistence::Off))
+        .collect()
+}
+
+/// The same for RedLock: every master's counter carries the idle expiry
+/// (or lives until that master's floor passes it), the masters shrink back
+/// to the held lock, and tokens strictly increase across the expiry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_idle_token_counters_expire_and_tokens_still_increase() {
+    let m = redlock_masters();
+    let urls: Vec<String> = m.iter().map(RedisServer::url).collect();
+    let urls = urls.join(",");
+    let s = Fencer::sidecar(
+        Backend::RedLock,
+        None,
+        &[
+            ("backend.redlock.urls", &urls),
+            ("backend.redlock.restart_quarantine_ms", "0"),
+            ("backend.redlock.counter_idle_ttl_ms", "1000"),
+            // A noisy machine: no master may miss a round for slowness.
+            ("backend.redlock.request_timeout_ms", "500"),
+        ],
+    );
+    s.wait_ready();
+    let mut conns: Vec<redis::Connection> = m.iter().map(RedisServer::conn).collect();
+    let first = s.acquire_eventually("idle").await;
+    s.release("idle", &first.lease()).await;
+    let stamped = conns
+        .iter_mut()
+        .map(|c| pttl(c, &counter_key("idle")))
+        .collect::<Vec<_>>();
+    assert!(
+        stamped.iter().filter(|t| (1..=IDLE_MS).contains(*t)).count() >= 2,
+        "counters' PTTL on the masters: {stamped:?}, not within the idle expiry of {IDLE_MS} ms on a majority"
+    );
+    let held = s.acquire("held", 30_000, 0).await;
+    assert_eq!(held.status, 200, "{}", held.body);
+    for i in 0..60 {
+        let key = format!("order-{i}");
+        let r = s.acquire(&key, 10_000, 0).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        s.release(&key, &r.lease()).await;
+    }
+    let ahead = conns.iter_mut().map(clock_floor).max().unwrap() + LEAD_MS * 1024;
+    for c in &mut conns {
+        let _: () = redis::cmd("SET")
+            .arg(counter_key("ahead"))
+            .arg(ahead)
+            .query(c)
+            .unwrap();
+    }
+    let lead = s.acquire("ahead", 10_000, 0).await;
+    assert_eq!(lead.token(), ahead + 1, "{}", lead.body);
+    s.release("ahead", &lead.lease()).await;
+    for c in &mut conns {
+        let ttl = pttl(c, &counter_key("ahead"));
+        assert!(
+            ttl > (LEAD_MS as i64) - 500,
+            "a counter {LEAD_MS} ms ahead of the floor has PTTL {ttl} on a master"
+        );
+    }
+    let took = within(Duration::from_secs(10), "counters expired", async || {
+        conns.iter_mut().all(|c| dbsize(c) <= 1)
+    })
+    .await;
+    eprintln!("counters of 63 keys gone on every master after {took:?}; the held lock left");
+    let again = s.acquire("idle", 10_000, 0).await;
+    assert!(
+        again.token() > first.token(),
+        "token {} after the counters expired is not above {}",
+        again.token(),
+        first.token()
+    );
+    let after = s.acquire("ahead", 10_000, 0).await;
+    assert!(
+        after.token() > lead.token(),
+        "token {} after the counters expired is not above {}",
+        after.token(),
+        lead.token()
     );
 }

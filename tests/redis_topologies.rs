@@ -517,60 +517,6 @@ async fn cluster_release_wakes_a_waiter_in_another_sidecar() {
     );
 }
 
-/// Moves `slot` from node `from` to node `to` the way `redis-cli --cluster
-/// reshard` does: IMPORTING/MIGRATING, `MIGRATE` key by key (clients meet
-/// `ASK` meanwhile), then `SETSLOT NODE` everywhere (clients meet `MOVED`).
-fn migrate_slot(c: &ClusterSet, slot: u16, from: u16, to: u16) {
-    let (from_id, to_id) = (c.node_id(from).unwrap(), c.node_id(to).unwrap());
-    let mut src = c.conn(from);
-    let mut dst = c.conn(to);
-    let _: () = redis::cmd("CLUSTER")
-        .arg("SETSLOT")
-        .arg(slot)
-        .arg("IMPORTING")
-        .arg(&from_id)
-        .query(&mut dst)
-        .unwrap();
-    let _: () = redis::cmd("CLUSTER")
-        .arg("SETSLOT")
-        .arg(slot)
-        .arg("MIGRATING")
-        .arg(&to_id)
-        .query(&mut src)
-        .unwrap();
-    loop {
-        let keys: Vec<String> = redis::cmd("CLUSTER")
-            .arg("GETKEYSINSLOT")
-            .arg(slot)
-            .arg(100)
-            .query(&mut src)
-            .unwrap();
-        if keys.is_empty() {
-            break;
-        }
-        for k in keys {
-            let _: () = redis::cmd("MIGRATE")
-                .arg("127.0.0.1")
-                .arg(to)
-                .arg(&k)
-                .arg(0)
-                .arg(5000)
-                .query(&mut src)
-                .unwrap();
-            // Let clients meet the half-moved slot.
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-    for port in c.node_ports() {
-        let _: Result<(), _> = redis::cmd("CLUSTER")
-            .arg("SETSLOT")
-            .arg(slot)
-            .arg("NODE")
-            .arg(&to_id)
-            .query(&mut c.conn(port));
-    }
-}
-
 /// A resharding under held locks: the slot of a held lock moves to another
 /// master (ASK while its keys move one by one, MOVED after). Renewal,
 /// release, the next acquire (its token above the last: the counter moved
@@ -622,7 +568,7 @@ async fn cluster_resharding_under_held_locks() {
         })
     };
     let c = tokio::task::spawn_blocking(move || {
-        migrate_slot(&c, slot, from, to);
+        c.migrate_slot(slot, from, to);
         c
     })
     .await
@@ -666,6 +612,106 @@ async fn cluster_resharding_under_held_locks() {
             >= 1.0,
         "the waiter was not woken by the release after the slot moved: {}",
         b.metrics().await
+    );
+}
+
+/// Issue 27 item 9: a slot moving under a waiter. `k` is held (TTL 20 s)
+/// by sidecar A, B waits for it, the slot of `{k}` migrates to another
+/// master — whose old owner drops B's sharded subscription with a
+/// `sunsubscribe` — and A releases: B must get the lock at once, on the
+/// release's message (on 775db14 it stayed deaf and answered 409
+/// `lock_held` at the end of its wait, long after the key was free). The
+/// re-subscription is counted and traced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_slot_move_under_a_waiter_keeps_its_wakeup() {
+    let c = ClusterSet::start(3, 0);
+    let a = cluster_sidecar(&c, &[]);
+    let b = Arc::new(cluster_sidecar(&c, &[]));
+    let key = "moved-under-waiter";
+    let slot = ClusterSet::slot_of(&format!("fencer:{{{key}}}:lock"));
+    let from = c.master_port_for_slot(slot);
+    let to = c.node_ports().into_iter().find(|p| *p != from).unwrap();
+    let held = a.acquire(key, 20_000, 0).await;
+    assert_eq!(held.status, 200, "{}", held.body);
+    let waiter = {
+        let b = b.clone();
+        tokio::spawn(async move {
+            let r = b.acquire(key, 20_000, 12_000).await;
+            (r, Instant::now())
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while b.metric("fencer_waiters", &[]).await < 1.0 {
+        assert!(Instant::now() < deadline, "B never queued: {}", b.logs());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Subscribed by the time it queued (`watch` returns once the
+    // SSUBSCRIBE is confirmed); let its first re-check settle.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let failovers = b.metric("fencer_redis_failovers_total", &[]).await;
+    let c = tokio::task::spawn_blocking(move || {
+        c.migrate_slot(slot, from, to);
+        c
+    })
+    .await
+    .unwrap();
+    assert_eq!(c.master_port_for_slot(slot), to);
+    // B has seen the new slot map (and re-checked then: still held), as
+    // it would when A releases later on.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while b.metric("fencer_redis_failovers_total", &[]).await <= failovers {
+        assert!(
+            Instant::now() < deadline,
+            "B never saw the slot move: {}",
+            b.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !waiter.is_finished(),
+        "B got an answer while A held the key"
+    );
+    let released = a.release(key, &held.lease()).await;
+    let released_at = Instant::now();
+    assert_eq!(released.status, 200, "{}", released.body);
+    let (got, answered) = waiter.await.unwrap();
+    let after = answered.saturating_duration_since(released_at);
+    assert_eq!(
+        got.status,
+        200,
+        "B was not woken by the release after the slot moved ({} ms after it): {}\n{}",
+        after.as_millis(),
+        got.body,
+        b.logs()
+    );
+    assert!(
+        after < Duration::from_secs(2),
+        "B got the lock {} ms after the release (its wait was 12 s, A's TTL 20 s)",
+        after.as_millis()
+    );
+    assert!(got.token() > held.token());
+    eprintln!(
+        "B acquired {} ms after the release on the moved slot; B's log:",
+        after.as_millis()
+    );
+    for line in b.logs().lines().filter(|l| l.contains("sharded")) {
+        eprintln!("  {line}");
+    }
+    assert!(
+        b.metric(
+            "fencer_redis_resubscriptions_total",
+            &[("cause", "slot_moved"), ("result", "ok")]
+        )
+        .await
+            >= 1.0,
+        "{}",
+        b.metrics().await
+    );
+    assert!(
+        b.logs().contains("sharded subscription dropped by redis"),
+        "{}",
+        b.logs()
     );
 }
 

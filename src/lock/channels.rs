@@ -51,6 +51,17 @@ impl<C> Clone for Channels<C> {
     }
 }
 
+/// What [`Channels::resubscribe`] did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Resubscribed {
+    /// Subscribed again: wake `key`'s waiters to re-check.
+    Done { key: String },
+    /// Nobody watches the channel any more (or no connection): nothing to do.
+    Gone,
+    /// The subscribe failed; try again later.
+    Failed(String),
+}
+
 /// One watcher's reference to a channel; dropping it releases the reference.
 pub struct ChannelWatch<C: Send + 'static> {
     channels: Channels<C>,
@@ -182,6 +193,70 @@ impl<C: Clone + Send + 'static> Channels<C> {
         inner.conn = None;
         for e in inner.entries.values_mut() {
             e.ready = fresh();
+        }
+    }
+
+    /// The server dropped `channel`'s subscription on its own (a Redis
+    /// Cluster slot moved away: `sunsubscribe`): it is no longer ready, so
+    /// a new watcher subscribes it again. Returns its key when somebody
+    /// watches it (the caller re-subscribes, then wakes the key's waiters:
+    /// a release in between was not heard); `None` for a channel nobody
+    /// watches or that is not registered (our own janitor's unsubscribe).
+    pub fn unsubscribed(&self, channel: &str) -> Option<String> {
+        let mut inner = self.lock();
+        let e = inner.entries.get_mut(channel)?;
+        e.ready = fresh();
+        (e.watchers > 0).then(|| e.key.clone())
+    }
+
+    /// The connection may have lost subscriptions (a cluster node's link
+    /// dropped) while it stays the current one: every channel is marked
+    /// not ready; returns the watched channels, to subscribe again.
+    pub fn unsubscribed_all(&self) -> Vec<String> {
+        let mut inner = self.lock();
+        inner
+            .entries
+            .iter_mut()
+            .filter_map(|(name, e)| {
+                e.ready = fresh();
+                (e.watchers > 0).then(|| name.clone())
+            })
+            .collect()
+    }
+
+    /// Subscribes `channel` again after [`Channels::unsubscribed`] (or
+    /// `unsubscribed_all`), within `timeout`. [`Resubscribed::Gone`] when
+    /// nobody watches it any more or there is no connection (a reconnect
+    /// subscribes every watched channel anyway).
+    pub async fn resubscribe<F, Fut>(
+        &self,
+        channel: &str,
+        subscribe: F,
+        timeout: Duration,
+    ) -> Resubscribed
+    where
+        F: FnOnce(C, String) -> Fut,
+        Fut: Future<Output = Result<(), String>>,
+    {
+        let (conn, ready, key) = {
+            let inner = self.lock();
+            let Some(e) = inner.entries.get(channel).filter(|e| e.watchers > 0) else {
+                return Resubscribed::Gone;
+            };
+            let Some(conn) = inner.conn.clone() else {
+                return Resubscribed::Gone;
+            };
+            (conn, e.ready.clone(), e.key.clone())
+        };
+        let subscribed = tokio::time::timeout(
+            timeout,
+            ready.get_or_try_init(|| subscribe(conn, channel.to_owned())),
+        )
+        .await;
+        match subscribed {
+            Ok(Ok(_)) => Resubscribed::Done { key },
+            Ok(Err(e)) => Resubscribed::Failed(e),
+            Err(_) => Resubscribed::Failed(format!("timed out after {} ms", timeout.as_millis())),
         }
     }
 
@@ -334,6 +409,40 @@ mod tests {
         assert!(recheck.is_empty());
         assert_eq!(log.all(), vec!["sub k", "unsub k"]);
         assert!(chans.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_channel_the_server_dropped_is_subscribed_again_while_watched() {
+        let log = Log::default();
+        let chans: Channels<Log> = Channels::new();
+        chans.connected(log.clone(), sub, T).await;
+        let w = chans.watch("k".into(), "key-k", sub, T).await;
+        drop(chans.watch("idle".into(), "key-idle", sub, T).await);
+        // Not registered (our own janitor's unsubscribe) or not watched:
+        // nothing to re-subscribe.
+        assert_eq!(chans.unsubscribed("other"), None);
+        assert_eq!(chans.unsubscribed("idle"), None);
+        assert_eq!(chans.unsubscribed("k"), Some("key-k".to_owned()));
+        assert_eq!(
+            chans.resubscribe("k", sub, T).await,
+            Resubscribed::Done {
+                key: "key-k".to_owned()
+            }
+        );
+        let fail = |_c: Log, _ch: String| async { Err::<(), _>("MOVED".to_owned()) };
+        assert_eq!(chans.unsubscribed_all(), vec!["k".to_owned()]);
+        assert_eq!(
+            chans.resubscribe("k", fail, T).await,
+            Resubscribed::Failed("MOVED".to_owned())
+        );
+        // A failed try leaves it unsubscribed: the next one subscribes.
+        assert!(matches!(
+            chans.resubscribe("k", sub, T).await,
+            Resubscribed::Done { .. }
+        ));
+        drop(w);
+        assert_eq!(chans.resubscribe("k", sub, T).await, Resubscribed::Gone);
+        assert_eq!(log.all(), vec!["sub k", "sub idle", "sub k", "sub k"]);
     }
 
     #[tokio::test]

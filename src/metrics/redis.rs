@@ -22,6 +22,11 @@ pub struct RedisMetrics {
     pub min_replicas_to_write: IntGauge,
     /// Re-resolutions of the master or slot map, by cause.
     pub topology_refreshes: IntCounterVec,
+    /// Cluster mode: sharded subscriptions of watched keys made again
+    /// after Redis dropped them, by cause (`slot_moved`: a `sunsubscribe`
+    /// from a node that lost the slot; `connection_lost`: a node's link
+    /// dropped) and result (`ok`, `error`: tried again later).
+    pub resubscriptions: IntCounterVec,
     /// The masters' eviction policies (`mode` label).
     pub eviction: Arc<EvictionMetrics>,
 }
@@ -164,8 +169,24 @@ impl RedisMetrics {
                 )
                 .expect("valid metric"),
             ),
+            resubscriptions: register(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "fencer_redis_resubscriptions_total",
+                        "Cluster mode: release channels of waited-for keys subscribed again after Redis dropped them, by cause (slot_moved, connection_lost) and result (ok, error: retried).",
+                    ),
+                    &["cause", "result"],
+                )
+                .expect("valid metric"),
+            ),
         };
         m.min_replicas_to_write.set(-1);
+        for cause in ["slot_moved", "connection_lost"] {
+            for result in ["ok", "error"] {
+                m.resubscriptions.with_label_values(&[cause, result]);
+            }
+        }
         for op in ["acquire", "renew"] {
             m.wait_shortfalls.with_label_values(&[op]);
         }

@@ -1231,6 +1231,68 @@ impl ClusterSet {
         }
     }
 
+    /// Moves `slot` from node `from` to node `to` the way `redis-cli
+    /// --cluster reshard` does: IMPORTING/MIGRATING, `MIGRATE` key by key
+    /// (clients meet `ASK` meanwhile), then `SETSLOT NODE` on the target,
+    /// the source and every other node (clients meet `MOVED`; the source
+    /// drops its sharded subscriptions of the slot with `sunsubscribe`).
+    pub fn migrate_slot(&self, slot: u16, from: u16, to: u16) {
+        let (from_id, to_id) = (self.node_id(from).unwrap(), self.node_id(to).unwrap());
+        let mut src = self.conn(from);
+        let mut dst = self.conn(to);
+        let _: () = redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg("IMPORTING")
+            .arg(&from_id)
+            .query(&mut dst)
+            .unwrap();
+        let _: () = redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg("MIGRATING")
+            .arg(&to_id)
+            .query(&mut src)
+            .unwrap();
+        loop {
+            let keys: Vec<String> = redis::cmd("CLUSTER")
+                .arg("GETKEYSINSLOT")
+                .arg(slot)
+                .arg(100)
+                .query(&mut src)
+                .unwrap();
+            if keys.is_empty() {
+                break;
+            }
+            for k in keys {
+                let _: () = redis::cmd("MIGRATE")
+                    .arg("127.0.0.1")
+                    .arg(to)
+                    .arg(&k)
+                    .arg(0)
+                    .arg(5000)
+                    .query(&mut src)
+                    .unwrap();
+                // Let clients meet the half-moved slot.
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        let mut order = vec![to, from];
+        order.extend(
+            self.node_ports()
+                .into_iter()
+                .filter(|p| *p != to && *p != from),
+        );
+        for port in order {
+            let _: Result<(), _> = redis::cmd("CLUSTER")
+                .arg("SETSLOT")
+                .arg(slot)
+                .arg("NODE")
+                .arg(&to_id)
+                .query(&mut self.conn(port));
+        }
+    }
+
     /// A plain (not cluster-aware) connection to one node.
     pub fn conn(&self, port: u16) -> redis::Connection {
         self.node(port);

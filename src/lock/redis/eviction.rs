@@ -1,10 +1,14 @@
 //! Refusing to lock on a Redis that may evict lock entries (PITFALLS §14).
 //!
-//! A lock entry is a key with a TTL, and fencer's only keys with a TTL are
-//! its lock entries, so under `maxmemory-policy volatile-*` they are the
-//! first keys Redis evicts when memory runs short (`allkeys-*` evicts them
-//! too). An evicted entry is a lock Redis grants again while its holder
-//! still reports it held: two holders, with nothing failing. So every
+//! A lock entry is a key with a TTL, and fencer's keys with a TTL are its
+//! lock entries, lock-delay markers and token counters (which expire after
+//! an idle period, [`super::counters`]), so under `maxmemory-policy
+//! volatile-*` they are the first keys Redis evicts when memory runs short
+//! (`allkeys-*` evicts them too). An evicted entry is a lock Redis grants
+//! again while its holder still reports it held: two holders, with nothing
+//! failing. An evicted counter that the clock floor has not passed yet (a
+//! repaired one, up to ~12 days ahead) lets the next token fall below one
+//! already handed out. So every
 //! master a backend writes lock entries to must say `noeviction` — with
 //! any `maxmemory`: a full `noeviction` server refuses writes with `OOM`,
 //! an error the caller sees, instead of silently dropping a lease.
@@ -24,11 +28,14 @@
 //! so `/readyz`) fails and acquires answer 503 `backend_unavailable`
 //! naming the server and its policy. Renewals and releases go on: a lease
 //! whose entry was evicted is found gone at its next renewal and reported
-//! lost. With `allow_eviction` the refusal becomes a warning at every
-//! check. RedLock tolerates masters it cannot reach, so there a master not
-//! checked yet only loses its vote (it could have been restarted with
-//! another policy while away), and one that answered with a bad policy
-//! stops the backend.
+//! lost; a counter is only written by an acquire or a repair, both
+//! admitted here first. With `allow_eviction` the refusal becomes a
+//! warning at every check, and counters get no expiry (configuration
+//! validation refuses `counter_idle_ttl_ms` with it): `volatile-*` then
+//! evicts lock entries, never counters. RedLock tolerates masters it
+//! cannot reach, so there a master not checked yet only loses its vote (it
+//! could have been restarted with another policy while away), and one that
+//! answered with a bad policy stops the backend.
 
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};

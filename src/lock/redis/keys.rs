@@ -54,7 +54,9 @@ impl RedisKeys {
         self.with(":lock")
     }
 
-    /// The key's token counter (never expires).
+    /// The key's token counter: expires after `counter_idle_ttl_ms` without
+    /// an acquisition, never before the clock floor is above it
+    /// ([`super::counters`]); never in `counter` token mode.
     pub fn counter(&self) -> String {
         self.with(":token")
     }

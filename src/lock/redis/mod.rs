@@ -14,11 +14,13 @@
 //!
 //! Every master in use must say `maxmemory-policy noeviction` before an
 //! acquire is sent to it ([`eviction`]): Redis would otherwise evict the
-//! lock entries, fencer's only keys with a TTL, first.
+//! lock entries and the token counters (which expire when idle,
+//! [`counters`]), fencer's keys with a TTL, first.
 
 pub mod client;
 pub mod cluster;
 pub mod conn;
+pub mod counters;
 pub mod eviction;
 pub mod keys;
 pub mod scripts;
@@ -64,6 +66,9 @@ pub struct RedisBackend {
     prefix: String,
     timeout: Duration,
     token_mode: &'static str,
+    /// Token counters expire this long after their last write, and never
+    /// before the clock floor passed them (0: never; [`counters`]).
+    counter_idle_ms: u64,
     lock_delay_ms: u64,
     /// `WAIT` after acquires and renewals (`backend.redis.wait_replicas`).
     wait: Option<Wait>,
@@ -194,6 +199,7 @@ impl RedisBackend {
                     settings.key_prefix.clone(),
                     connect_timeout,
                     wake,
+                    metrics.clone(),
                 );
                 (Topology::Cluster(cluster), Watcher::Sharded(subscriber))
             }
@@ -212,6 +218,7 @@ impl RedisBackend {
                 TokenMode::HybridClock => "hybrid",
                 TokenMode::Counter => "counter",
             },
+            counter_idle_ms: settings.counters().idle_ttl_ms(),
             lock_delay_ms: lock_delay.as_millis() as u64,
             wait: (settings.wait_replicas > 0).then_some(Wait {
                 replicas: settings.wait_replicas,
@@ -224,6 +231,11 @@ impl RedisBackend {
         if let RedisMode::Single = settings.mode {
             backend.spawn_preload();
         }
+        tracing::info!(
+            token_mode = backend.token_mode,
+            counter_idle_ttl_ms = backend.counter_idle_ms,
+            "token counters expire after this long without an acquisition, never before the clock floor passed them (0: never)"
+        );
         Ok(backend)
     }
 
@@ -472,7 +484,8 @@ impl LockBackend for RedisBackend {
             .arg(lease.as_str())
             .arg(ttl.as_millis() as u64)
             .arg(self.token_mode)
-            .arg(self.lock_delay_ms);
+            .arg(self.lock_delay_ms)
+            .arg(self.counter_idle_ms);
         let replicated = Replicated::Required("acquire");
         let reply = self.exec(&self.scripts.acquire, &call, replicated).await?;
         let short = self.short(&reply, replicated);
@@ -614,9 +627,12 @@ impl LockBackend for RedisBackend {
     }
 
     async fn raise_token_floor(&self, key: &LockKey, floor: u64) -> Result<(), BackendError> {
+        // The counter gets an expiry: not on a Redis that may evict it
+        // before the clock floor passes it.
+        self.eviction.admit().await?;
         let k = self.keys(key);
         let mut call = Call::default();
-        call.key(k.counter()).arg(floor);
+        call.key(k.counter()).arg(floor).arg(self.counter_idle_ms);
         self.exec(&self.scripts.raise_floor, &call, Replicated::No)
             .await
             .map(|_| ())

@@ -11,8 +11,37 @@
 
 use redis::Script;
 
+/// Lua: `keep_counter(key, value, idle, now)` sets a token counter's expiry
+/// after a write: `idle` ms from now, and never before the server clock's
+/// floor (ms × 1024) is above `value` — `floor(value / 1024) + 2` ms since
+/// the epoch, on the clock the next acquire reads its floor from; the 2 ms
+/// cover rounding of values above 2^53 by Lua's doubles and the expiry
+/// (the key is gone once the clock is past the time). `PEXPIREAT` is an
+/// absolute time, as replicas and a promoted replica see it. `idle` 0:
+/// the counter keeps no expiry (`SET` has removed any). `now`: the
+/// server's `TIME` in ms if the script has read it already. See
+/// [`super::counters`].
+macro_rules! keep_counter_lua {
+    () => {
+        r#"
+local function keep_counter(key, value, idle, now)
+  if idle <= 0 then return end
+  if not now then
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  local live = math.floor((tonumber(value) or 0) / 1024) + 2 - now
+  if live < idle then live = idle end
+  redis.call('PEXPIREAT', key, string.format('%.0f', now + live))
+end
+"#
+    };
+}
+pub(crate) use keep_counter_lua;
+
 /// KEYS: lock, counter, delay marker. ARGV: lease id, ttl ms, token mode
-/// (`hybrid`|`counter`), lock-delay ms.
+/// (`hybrid`|`counter`), lock-delay ms, counter idle expiry ms (0: never;
+/// `hybrid` only).
 ///
 /// Lock-delay: with a delay, the acquire also sets a marker that lives
 /// `ttl + delay`; a release deletes it, an expiry leaves it, and while it
@@ -20,11 +49,16 @@ use redis::Script;
 ///
 /// In `hybrid` mode the next token is `max(counter + 1, TIME_ms * 1024)`, so
 /// a counter lost with an unpersisted restart or a failover to a lagging
-/// replica still moves forward. Numbers stay below 2^53, where Lua's doubles
-/// are exact, until the year ~2250; a counter at 2^53 (raised there by a
-/// repair) is refused rather than rounded into a token already issued.
-/// In `counter` mode the token is the counter's string, exact to 2^63.
-pub const ACQUIRE: &str = r#"
+/// replica still moves forward — and so does one that expired: the counter
+/// lives until that floor has passed it (`keep_counter`). Numbers stay below
+/// 2^53, where Lua's doubles are exact, until the year ~2250; a counter at
+/// 2^53 (raised there by a repair) is refused rather than rounded into a
+/// token already issued.
+/// In `counter` mode the token is the counter's string, exact to 2^63, and
+/// the counter never expires.
+pub const ACQUIRE: &str = concat!(
+    keep_counter_lua!(),
+    r#"
 local cur = redis.call('GET', KEYS[1])
 if cur then
   local sep = string.find(cur, ' ', 1, true)
@@ -40,7 +74,8 @@ end
 local tok
 if ARGV[3] == 'hybrid' then
   local t = redis.call('TIME')
-  local floor = tonumber(t[1]) * 1024000 + math.floor(tonumber(t[2]) / 1000) * 1024
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local floor = now * 1024
   local c = tonumber(redis.call('GET', KEYS[2]) or '0')
   if c >= 9007199254740991 then
     return redis.error_reply('fencer: token counter at 2^53; Lua numbers are no longer exact')
@@ -49,6 +84,7 @@ if ARGV[3] == 'hybrid' then
   if c < floor then c = floor end
   tok = string.format('%.0f', c)
   redis.call('SET', KEYS[2], tok)
+  keep_counter(KEYS[2], tok, tonumber(ARGV[5]), now)
 else
   -- INCR is exact 64-bit arithmetic in Redis; its reply becomes a Lua
   -- double, which tostring() prints as 1e+14 from 10^14 up. Read the
@@ -61,7 +97,8 @@ if tonumber(ARGV[4]) > 0 then
   redis.call('SET', KEYS[3], '1', 'PX', tonumber(ARGV[2]) + tonumber(ARGV[4]))
 end
 return {1, tok}
-"#;
+"#
+);
 
 /// KEYS: lock, delay marker. ARGV: lease id, ttl ms, lock-delay ms.
 pub const RENEW: &str = r#"
@@ -145,17 +182,24 @@ end
 return out
 "#;
 
-/// KEYS: counter. ARGV: floor (decimal digits). Raises the counter to at
-/// least the floor. Compared as decimal strings (length, then digits), not
-/// as Lua doubles, which round above 2^53.
-pub const RAISE_FLOOR: &str = r#"
+/// KEYS: counter. ARGV: floor (decimal digits), counter idle expiry ms
+/// (0: never). Raises the counter to at least the floor. Compared as
+/// decimal strings (length, then digits), not as Lua doubles, which round
+/// above 2^53. The counter then lives until the clock floor has passed its
+/// value (a repair raises it ahead of the clock: up to 2^40, ~12.4 days).
+pub const RAISE_FLOOR: &str = concat!(
+    keep_counter_lua!(),
+    r#"
 local cur = redis.call('GET', KEYS[1]) or '0'
 local f = ARGV[1]
 if string.len(cur) < string.len(f) or (string.len(cur) == string.len(f) and cur < f) then
   redis.call('SET', KEYS[1], f)
+  cur = f
 end
+keep_counter(KEYS[1], cur, tonumber(ARGV[2]))
 return {1, ''}
-"#;
+"#
+);
 
 /// A script and its body (for `EVAL` when a node answers `NOSCRIPT`).
 pub struct Lua {

@@ -4,6 +4,7 @@
 
 use serde::Deserialize;
 
+use super::counters::CounterPolicy;
 use crate::settings::{check_range, config_enum, invalid, ConfigError};
 
 /// How Redis mints fencing tokens.
@@ -75,6 +76,11 @@ pub struct RedisSettings {
     /// two leases with token 6 for ~56 ms). `true` accepts that, e.g. when
     /// every write passes a gateway that refuses a reissued number.
     pub allow_counter_with_failover: bool,
+    /// A key's token counter expires this long after its last acquisition
+    /// (and never before the clock floor has passed it): see
+    /// [`super::counters`]. Unset: a day with `hybrid_clock`, never with
+    /// `counter` tokens or `allow_eviction`; 0 = never.
+    pub counter_idle_ttl_ms: Option<u64>,
     /// Every master's `maxmemory-policy` must be `noeviction`: under any
     /// other policy Redis may evict a live lock entry (`volatile-*` evicts
     /// keys with a TTL first — exactly the lock entries) and grant the key
@@ -110,6 +116,7 @@ impl Default for RedisSettings {
             connect_timeout_ms: 1_000,
             token_mode: TokenMode::HybridClock,
             allow_counter_with_failover: false,
+            counter_idle_ttl_ms: None,
             allow_eviction: false,
             eviction_check_interval_ms: 10_000,
             ca_file: None,
@@ -156,6 +163,17 @@ fn check_host_port(field: &'static str, raw: &str) -> Result<(), ConfigError> {
 }
 
 impl RedisSettings {
+    /// How this section's token counters expire.
+    pub fn counters(&self) -> CounterPolicy {
+        CounterPolicy {
+            field: "backend.redis.counter_idle_ttl_ms",
+            configured: self.counter_idle_ttl_ms,
+            clock_floor: self.token_mode == TokenMode::HybridClock,
+            allow_eviction: self.allow_eviction,
+            eviction_field: "backend.redis.allow_eviction",
+        }
+    }
+
     /// `selected`: this is the configured backend, so its topology must be
     /// complete (an unused section keeps its defaults and is not checked).
     pub(crate) fn validate(&self, selected: bool) -> Result<(), ConfigError> {
@@ -267,6 +285,7 @@ impl RedisSettings {
             100,
             600_000,
         )?;
+        self.counters().validate()?;
         Ok(())
     }
 

@@ -8,20 +8,62 @@
 //! while a shard connection was down, or while a shard failed over, is
 //! lost, so a disconnection push or a slot-map change makes every queue
 //! re-check ([`WakeSink::resync`]).
+//!
+//! Redis also drops sharded subscriptions by itself (issue 27 item 9):
+//! when a slot moves to another master, the node that lost it sends
+//! `sunsubscribe` for every channel of the slot, and the client forgets
+//! them (its re-subscription after a reconnect or a slot-map change covers
+//! only what it still tracks). A waiter would then hear no release until
+//! its fallback timer at the holder's TTL. So a `sunsubscribe` for a
+//! watched channel — and a dropped node link, for every watched channel —
+//! hands the channel to [`resubscriber`], which sends `SSUBSCRIBE` again
+//! through the cluster connection (routed by the slot map, `MOVED` followed
+//! to the slot's new owner, the map refreshed), retrying while anyone
+//! watches it, and then wakes the key's first waiter to re-check: a release
+//! between the drop and the new subscription was not heard. Counted in
+//! `fencer_redis_resubscriptions_total{cause,result}`.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use redis::cluster_async::ClusterConnection;
 use redis::{PushInfo, PushKind};
 use tokio::sync::mpsc;
 
 use super::cluster::ClusterTopology;
 use super::keys::RedisKeys;
-use crate::lock::channels::{ChannelWatch, Channels};
+use crate::lock::channels::{ChannelWatch, Channels, Resubscribed};
 use crate::lock::WakeSink;
+use crate::metrics::redis::RedisMetrics;
 
 const JANITOR_INTERVAL: Duration = Duration::from_secs(10);
+
+/// First and longest pause between re-subscription rounds of channels
+/// whose `SSUBSCRIBE` failed (the slot mid-move, its node down).
+const RETRY_FIRST: Duration = Duration::from_millis(20);
+const RETRY_MAX: Duration = Duration::from_secs(1);
+
+/// `SSUBSCRIBE`s of one round in flight at once (a dropped link may take
+/// every watched channel with it).
+const RESUBSCRIBE_CONCURRENCY: usize = 32;
+
+/// Why a channel is subscribed again (the metric's `cause`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cause {
+    SlotMoved,
+    ConnectionLost,
+}
+
+impl Cause {
+    fn label(self) -> &'static str {
+        match self {
+            Cause::SlotMoved => "slot_moved",
+            Cause::ConnectionLost => "connection_lost",
+        }
+    }
+}
 
 pub struct ShardedSubscriber {
     channels: Channels<ClusterConnection>,
@@ -43,6 +85,7 @@ impl ShardedSubscriber {
         prefix: String,
         call_timeout: Duration,
         wake: Arc<dyn WakeSink>,
+        metrics: Arc<RedisMetrics>,
     ) -> ShardedSubscriber {
         let channels = Channels::new();
         tokio::spawn(run(
@@ -52,6 +95,7 @@ impl ShardedSubscriber {
             call_timeout,
             wake,
             channels.clone(),
+            metrics,
         ));
         ShardedSubscriber {
             channels,
@@ -78,6 +122,7 @@ async fn run(
     call_timeout: Duration,
     wake: Arc<dyn WakeSink>,
     channels: Channels<ClusterConnection>,
+    metrics: Arc<RedisMetrics>,
 ) {
     let conn = loop {
         if let Some(conn) = topology.conn() {
@@ -95,6 +140,14 @@ async fn run(
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     wake.resync();
+    let (again, queue) = mpsc::unbounded_channel();
+    tokio::spawn(resubscriber(
+        channels.clone(),
+        queue,
+        call_timeout,
+        wake.clone(),
+        metrics,
+    ));
     let mut failovers = topology.failovers();
     let mut janitor = tokio::time::interval(JANITOR_INTERVAL);
     janitor.tick().await;
@@ -115,9 +168,33 @@ async fn run(
                             wake.released(&key);
                         }
                     }
+                    PushKind::SUnsubscribe => {
+                        // Our own janitor's unsubscribes come back here too;
+                        // they are of channels it has already forgotten.
+                        let channel = push
+                            .data
+                            .first()
+                            .and_then(|v| redis::from_redis_value::<String>(v.clone()).ok());
+                        if let Some(channel) = channel {
+                            if let Some(key) = channels.unsubscribed(&channel) {
+                                tracing::info!(
+                                    key = %key,
+                                    "sharded subscription dropped by redis (its slot moved); subscribing on the slot's new owner"
+                                );
+                                let _ = again.send((channel, Cause::SlotMoved));
+                            }
+                        }
+                    }
                     PushKind::Disconnection => {
-                        tracing::warn!("a cluster node connection dropped; waiters re-check");
+                        let watched = channels.unsubscribed_all();
+                        tracing::warn!(
+                            watched = watched.len(),
+                            "a cluster node connection dropped; waiters re-check and their channels are subscribed again"
+                        );
                         wake.resync();
+                        for channel in watched {
+                            let _ = again.send((channel, Cause::ConnectionLost));
+                        }
                     }
                     _ => {}
                 }
@@ -133,6 +210,85 @@ async fn run(
                     wake.released(&key);
                 }
             }
+        }
+    }
+}
+
+/// Subscribes again the channels Redis dropped (see the module comment):
+/// rounds of at most [`RESUBSCRIBE_CONCURRENCY`] `SSUBSCRIBE`s at once,
+/// each bounded by `call_timeout`; what failed is retried after a pause
+/// that doubles up to [`RETRY_MAX`], for as long as anyone watches it.
+async fn resubscriber(
+    channels: Channels<ClusterConnection>,
+    mut queue: mpsc::UnboundedReceiver<(String, Cause)>,
+    call_timeout: Duration,
+    wake: Arc<dyn WakeSink>,
+    metrics: Arc<RedisMetrics>,
+) {
+    let mut pending: HashMap<String, Cause> = HashMap::new();
+    let mut pause = RETRY_FIRST;
+    loop {
+        if pending.is_empty() {
+            let Some((channel, cause)) = queue.recv().await else {
+                return;
+            };
+            pending.insert(channel, cause);
+            pause = RETRY_FIRST;
+        }
+        while let Ok((channel, cause)) = queue.try_recv() {
+            pending.entry(channel).or_insert(cause);
+        }
+        let round: Vec<(String, Cause)> = pending.drain().collect();
+        let results: Vec<(String, Cause, Resubscribed)> = futures_util::stream::iter(round)
+            .map(|(channel, cause)| {
+                let channels = channels.clone();
+                async move {
+                    let done = channels
+                        .resubscribe(&channel, ssubscribe, call_timeout)
+                        .await;
+                    (channel, cause, done)
+                }
+            })
+            .buffer_unordered(RESUBSCRIBE_CONCURRENCY)
+            .collect()
+            .await;
+        let mut failed = 0usize;
+        let mut last_error = String::new();
+        for (channel, cause, done) in results {
+            match done {
+                Resubscribed::Done { key } => {
+                    metrics
+                        .resubscriptions
+                        .with_label_values(&[cause.label(), "ok"])
+                        .inc();
+                    tracing::info!(
+                        key = %key,
+                        cause = cause.label(),
+                        "sharded subscription made again; the key's waiters re-check"
+                    );
+                    wake.released(&key);
+                }
+                Resubscribed::Gone => {}
+                Resubscribed::Failed(e) => {
+                    metrics
+                        .resubscriptions
+                        .with_label_values(&[cause.label(), "error"])
+                        .inc();
+                    failed += 1;
+                    last_error = e;
+                    pending.insert(channel, cause);
+                }
+            }
+        }
+        if failed > 0 {
+            tracing::warn!(
+                channels = failed,
+                error = %last_error,
+                retry_ms = pause.as_millis() as u64,
+                "sharded re-subscription failed; waiters keep their fallback timers until it works"
+            );
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(RETRY_MAX);
         }
     }
 }

@@ -74,6 +74,10 @@ pub struct RedLockBackend {
     drift_ratio: f64,
     retry_delay: Duration,
     retry_jitter: Duration,
+    /// Token counters expire this long after their last write, and never
+    /// before their master's clock floor passed them (0: never;
+    /// `lock::redis::counters`).
+    counter_idle_ms: u64,
     /// `backend.redlock.restart_quarantine_ms` (zero: off).
     quarantine: Duration,
     /// The marker whose age tells a master kept its data (see `LOCK`).
@@ -163,6 +167,7 @@ impl RedLockBackend {
             retry_delay: Duration::from_millis(settings.retry_delay_ms),
             retry_jitter: Duration::from_millis(settings.retry_jitter_ms),
             quarantine: Duration::from_millis(settings.restart_quarantine_ms),
+            counter_idle_ms: settings.counters().idle_ttl_ms(),
             age_key: format!("{}redlock:data-age", settings.key_prefix),
             lock_delay_ms: lock_delay.as_millis() as u64,
         })
@@ -423,7 +428,8 @@ impl LockBackend for RedLockBackend {
             .key(k.lock())
             .key(k.counter())
             .arg(lease.as_str())
-            .arg(token);
+            .arg(token)
+            .arg(self.counter_idle_ms);
         let written = self
             .on(&granted, &self.stamp, &stamp)
             .await
@@ -555,9 +561,17 @@ impl LockBackend for RedLockBackend {
     async fn raise_token_floor(&self, key: &LockKey, floor: u64) -> Result<(), BackendError> {
         let k = self.keys(key);
         let mut call = Call::default();
-        call.key(k.counter()).arg(floor);
+        call.key(k.counter()).arg(floor).arg(self.counter_idle_ms);
+        // Only masters known not to evict get a counter with an expiry
+        // (as only they vote).
+        let usable = self.eviction.admit().await?;
+        let writable: Vec<usize> = self
+            .all()
+            .into_iter()
+            .filter(|&i| usable.get(i).copied().unwrap_or(false))
+            .collect();
         let raised = self
-            .on(&self.all(), &self.scripts.raise_floor, &call)
+            .on(&writable, &self.scripts.raise_floor, &call)
             .await
             .into_iter()
             .flatten()

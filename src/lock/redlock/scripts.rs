@@ -55,13 +55,20 @@ end
 return {1, redis.call('GET', KEYS[2]) or '0', '0', floor}
 "#;
 
-/// KEYS: lock, counter. ARGV: lease id, token (decimal digits).
+/// KEYS: lock, counter. ARGV: lease id, token (decimal digits), counter
+/// idle expiry ms (0: never).
 ///
 /// If the lease still holds the key here: writes the token into the entry
 /// (keeping its TTL) and raises the counter to it (compared as decimal
-/// strings, not Lua doubles). Returns 1, or 0 when the lease does not hold
-/// the key here (expired meanwhile).
-pub const STAMP: &str = r#"
+/// strings, not Lua doubles), and sets the counter's expiry: `idle` from
+/// now, and never before this master's clock floor has passed the counter
+/// (`keep_counter`). The next `LOCK` here either sees the counter or
+/// reports a floor above it, so a later majority sharing this master still
+/// mints higher. Returns 1, or 0 when the lease does not hold the key here
+/// (expired meanwhile).
+pub const STAMP: &str = concat!(
+    crate::lock::redis::scripts::keep_counter_lua!(),
+    r#"
 local cur = redis.call('GET', KEYS[1])
 if not cur then return 0 end
 local sep = string.find(cur, ' ', 1, true)
@@ -71,6 +78,9 @@ local c = redis.call('GET', KEYS[2]) or '0'
 local f = ARGV[2]
 if string.len(c) < string.len(f) or (string.len(c) == string.len(f) and c < f) then
   redis.call('SET', KEYS[2], f)
+  c = f
 end
+keep_counter(KEYS[2], c, tonumber(ARGV[3]))
 return 1
-"#;
+"#
+);

@@ -3,6 +3,7 @@
 
 use serde::Deserialize;
 
+use crate::lock::redis::counters::CounterPolicy;
 use crate::settings::{check_range, invalid, ConfigError};
 
 #[derive(Debug, Clone, Deserialize)]
@@ -33,6 +34,11 @@ pub struct RedLockSettings {
     /// 0 = off: only with `appendfsync always` on every master.
     pub restart_quarantine_ms: u64,
     pub key_prefix: String,
+    /// A key's token counter on each master expires this long after the
+    /// last token written to it (and never before that master's clock
+    /// floor has passed it): see `lock::redis::counters`. Unset: a day
+    /// (never with `allow_eviction`); 0 = never.
+    pub counter_idle_ttl_ms: Option<u64>,
     /// Every master's `maxmemory-policy` must be `noeviction`: a master that
     /// evicts a live lock entry forgets a grant, like one restarted empty,
     /// and with it a second client can reach a "majority". Until every
@@ -59,6 +65,7 @@ impl Default for RedLockSettings {
             retry_jitter_ms: 50,
             restart_quarantine_ms: 60_000,
             key_prefix: "fencer:".into(),
+            counter_idle_ttl_ms: None,
             allow_eviction: false,
             eviction_check_interval_ms: 10_000,
             ca_file: None,
@@ -67,6 +74,18 @@ impl Default for RedLockSettings {
 }
 
 impl RedLockSettings {
+    /// How the masters' token counters expire (RedLock tokens always have
+    /// the clock floor).
+    pub fn counters(&self) -> CounterPolicy {
+        CounterPolicy {
+            field: "backend.redlock.counter_idle_ttl_ms",
+            configured: self.counter_idle_ttl_ms,
+            clock_floor: true,
+            allow_eviction: self.allow_eviction,
+            eviction_field: "backend.redlock.allow_eviction",
+        }
+    }
+
     /// `selected`: this is the configured backend, so it needs its masters.
     pub(crate) fn validate(&self, selected: bool) -> Result<(), ConfigError> {
         if selected && (self.urls.len() < 3 || self.urls.len() % 2 == 0) {
@@ -148,6 +167,7 @@ impl RedLockSettings {
             100,
             600_000,
         )?;
+        self.counters().validate()?;
         Ok(())
     }
 }

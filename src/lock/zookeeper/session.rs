@@ -16,6 +16,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use zookeeper_client as zk;
 
+use super::expiry::ServerTime;
 use super::settings::ZooKeeperSettings;
 use crate::lock::{BackendError, WakeSink};
 use crate::metrics::zookeeper::ZooKeeperMetrics;
@@ -28,6 +29,29 @@ pub struct Session {
     /// The offset added to every creation zxid, and its node's version
     /// (see `raise_token_floor`), as last read.
     pub offset: Mutex<(u64, i32)>,
+    /// The ensemble time stamped on our newest write, and when its answer
+    /// came: to schedule checks of other nodes' lease-expiry records
+    /// ([`super::expiry`]), never to decide them.
+    pub clock: Mutex<Option<(ServerTime, tokio::time::Instant)>>,
+}
+
+impl Session {
+    /// Records the time the leader stamped on a write of ours that was just
+    /// answered; returns it.
+    pub fn saw(&self, stat: &zk::Stat) -> ServerTime {
+        let t = ServerTime::of(stat);
+        let now = tokio::time::Instant::now();
+        let mut clock = self.clock.lock().expect("clock");
+        if clock.is_none_or(|(old, _)| (t.epoch, t.ms) >= (old.epoch, old.ms)) {
+            *clock = Some((t, now));
+        }
+        t
+    }
+
+    /// The newest write's time and when its answer came.
+    pub fn clock(&self) -> Option<(ServerTime, tokio::time::Instant)> {
+        *self.clock.lock().expect("clock")
+    }
 }
 
 /// The current session, if any, and the supervisor's outputs.
@@ -214,6 +238,7 @@ pub fn supervise(
                 client,
                 generation,
                 offset: Mutex::new(offset),
+                clock: Mutex::new(None),
             }));
             if generation > 1 {
                 // The previous session's leases are gone: let the sidecar
@@ -222,13 +247,33 @@ pub fn supervise(
                 wake.resync();
             }
             drop(sessions);
+            // Disconnected since: a session that stays disconnected for its
+            // whole timeout is expired on the ensemble (no ping reached it),
+            // or unknown to it — an ensemble rebuilt from empty refuses the
+            // old session's reconnects forever ("client has seen zxid …"),
+            // so the client library would never hear of an expiry.
+            let mut cut_since: Option<tokio::time::Instant> = None;
             let ended = loop {
-                let state = states.changed().await;
+                let state = match cut_since {
+                    Some(t) => {
+                        match tokio::time::timeout_at(t + granted, states.changed()).await {
+                            Ok(state) => state,
+                            Err(_) => {
+                                // Counted as expired: it is, or as good as.
+                                tracing::warn!(generation, disconnected_ms = granted.as_millis() as u64,
+                                    "ZooKeeper disconnected for the whole session timeout: the session is expired on the ensemble, or unknown to it (an ensemble rebuilt from empty refuses it); giving it up for a new one");
+                                break "expired";
+                            }
+                        }
+                    }
+                    None => states.changed().await,
+                };
                 if weak.strong_count() == 0 {
                     return;
                 }
                 match state {
                     zk::SessionState::Disconnected => {
+                        cut_since.get_or_insert_with(tokio::time::Instant::now);
                         metrics.session_up.set(0);
                         metrics
                             .session_events
@@ -240,6 +285,7 @@ pub fn supervise(
                         );
                     }
                     zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => {
+                        cut_since = None;
                         metrics.session_up.set(1);
                         metrics
                             .session_events

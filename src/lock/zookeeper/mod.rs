@@ -167,8 +167,8 @@ enum Kept {
     /// Our node or entry is gone (deleted as dead by our successor, or the
     /// entry was released or now holds): nothing to keep alive.
     Gone,
-    /// No answer in time, or an error: try again soon.
-    Failed,
+    /// No answer in time, or an error (its text): try again soon.
+    Failed(String),
 }
 
 /// The task waiting for a predecessor's deletion — and keeping our own
@@ -600,6 +600,9 @@ impl Inner {
             let mut keepalive_at = Instant::now() + first_life / 4;
             // After a failed keepalive or delete: not before this.
             let mut not_before = Instant::now();
+            // Failures in a row: the first is logged as a warning, the
+            // rest (a disconnect retried every RETRY_AFTER) at debug.
+            let mut failing = 0u32;
             loop {
                 let check_at = record
                     .zip(s.clock())
@@ -624,9 +627,15 @@ impl Inner {
                     _ = tokio::time::sleep_until(keepalive_at) => {
                         let Some(inner) = weak.upgrade() else { return };
                         match inner.keepalive(&s, &key, &ticket).await {
-                            Kept::Alive(life) => keepalive_at = Instant::now() + life / 4,
+                            Kept::Alive(life) => {
+                                failing = 0;
+                                keepalive_at = Instant::now() + life / 4;
+                            }
                             Kept::Gone => break,
-                            Kept::Failed => keepalive_at = Instant::now() + RETRY_AFTER,
+                            Kept::Failed(e) => {
+                                retrying(&mut failing, &key, "keepalive of a waiting ZooKeeper node", &e);
+                                keepalive_at = Instant::now() + RETRY_AFTER;
+                            }
                         }
                     }
                     _ = tokio::time::sleep_until(check_at.unwrap_or(keepalive_at)), if check_at.is_some() => {
@@ -634,9 +643,13 @@ impl Inner {
                         let Some(r) = record else { continue };
                         // A fresh time from the ensemble: our keepalive.
                         match inner.keepalive(&s, &key, &ticket).await {
-                            Kept::Alive(life) => keepalive_at = Instant::now() + life / 4,
+                            Kept::Alive(life) => {
+                                failing = 0;
+                                keepalive_at = Instant::now() + life / 4;
+                            }
                             Kept::Gone => break,
-                            Kept::Failed => {
+                            Kept::Failed(e) => {
+                                retrying(&mut failing, &key, "keepalive of a waiting ZooKeeper node", &e);
                                 not_before = Instant::now() + RETRY_AFTER;
                                 continue;
                             }
@@ -652,7 +665,7 @@ impl Inner {
                                 _ => break,
                             },
                             Err(e) => {
-                                tracing::warn!(key = %key, error = %e, "could not delete a dead ZooKeeper lock node; retrying");
+                                retrying(&mut failing, &key, "deleting a dead ZooKeeper lock node", &e.to_string());
                                 not_before = Instant::now() + RETRY_AFTER;
                             }
                         }
@@ -693,15 +706,12 @@ impl Inner {
                 tracing::info!(key = %key, "our waiting ZooKeeper node was deleted as dead (its keepalive came too late); queueing again");
                 Kept::Gone
             }
-            Err(e) => {
-                tracing::warn!(key = %key, error = ?e, "keepalive of a waiting ZooKeeper node failed");
-                Kept::Failed
-            }
+            Err(e) => Kept::Failed(e.into_backend("keepalive").to_string()),
         };
         let label = match result {
             Kept::Alive(_) => "ok",
             Kept::Gone => "node_gone",
-            Kept::Failed => "error",
+            Kept::Failed(_) => "error",
         };
         self.metrics.keepalives.with_label_values(&[label]).inc();
         result
@@ -752,6 +762,17 @@ impl Inner {
             entries.remove(key);
         }
         self.count_queue(&entries);
+    }
+}
+
+/// Logs a failure the guard retries: the first of a streak as a warning,
+/// the rest (a disconnect retried every [`RETRY_AFTER`]) at debug.
+fn retrying(failing: &mut u32, key: &LockKey, what: &str, error: &str) {
+    *failing += 1;
+    if *failing == 1 {
+        tracing::warn!(key = %key, error, "{what} failed; retrying");
+    } else {
+        tracing::debug!(key = %key, error, failures = *failing, "{what} failed again; retrying");
     }
 }
 

@@ -800,7 +800,8 @@ async fn an_ensemble_rebuilt_from_empty_needs_preregistration_to_keep_tokens_ris
     let storage = Fencer::storage(&[]);
     let gateway = Fencer::gateway(&storage.api, &[]);
     let pre = format!("{}/_fencer/v1/fences/", gateway.api);
-    // A short session: the old one is given up after it (see below).
+    // A short session: the rebuilt server refuses the old one, and the
+    // client library expires it after 7/5 of its timeout (see below).
     let session = [
         ("backend.zookeeper.session_timeout_ms", "3000"),
         ("backend.zookeeper.request_timeout_ms", "500"),
@@ -852,8 +853,8 @@ async fn an_ensemble_rebuilt_from_empty_needs_preregistration_to_keep_tokens_ris
 
 /// Acquires `rebuilt:1` once the sidecar has a session on the rebuilt
 /// ensemble. The rebuilt server refuses the old session's reconnects (the
-/// client has seen zxids it never wrote), so the sidecar gives the session
-/// up after its timeout and opens a new one.
+/// client has seen zxids it never wrote) until the client library expires
+/// it (7/5 of its timeout unheard) and the sidecar opens a new one.
 async fn acquire_after_rebuild(s: &Fencer, zk: &ZooKeeperEnsemble) -> Resp {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {

@@ -7,8 +7,7 @@ use super::register;
 
 pub struct ZooKeeperMetrics {
     /// Session state changes: connected, disconnected, reconnected,
-    /// expired (or given up after a whole session timeout disconnected),
-    /// auth_failed, connect_failed.
+    /// expired, auth_failed, connect_failed.
     pub session_events: IntCounterVec,
     /// 1 while a session is established and connected.
     pub session_up: IntGauge,
@@ -40,7 +39,7 @@ impl ZooKeeperMetrics {
                 IntCounterVec::new(
                     Opts::new(
                         "fencer_zookeeper_session_events_total",
-                        "ZooKeeper session state changes: connected (new session), disconnected, reconnected (same session), expired (every lease of the session lost; also counted when the sidecar gives up a session that stayed disconnected for its whole timeout), auth_failed, connect_failed.",
+                        "ZooKeeper session state changes: connected (new session), disconnected, reconnected (same session), expired (every lease of the session lost), auth_failed, connect_failed.",
                     ),
                     &["event"],
                 )

@@ -247,33 +247,13 @@ pub fn supervise(
                 wake.resync();
             }
             drop(sessions);
-            // Disconnected since: a session that stays disconnected for its
-            // whole timeout is expired on the ensemble (no ping reached it),
-            // or unknown to it — an ensemble rebuilt from empty refuses the
-            // old session's reconnects forever ("client has seen zxid …"),
-            // so the client library would never hear of an expiry.
-            let mut cut_since: Option<tokio::time::Instant> = None;
             let ended = loop {
-                let state = match cut_since {
-                    Some(t) => {
-                        match tokio::time::timeout_at(t + granted, states.changed()).await {
-                            Ok(state) => state,
-                            Err(_) => {
-                                // Counted as expired: it is, or as good as.
-                                tracing::warn!(generation, disconnected_ms = granted.as_millis() as u64,
-                                    "ZooKeeper disconnected for the whole session timeout: the session is expired on the ensemble, or unknown to it (an ensemble rebuilt from empty refuses it); giving it up for a new one");
-                                break "expired";
-                            }
-                        }
-                    }
-                    None => states.changed().await,
-                };
+                let state = states.changed().await;
                 if weak.strong_count() == 0 {
                     return;
                 }
                 match state {
                     zk::SessionState::Disconnected => {
-                        cut_since.get_or_insert_with(tokio::time::Instant::now);
                         metrics.session_up.set(0);
                         metrics
                             .session_events
@@ -285,7 +265,6 @@ pub fn supervise(
                         );
                     }
                     zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => {
-                        cut_since = None;
                         metrics.session_up.set(1);
                         metrics
                             .session_events

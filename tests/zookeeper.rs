@@ -1,7 +1,9 @@
 //! ZooKeeper-specific behaviour and faults: the queue (a waiter that gives
 //! up leaves no node, only the next waiter is woken), tokens across leader
 //! changes, session expiry by partition and by a paused sidecar, a create
-//! whose reply was lost, and the token offset.
+//! whose reply was lost, and the token offset; a dead, frozen or cut-off
+//! sidecar's nodes deleted at their lease-expiry record (issue 27 item 5),
+//! one budget per acquire try, and an ensemble rebuilt from empty (item 8).
 //!
 //! Every test starts its own ZooKeeper (tests/common/zookeeper.rs).
 
@@ -872,4 +874,58 @@ async fn acquire_after_rebuild(s: &Fencer, zk: &ZooKeeperEnsemble) -> Resp {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// A waiter that stops refreshing its queue node (frozen, SIGSTOP) loses
+/// its place, not the queue's order: the waiter behind it deletes its node
+/// once its lease-expiry record passes, and when it wakes, its keepalive
+/// finds the node gone and it queues again — at the end, behind the one
+/// that took its place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_waiter_loses_its_place_and_queues_again_at_the_end() {
+    let zk = ZooKeeperEnsemble::with_size(1);
+    let c = zk.connect_string();
+    let cfg = [
+        ("backend.zookeeper.session_timeout_ms", "20000"),
+        ("sidecar.default_ttl_ms", "1000"),
+    ];
+    let (a, b, w) = (sidecar(&c, &cfg), sidecar(&c, &cfg), sidecar(&c, &cfg));
+    let held = a.acquire("frozen:1", 8_000, 0).await;
+    assert_eq!(held.status, 200, "{}", held.body);
+    let b_waits = acquire_in_background(&b, "frozen:1", 1_000, 15_000);
+    queued(&c, "frozen:1", 2).await;
+    let w_waits = acquire_in_background(&w, "frozen:1", 1_000, 15_000);
+    queued(&c, "frozen:1", 3).await;
+    unsafe { libc::kill(b.pid() as i32, libc::SIGSTOP) };
+    let dropped = eventually(Duration::from_secs(5), || {
+        futures_block(w.metric("fencer_zookeeper_dead_nodes_deleted_total", &[])) == 1.0
+    })
+    .await;
+    unsafe { libc::kill(b.pid() as i32, libc::SIGCONT) };
+    assert!(
+        dropped,
+        "the frozen waiter's node was not deleted\n{}",
+        w.logs()
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            futures_block(b.metric(
+                "fencer_zookeeper_keepalives_total",
+                &[("result", "node_gone")],
+            )) == 1.0
+                && futures_block(queue_of(&c, "frozen:1")).len() == 3
+        })
+        .await,
+        "the woken waiter did not queue again: {:?}\n{}",
+        queue_of(&c, "frozen:1").await,
+        b.logs()
+    );
+    assert_eq!(a.release("frozen:1", &held.lease()).await.status, 200);
+    let (first, _) = w_waits.await.unwrap().expect("w answered");
+    assert_eq!(first.status, 200, "{}", first.body);
+    assert!(!b_waits.is_finished(), "the frozen waiter kept its place");
+    assert_eq!(w.release("frozen:1", &first.lease()).await.status, 200);
+    let (second, _) = b_waits.await.unwrap().expect("b answered");
+    assert_eq!(second.status, 200, "{}\n{}", second.body, b.logs());
+    assert!(first.token() > held.token() && second.token() > first.token());
 }

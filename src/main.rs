@@ -50,6 +50,9 @@ fn run() -> ExitCode {
                 errln!("fencer: configuration error: {e}");
                 return ExitCode::from(EXIT_CONFIG);
             }
+            for w in settings.sidecar_warnings() {
+                errln!("fencer: warning: {w}");
+            }
         }
         // A reader that has gone (`check-config | head -1`) has what it
         // wanted: stop printing, still exit 0.

@@ -4,7 +4,10 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 fn fencer(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fencer"));
+    // FENCER_TEST_BIN: an older build, to watch a test fail on it.
+    let bin = std::env::var("FENCER_TEST_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_fencer").to_owned());
+    let mut cmd = Command::new(bin);
     cmd.args(args);
     for (k, v) in env {
         cmd.env(k, v);
@@ -439,6 +442,70 @@ fn zookeeper_settings_are_checked_and_redacted() {
                 "backend.zookeeper.auth_digest",
             ),
         ],
+    );
+}
+
+/// A lock backend that can lose its token counter (tokens then start over
+/// below the gateway's marks) without pre-registration, the one thing that
+/// repairs it forward: `check-config` passes (exit 0) but warns on stderr —
+/// for ZooKeeper (an ensemble rebuilt from empty), Redis `counter` tokens
+/// and the in-process memory backend; not with `sidecar.preregister_url`
+/// set, and not for backends whose tokens survive a lost counter
+/// (PostgreSQL and MySQL rows, Redis and RedLock clock-floored tokens).
+#[test]
+fn check_config_warns_when_a_lost_counter_would_send_tokens_back() {
+    let pre = "[sidecar]\npreregister_url = \"http://g:8080/_fencer/v1/fences/\"\n";
+    let zk = "[backend]\nkind = \"zookeeper\"\n[backend.zookeeper]\nconnect = \"zk-0:2181\"\n";
+    let redis_counter = "[backend]\nkind = \"redis\"\n[backend.redis]\ntoken_mode = \"counter\"\n";
+    let memory = "[backend]\nkind = \"memory\"\n";
+    for (name, file, warned) in [
+        ("zookeeper", zk.to_owned(), true),
+        ("redis counter", redis_counter.to_owned(), true),
+        ("memory", memory.to_owned(), true),
+        ("zookeeper + preregister", format!("{zk}{pre}"), false),
+        ("redis counter + preregister", format!("{redis_counter}{pre}"), false),
+        ("memory + preregister", format!("{memory}{pre}"), false),
+        ("redis hybrid_clock", "[backend]\nkind = \"redis\"\n".to_owned(), false),
+        (
+            "redlock",
+            "[backend]\nkind = \"redlock\"\n[backend.redlock]\nurls = [\"redis://a:6379\", \"redis://b:6379\", \"redis://c:6379\"]\n".to_owned(),
+            false,
+        ),
+        (
+            "postgres",
+            "[backend]\nkind = \"postgres\"\n[backend.postgres]\nurl = \"postgres://u@db/fencer\"\n".to_owned(),
+            false,
+        ),
+        (
+            "mysql",
+            "[backend]\nkind = \"mysql\"\n[backend.mysql]\nurl = \"mysql://u@db/fencer\"\n".to_owned(),
+            false,
+        ),
+    ] {
+        let out = check_file(&file, &[]);
+        let err = stderr(&out);
+        assert!(out.status.success(), "{name}: {err}");
+        let warning = err
+            .lines()
+            .find(|l| l.starts_with("fencer: warning:") && l.contains("preregister_url"));
+        assert_eq!(warning.is_some(), warned, "{name}: {err}");
+        if let Some(w) = warning {
+            assert!(w.contains("stale_fencing_token"), "{name}: {w}");
+        }
+    }
+    // The environment form too (how the Helm chart configures sidecars).
+    let out = fencer(
+        &["check-config"],
+        &[
+            ("FENCER__BACKEND__KIND", "zookeeper"),
+            ("FENCER__BACKEND__ZOOKEEPER__CONNECT", "zk-0:2181"),
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("fencer: warning: backend.kind = \"zookeeper\""),
+        "{}",
+        stderr(&out)
     );
 }
 

@@ -22,6 +22,13 @@ pub struct ZooKeeperMetrics {
     /// Node deletions that failed and were retried later (the key stays
     /// blocked until one succeeds or the session ends).
     pub cleanup_retries: IntCounter,
+    /// Other sessions' nodes this sidecar deleted because their
+    /// lease-expiry record passed on the ensemble's clock (their sidecar
+    /// died, froze or was cut off).
+    pub dead_nodes_deleted: IntCounter,
+    /// Keepalives of this sidecar's waiting nodes, by result: ok,
+    /// node_gone (deleted as dead: the waiter queues again), error.
+    pub keepalives: IntCounterVec,
 }
 
 impl ZooKeeperMetrics {
@@ -78,7 +85,29 @@ impl ZooKeeperMetrics {
                 )
                 .expect("valid metric"),
             ),
+            dead_nodes_deleted: register(
+                registry,
+                IntCounter::new(
+                    "fencer_zookeeper_dead_nodes_deleted_total",
+                    "Lock nodes of other sessions deleted because their lease-expiry record (last write's mtime + life) passed on the ensemble's clock: their sidecar died, froze or was cut off.",
+                )
+                .expect("valid metric"),
+            ),
+            keepalives: register(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "fencer_zookeeper_keepalives_total",
+                        "Keepalives of this sidecar's waiting ZooKeeper nodes (refreshing their lease-expiry record), by result: ok, node_gone (deleted as dead; the waiter queues again), error.",
+                    ),
+                    &["result"],
+                )
+                .expect("valid metric"),
+            ),
         };
+        for r in ["ok", "node_gone", "error"] {
+            m.keepalives.with_label_values(&[r]);
+        }
         for e in [
             "connected",
             "disconnected",

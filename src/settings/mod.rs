@@ -237,6 +237,32 @@ impl Settings {
         Ok(())
     }
 
+    /// Valid settings that leave a guarantee to a condition the operator
+    /// must know about: printed by `check-config`, logged when a sidecar
+    /// starts. Today one: a lock backend that can lose its token counter
+    /// (tokens then start over below what the gateway has accepted) without
+    /// `sidecar.preregister_url`, the only thing that repairs it forward.
+    pub fn sidecar_warnings(&self) -> Vec<String> {
+        if !self.sidecar.preregister_url.is_empty() {
+            return Vec::new();
+        }
+        let loses = match self.backend.kind {
+            Some(BackendKind::ZooKeeper) => {
+                "backend.kind = \"zookeeper\" mints tokens from creation zxids, which start over when the ensemble is rebuilt from empty (data directories lost)"
+            }
+            Some(BackendKind::Redis) if self.backend.redis.token_mode == TokenMode::Counter => {
+                "backend.redis.token_mode = \"counter\" keeps the token counter in Redis, which a restart without persistence, a FLUSHALL or a failover to a replica that missed writes loses"
+            }
+            Some(BackendKind::Memory) => {
+                "backend.kind = \"memory\" keeps its token counters in the process, which a restart loses"
+            }
+            _ => return Vec::new(),
+        };
+        vec![format!(
+            "{loses}; without sidecar.preregister_url nothing repairs the counter forward: tokens go back below the gateway's marks, and the gateway refuses every write under them (409 stale_fencing_token) until the counter passes the mark. Set sidecar.preregister_url (README, Guarantees: \"Tokens are repaired forward\")"
+        )]
+    }
+
     /// The token-signing secret, read from the configured file or variable.
     /// `None` when neither is configured (callers decide whether that is ok).
     pub fn signing_secret(&self) -> Result<Option<Vec<u8>>, ConfigError> {

@@ -448,6 +448,9 @@ pub async fn run_with(
         preregister = %sidecar.settings.sidecar.preregister_url,
         "sidecar listening"
     );
+    for w in sidecar.settings.sidecar_warnings() {
+        tracing::warn!(warning = %w, "configuration: tokens can go back");
+    }
     sidecar.spawn_sweeper();
     sidecar.spawn_renewer();
     sidecar.spawn_failover_watch();

@@ -510,6 +510,22 @@ impl ZooKeeperEnsemble {
         }
     }
 
+    /// Kills member `i`, deletes its data directory (snapshots, logs and
+    /// the sessions in them; `myid` is kept) and starts it again on the
+    /// same ports: a member rebuilt from empty. Rebuilding a whole ensemble
+    /// this way starts its zxids over (epoch 1).
+    pub fn restart_empty(&mut self, i: usize) {
+        self.members[i].kill();
+        let data = self.members[i].dir.join("data");
+        let myid = std::fs::read(data.join("myid")).ok();
+        std::fs::remove_dir_all(&data).unwrap();
+        std::fs::create_dir_all(&data).unwrap();
+        if let Some(id) = myid {
+            std::fs::write(data.join("myid"), id).unwrap();
+        }
+        self.restart(i);
+    }
+
     /// SIGSTOP member `i`: it keeps its sockets and sessions but answers
     /// nothing, like a frozen machine.
     pub fn pause(&self, i: usize) {

@@ -12,6 +12,19 @@
 //! [`settings::max_lease`] of the session: the sidecar's local deadline
 //! then always comes first.
 //!
+//! A sidecar that dies (`kill -9`, a lost node) deletes nothing, and its
+//! session — with every node of it, holding or waiting — lives on for the
+//! session timeout. So every node also carries a lease-expiry record on
+//! the ensemble's clock ([`expiry`]): its life, counted from its last
+//! write's `mtime`. Holders refresh it with each renewal, waiters with a
+//! keepalive, and the node's successor deletes it (version-checked) once
+//! the record says it is dead: a dead sidecar's keys are free after the
+//! TTL (+ lock-delay), not the session timeout.
+//!
+//! One acquire *try* is bounded as a whole by `request_timeout_ms`: every
+//! call of it gets what is left of that budget, and none is sent once it
+//! is spent.
+//!
 //! The token is the holder node's creation zxid plus the token offset in
 //! force when the node was created (a multi checks the offset node's
 //! version with the create, and the offset goes into the node's data).
@@ -36,6 +49,7 @@
 //! releasing an older id leaves it alone. A waiter that gives up releases
 //! its lease id, which deletes the node ([`LockBackend::held_keeps_a_place`]).
 
+pub mod expiry;
 pub mod queue;
 pub mod session;
 pub mod settings;
@@ -50,6 +64,7 @@ use futures_util::future::join_all;
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
+use self::expiry::{NodeData, Record, ServerTime};
 use self::queue::Place;
 use self::session::{call, read_offset, Connect, Failed, Session, Sessions};
 use self::settings::{max_lease, ZooKeeperSettings};
@@ -67,6 +82,23 @@ const SWEEP_EVERY: Duration = Duration::from_millis(50);
 /// queue changed under us (a container removed, a predecessor gone).
 const QUEUE_ROUNDS: usize = 4;
 
+/// A waiter's keepalive or dead-node delete that failed is tried again
+/// after this.
+const RETRY_AFTER: Duration = Duration::from_millis(200);
+
+/// What is left of a try's budget; an error once it is spent (no call is
+/// sent then: its outcome would be unknown for nothing).
+fn left(deadline: Instant) -> Result<Duration, BackendError> {
+    let t = deadline.saturating_duration_since(Instant::now());
+    if t.is_zero() {
+        return Err(BackendError::Unavailable(
+            "ZooKeeper acquire: the try's budget (backend.zookeeper.request_timeout_ms) ran out"
+                .into(),
+        ));
+    }
+    Ok(t)
+}
+
 pub struct ZooKeeperBackend {
     inner: Arc<Inner>,
 }
@@ -78,6 +110,9 @@ struct Inner {
     acls: zk::Acls<'static>,
     timeout: Duration,
     lock_delay: Duration,
+    /// `leader_clock_skew_ms`: added when a node's last write and ours were
+    /// stamped by different leaders ([`expiry`]).
+    skew: Duration,
     /// This sidecar's node per key (at most one).
     entries: Mutex<HashMap<LockKey, Entry>>,
     /// Nodes to delete whose deletion failed: (generation, key dir, ticket).
@@ -94,6 +129,9 @@ struct Entry {
     node: Option<Node>,
     /// The newest lease id that tried this node; only it may release it.
     lease: LeaseId,
+    /// The node's life without a write (its lease-expiry record): the
+    /// newest try's TTL + lock-delay.
+    life: Duration,
     state: State,
 }
 
@@ -114,8 +152,29 @@ struct Found {
     created: Option<Option<i64>>,
 }
 
-/// The task waiting for a predecessor's deletion; ends with its entry (a
-/// waiter that gave up leaves no task behind on a long-held key).
+/// What became of the node ahead of ours.
+enum Ahead {
+    /// Still there: a task watches it (and keeps our node alive).
+    Watching(Watch),
+    /// Gone (deleted meanwhile, or by us as dead): list again.
+    Gone,
+}
+
+/// What a keepalive of our own waiting node found.
+enum Kept {
+    /// Written; the node's life.
+    Alive(Duration),
+    /// Our node or entry is gone (deleted as dead by our successor, or the
+    /// entry was released or now holds): nothing to keep alive.
+    Gone,
+    /// No answer in time, or an error (its text): try again soon.
+    Failed(String),
+}
+
+/// The task waiting for a predecessor's deletion — and keeping our own
+/// waiting node's expiry record fresh, and deleting the predecessor once
+/// its own record says it is dead; ends with its entry (a waiter that gave
+/// up leaves no task behind on a long-held key).
 struct Watch(tokio::task::AbortHandle);
 
 impl Drop for Watch {
@@ -154,6 +213,7 @@ impl ZooKeeperBackend {
             acls,
             timeout: settings.request_timeout(),
             lock_delay,
+            skew: settings.leader_clock_skew(),
             entries: Mutex::new(HashMap::new()),
             doomed: Mutex::new(Vec::new()),
             wake: wake.clone(),
@@ -270,13 +330,14 @@ impl Inner {
             .iter()
             .filter(|c| c.rsplit_once('-').is_some_and(|(t, _)| t == ticket))
         {
-            self.delete_node(s, &format!("{dir}/{c}")).await?;
+            self.delete_node(s, &format!("{dir}/{c}"), self.timeout)
+                .await?;
         }
         Ok(())
     }
 
-    async fn delete_node(&self, s: &Session, path: &str) -> Result<(), BackendError> {
-        match call(self.timeout, s.client.delete(path, None)).await {
+    async fn delete_node(&self, s: &Session, path: &str, t: Duration) -> Result<(), BackendError> {
+        match call(t, s.client.delete(path, None)).await {
             Ok(()) | Err(Failed::Zk(zk::Error::NoNode)) => Ok(()),
             Err(e) => Err(e.into_backend("delete")),
         }
@@ -288,14 +349,17 @@ impl Inner {
     /// so the offset written into the node is the current one at its
     /// creation: tokens are `czxid + offset at creation`, and both only
     /// grow along the queue.
+    #[allow(clippy::too_many_arguments)]
     async fn ensure_node(
         &self,
         s: &Session,
         dir: &str,
         ticket: &str,
         lease: &LeaseId,
+        life: Duration,
         known: Option<Node>,
         look: bool,
+        deadline: Instant,
     ) -> Result<Found, BackendError> {
         let container = zk::CreateMode::Container.with_acls(self.acls);
         let ephemeral = zk::CreateMode::EphemeralSequential.with_acls(self.acls);
@@ -305,11 +369,12 @@ impl Inner {
         let mut created: Option<(Node, Option<i64>)> = None;
         for _ in 0..QUEUE_ROUNDS {
             if look {
-                match call(self.timeout, s.client.list_children(dir)).await {
+                match call(left(deadline)?, s.client.list_children(dir)).await {
                     Ok(children) => {
                         let (place, extra) = queue::place(&children, ticket);
                         for x in extra {
-                            self.delete_node(s, &format!("{dir}/{x}")).await?;
+                            self.delete_node(s, &format!("{dir}/{x}"), left(deadline)?)
+                                .await?;
                         }
                         let name = match &place {
                             Place::Absent => None,
@@ -329,7 +394,10 @@ impl Inner {
                             }
                             let offset = match &known {
                                 Some(n) if n.name == name => n.offset,
-                                _ => match self.node_offset(s, &format!("{dir}/{name}")).await? {
+                                _ => match self
+                                    .node_offset(s, &format!("{dir}/{name}"), deadline)
+                                    .await?
+                                {
                                     Some(o) => o,
                                     None => continue, // gone meanwhile
                                 },
@@ -348,7 +416,7 @@ impl Inner {
             }
             look = true;
             let (offset, version) = *s.offset.lock().expect("offset");
-            let data = format!("{offset} {}", lease.as_str());
+            let data = NodeData::encode(offset, lease.as_str(), life);
             let mut multi = s.client.new_multi_writer();
             multi
                 .add_check_version(&self.offset_path, version)
@@ -360,7 +428,7 @@ impl Inner {
                     )
                 })
                 .map_err(|e| BackendError::Protocol(e.to_string()))?;
-            match call(self.timeout, async {
+            match call(left(deadline)?, async {
                 multi.commit().await.map_err(zk::Error::from)
             })
             .await
@@ -369,10 +437,11 @@ impl Inner {
                     created = results.into_iter().find_map(|r| match r {
                         zk::MultiWriteResult::Create { path, stat } => {
                             let name = path.rsplit('/').next().unwrap_or_default().to_owned();
-                            Some((
-                                Node { name, offset },
-                                (stat.czxid > 0).then_some(stat.czxid),
-                            ))
+                            let full = stat.czxid > 0;
+                            if full {
+                                s.saw(&stat);
+                            }
+                            Some((Node { name, offset }, full.then_some(stat.czxid)))
                         }
                         _ => None,
                     });
@@ -380,13 +449,13 @@ impl Inner {
                 Err(Failed::Zk(zk::Error::BadVersion)) => {
                     // Another sidecar raised the offset: read it, try again.
                     *s.offset.lock().expect("offset") =
-                        read_offset(&s.client, &self.offset_path, self.timeout).await?;
+                        read_offset(&s.client, &self.offset_path, left(deadline)?).await?;
                     look = false;
                 }
                 Err(Failed::Zk(zk::Error::NoNode)) => {
                     // The key's container is missing (first use, or
                     // ZooKeeper removed it when its last child went).
-                    match call(self.timeout, s.client.create(dir, b"", &container)).await {
+                    match call(left(deadline)?, s.client.create(dir, b"", &container)).await {
                         Ok(_) | Err(Failed::Zk(zk::Error::NodeExists)) => {}
                         Err(e) => return Err(e.into_backend("create key node")),
                     }
@@ -401,12 +470,15 @@ impl Inner {
     }
 
     /// The token offset a node was created under (`None`: it is gone).
-    async fn node_offset(&self, s: &Session, path: &str) -> Result<Option<u64>, BackendError> {
-        match call(self.timeout, s.client.get_data(path)).await {
-            Ok((data, _)) => std::str::from_utf8(&data)
-                .ok()
-                .and_then(|d| d.split(' ').next()?.parse().ok())
-                .map(Some)
+    async fn node_offset(
+        &self,
+        s: &Session,
+        path: &str,
+        deadline: Instant,
+    ) -> Result<Option<u64>, BackendError> {
+        match call(left(deadline)?, s.client.get_data(path)).await {
+            Ok((data, _)) => NodeData::parse(&data)
+                .map(|d| Some(d.offset))
                 .ok_or_else(|| {
                     BackendError::Protocol(format!("{path}: no token offset in its data"))
                 }),
@@ -415,42 +487,234 @@ impl Inner {
         }
     }
 
-    /// Arms a wake-up for when `predecessor` goes. Returns false when it is
-    /// already gone (the caller lists again).
-    async fn watch_predecessor(
+    /// Our node stands behind `predecessor`: delete the predecessor if its
+    /// lease-expiry record says it is dead, else arm the task that waits
+    /// for it (and keeps our node alive meanwhile).
+    #[allow(clippy::too_many_arguments)]
+    async fn behind(
+        self: &Arc<Self>,
+        s: &Arc<Session>,
+        key: &LockKey,
+        ticket: &str,
+        own: (&str, &str),
+        dir: &str,
+        predecessor: &str,
+        deadline: Instant,
+    ) -> Result<Ahead, BackendError> {
+        let path = format!("{dir}/{predecessor}");
+        let (data, stat, watcher) =
+            match call(left(deadline)?, s.client.get_and_watch_data(&path)).await {
+                Ok(x) => x,
+                Err(Failed::Zk(zk::Error::NoNode)) => return Ok(Ahead::Gone),
+                Err(e) => return Err(e.into_backend("watch")),
+            };
+        let record = Record::of(&stat, &data);
+        if let Some(r) = record {
+            // Any write of ours stamps a time the ensemble has passed; if
+            // the newest is not late enough but might be by now, write
+            // again (our own node) for a fresh one.
+            let now = Instant::now();
+            let mut time = s.clock();
+            if time.is_none_or(|(t, seen)| {
+                !r.expired(t, self.skew) && r.check_at(t, seen, self.skew) <= now
+            }) {
+                let (own_path, own_data) = own;
+                match call(
+                    left(deadline)?,
+                    s.client.set_data(own_path, own_data.as_bytes(), None),
+                )
+                .await
+                {
+                    Ok(stat) => {
+                        s.saw(&stat);
+                        time = s.clock();
+                    }
+                    // Our own node went (deleted as dead): list again.
+                    Err(Failed::Zk(zk::Error::NoNode)) => return Ok(Ahead::Gone),
+                    Err(e) => return Err(e.into_backend("keepalive")),
+                }
+            }
+            if let Some((t, _)) = time.filter(|(t, _)| r.expired(*t, self.skew)) {
+                self.delete_dead(s, key, &path, &r, t, left(deadline)?)
+                    .await?;
+                return Ok(Ahead::Gone);
+            }
+        }
+        Ok(Ahead::Watching(self.guard(
+            s.clone(),
+            key.clone(),
+            ticket.to_owned(),
+            path,
+            watcher,
+            record,
+        )))
+    }
+
+    /// Deletes a node whose lease-expiry record passed at `now`, at the
+    /// version the record was read with (a refresh that got there first
+    /// wins). Whatever the outcome, the caller looks at the queue again.
+    async fn delete_dead(
         &self,
         s: &Session,
         key: &LockKey,
-        dir: &str,
-        predecessor: &str,
-    ) -> Result<Option<Watch>, BackendError> {
-        let path = format!("{dir}/{predecessor}");
-        let (stat, watcher) = call(self.timeout, s.client.check_and_watch_stat(&path))
-            .await
-            .map_err(|e| e.into_backend("watch"))?;
-        if stat.is_none() {
-            return Ok(None);
+        path: &str,
+        r: &Record,
+        now: ServerTime,
+        t: Duration,
+    ) -> Result<(), BackendError> {
+        match call(t, s.client.delete(path, Some(r.version))).await {
+            Ok(()) => {
+                self.metrics.dead_nodes_deleted.inc();
+                tracing::warn!(key = %key, node = %path.rsplit('/').next().unwrap_or_default(),
+                    last_write_ms = r.written.ms, life_ms = r.life_ms, ensemble_now_ms = now.ms,
+                    "deleted a ZooKeeper lock node whose lease-expiry record passed (its sidecar stopped refreshing it: dead, frozen or cut off)");
+                Ok(())
+            }
+            // Refreshed meanwhile (alive after all), or gone already.
+            Err(Failed::Zk(zk::Error::BadVersion | zk::Error::NoNode)) => Ok(()),
+            Err(e) => Err(e.into_backend("delete dead node")),
         }
-        let (wake, key, client) = (self.wake.clone(), key.clone(), s.client.clone());
+    }
+
+    /// Spawns the task for a waiting entry: it wakes the waiter when the
+    /// predecessor goes, keeps our node's expiry record fresh (every
+    /// quarter of its life), and deletes the predecessor once its record
+    /// says it is dead.
+    fn guard(
+        self: &Arc<Self>,
+        s: Arc<Session>,
+        key: LockKey,
+        ticket: String,
+        path: String,
+        watcher: zk::OneshotWatcher,
+        record: Option<Record>,
+    ) -> Watch {
+        let weak = Arc::downgrade(self);
+        let (wake, skew, timeout) = (self.wake.clone(), self.skew, self.timeout);
+        let first_life = self
+            .with_entry(&key, &ticket, |e| e.life)
+            .unwrap_or(Duration::from_secs(1));
         let task = tokio::spawn(async move {
-            let mut watcher = watcher;
-            // The holder's renewals and its confirming write change the
-            // node's data, which fires the watch too: only its deletion
-            // (or a session event) is news for the waiter. Re-arm on data
-            // changes instead of waking the waiter for nothing.
+            let mut changed = Box::pin(watcher.changed());
+            let mut record = record;
+            let mut keepalive_at = Instant::now() + first_life / 4;
+            // After a failed keepalive or delete: not before this.
+            let mut not_before = Instant::now();
+            // Failures in a row: the first is logged as a warning, the
+            // rest (a disconnect retried every RETRY_AFTER) at debug.
+            let mut failing = 0u32;
             loop {
-                let event = watcher.changed().await;
-                if event.event_type != zk::EventType::NodeDataChanged {
-                    break;
-                }
-                match client.check_and_watch_stat(&path).await {
-                    Ok((Some(_), next)) => watcher = next,
-                    _ => break,
+                let check_at = record
+                    .zip(s.clock())
+                    .map(|(r, (t, seen))| r.check_at(t, seen, skew).max(not_before));
+                tokio::select! {
+                    event = &mut changed => {
+                        // The holder's renewals and keepalives change the
+                        // node's data, which fires the watch too: re-arm
+                        // and read its new record. Only its deletion (or a
+                        // session event) is news for the waiter.
+                        if event.event_type != zk::EventType::NodeDataChanged {
+                            break;
+                        }
+                        match call(timeout, s.client.get_and_watch_data(&path)).await {
+                            Ok((data, stat, next)) => {
+                                record = Record::of(&stat, &data);
+                                changed = Box::pin(next.changed());
+                            }
+                            _ => break,
+                        }
+                    }
+                    _ = tokio::time::sleep_until(keepalive_at) => {
+                        let Some(inner) = weak.upgrade() else { return };
+                        match inner.keepalive(&s, &key, &ticket).await {
+                            Kept::Alive(life) => {
+                                failing = 0;
+                                keepalive_at = Instant::now() + life / 4;
+                            }
+                            Kept::Gone => break,
+                            Kept::Failed(e) => {
+                                retrying(&mut failing, &key, "keepalive of a waiting ZooKeeper node", &e);
+                                keepalive_at = Instant::now() + RETRY_AFTER;
+                            }
+                        }
+                    }
+                    _ = tokio::time::sleep_until(check_at.unwrap_or(keepalive_at)), if check_at.is_some() => {
+                        let Some(inner) = weak.upgrade() else { return };
+                        let Some(r) = record else { continue };
+                        // A fresh time from the ensemble: our keepalive.
+                        match inner.keepalive(&s, &key, &ticket).await {
+                            Kept::Alive(life) => {
+                                failing = 0;
+                                keepalive_at = Instant::now() + life / 4;
+                            }
+                            Kept::Gone => break,
+                            Kept::Failed(e) => {
+                                retrying(&mut failing, &key, "keepalive of a waiting ZooKeeper node", &e);
+                                not_before = Instant::now() + RETRY_AFTER;
+                                continue;
+                            }
+                        }
+                        let Some((now, _)) = s.clock() else { continue };
+                        if !r.expired(now, skew) {
+                            continue; // not yet on the ensemble's clock: check again later
+                        }
+                        match inner.delete_dead(&s, &key, &path, &r, now, timeout).await {
+                            // Deleted, refreshed meanwhile or gone: look again.
+                            Ok(()) => match call(timeout, s.client.get_data(&path)).await {
+                                Ok((data, stat)) => record = Record::of(&stat, &data),
+                                _ => break,
+                            },
+                            Err(e) => {
+                                retrying(&mut failing, &key, "deleting a dead ZooKeeper lock node", &e.to_string());
+                                not_before = Instant::now() + RETRY_AFTER;
+                            }
+                        }
+                    }
                 }
             }
             wake.released(key.as_str());
         });
-        Ok(Some(Watch(task.abort_handle())))
+        Watch(task.abort_handle())
+    }
+
+    /// Refreshes our waiting node's lease-expiry record (and learns the
+    /// ensemble's time from the write).
+    async fn keepalive(&self, s: &Session, key: &LockKey, ticket: &str) -> Kept {
+        let dir = queue::key_dir(&self.locks_dir, key.as_str());
+        let what = self.with_entry(key, ticket, |e| match (&e.state, &e.node) {
+            (State::Waiting { .. }, Some(node)) if e.generation == s.generation => Some((
+                format!("{dir}/{}", node.name),
+                NodeData::encode(node.offset, e.lease.as_str(), e.life),
+                e.life,
+            )),
+            _ => None,
+        });
+        let Some((path, data, life)) = what.flatten() else {
+            return Kept::Gone;
+        };
+        let result = match call(
+            self.timeout,
+            s.client.set_data(&path, data.as_bytes(), None),
+        )
+        .await
+        {
+            Ok(stat) => {
+                s.saw(&stat);
+                Kept::Alive(life)
+            }
+            Err(Failed::Zk(zk::Error::NoNode)) => {
+                tracing::info!(key = %key, "our waiting ZooKeeper node was deleted as dead (its keepalive came too late); queueing again");
+                Kept::Gone
+            }
+            Err(e) => Kept::Failed(e.into_backend("keepalive").to_string()),
+        };
+        let label = match result {
+            Kept::Alive(_) => "ok",
+            Kept::Gone => "node_gone",
+            Kept::Failed(_) => "error",
+        };
+        self.metrics.keepalives.with_label_values(&[label]).inc();
+        result
     }
 
     /// Stamps `lease` into our node, first in the queue: the write that
@@ -460,12 +724,19 @@ impl Inner {
         &self,
         s: &Session,
         path: &str,
-        node: &Node,
-        lease: &LeaseId,
+        data: &str,
+        deadline: Instant,
     ) -> Result<i64, BackendError> {
-        let data = format!("{} {}", node.offset, lease.as_str());
-        match call(self.timeout, s.client.set_data(path, data.as_bytes(), None)).await {
-            Ok(stat) => Ok(stat.czxid),
+        match call(
+            left(deadline)?,
+            s.client.set_data(path, data.as_bytes(), None),
+        )
+        .await
+        {
+            Ok(stat) => {
+                s.saw(&stat);
+                Ok(stat.czxid)
+            }
             Err(Failed::Zk(zk::Error::NoNode)) => Err(BackendError::Unavailable(
                 "our ZooKeeper lock node vanished".into(),
             )),
@@ -491,6 +762,17 @@ impl Inner {
             entries.remove(key);
         }
         self.count_queue(&entries);
+    }
+}
+
+/// Logs a failure the guard retries: the first of a streak as a warning,
+/// the rest (a disconnect retried every [`RETRY_AFTER`]) at debug.
+fn retrying(failing: &mut u32, key: &LockKey, what: &str, error: &str) {
+    *failing += 1;
+    if *failing == 1 {
+        tracing::warn!(key = %key, error, "{what} failed; retrying");
+    } else {
+        tracing::debug!(key = %key, error, failures = *failing, "{what} failed again; retrying");
     }
 }
 
@@ -527,6 +809,9 @@ impl LockBackend for ZooKeeperBackend {
     ) -> Result<Attempt, BackendError> {
         let inner = &self.inner;
         let sent = Instant::now();
+        // The whole try, every call of it, within one request timeout.
+        let deadline = sent + inner.timeout;
+        let life = node_life(ttl, inner.lock_delay);
         let s = inner.sessions.current()?;
         let (ticket, known, look) = {
             let mut entries = inner.entries.lock().expect("entries");
@@ -544,6 +829,7 @@ impl LockBackend for ZooKeeperBackend {
                 ticket: queue::new_ticket(),
                 node: None,
                 lease: lease.clone(),
+                life,
                 state: State::Waiting { watching: None },
             });
             match entry.state {
@@ -558,6 +844,7 @@ impl LockBackend for ZooKeeperBackend {
                 }
                 State::Waiting { .. } => {
                     entry.lease = lease.clone();
+                    entry.life = life;
                     (entry.ticket.clone(), entry.node.clone(), known)
                 }
             }
@@ -566,9 +853,19 @@ impl LockBackend for ZooKeeperBackend {
         let dir = queue::key_dir(&inner.locks_dir, key.as_str());
         for _ in 0..QUEUE_ROUNDS {
             let found = inner
-                .ensure_node(&s, &dir, &ticket, lease, known.clone(), look)
+                .ensure_node(
+                    &s,
+                    &dir,
+                    &ticket,
+                    lease,
+                    life,
+                    known.clone(),
+                    look,
+                    deadline,
+                )
                 .await?;
             let node = found.node.clone();
+            let data = NodeData::encode(node.offset, lease.as_str(), life);
             match found.place {
                 Place::Absent => unreachable!("ensure_node returns our node"),
                 Place::Behind { predecessor, .. } => {
@@ -576,7 +873,9 @@ impl LockBackend for ZooKeeperBackend {
                         let State::Waiting { watching } = &mut e.state else {
                             return true;
                         };
-                        e.node.get_or_insert(node.clone());
+                        // A node of ours deleted as dead was replaced by a
+                        // new one: this is the one.
+                        e.node = Some(node.clone());
                         watching
                             .as_ref()
                             .is_some_and(|(p, w)| *p == predecessor && !w.0.is_finished())
@@ -590,29 +889,45 @@ impl LockBackend for ZooKeeperBackend {
                         Some(true) => return Ok(Attempt::Held { remaining: None }),
                         Some(false) => {}
                     }
-                    if let Some(watch) =
-                        inner.watch_predecessor(&s, key, &dir, &predecessor).await?
+                    let own = format!("{dir}/{}", node.name);
+                    match inner
+                        .behind(
+                            &s,
+                            key,
+                            &ticket,
+                            (&own, &data),
+                            &dir,
+                            &predecessor,
+                            deadline,
+                        )
+                        .await?
                     {
-                        inner.with_entry(key, &ticket, |e| {
-                            if let State::Waiting { watching } = &mut e.state {
-                                *watching = Some((predecessor, watch));
-                            }
-                        });
-                        return Ok(Attempt::Held { remaining: None });
+                        Ahead::Watching(watch) => {
+                            inner.with_entry(key, &ticket, |e| {
+                                if let State::Waiting { watching } = &mut e.state {
+                                    *watching = Some((predecessor, watch));
+                                }
+                            });
+                            return Ok(Attempt::Held { remaining: None });
+                        }
+                        // The predecessor went meanwhile (or was dead and
+                        // we deleted it): list again.
+                        Ahead::Gone => {}
                     }
-                    // The predecessor went meanwhile: list again.
                 }
                 Place::First { name } => {
                     let path = format!("{dir}/{name}");
                     let czxid = match found.created {
                         // Created by this try: that write is the proof.
                         Some(Some(czxid)) => czxid,
-                        Some(None) => match call(inner.timeout, s.client.check_stat(&path)).await {
-                            Ok(Some(stat)) => stat.czxid,
-                            Ok(None) => continue,
-                            Err(e) => return Err(e.into_backend("stat")),
-                        },
-                        None => inner.confirm(&s, &path, &node, lease).await?,
+                        Some(None) => {
+                            match call(left(deadline)?, s.client.check_stat(&path)).await {
+                                Ok(Some(stat)) => stat.czxid,
+                                Ok(None) => continue,
+                                Err(e) => return Err(e.into_backend("stat")),
+                            }
+                        }
+                        None => inner.confirm(&s, &path, &data, deadline).await?,
                     };
                     let token = token_of(czxid, node.offset)?;
                     let won = inner.with_entry(key, &ticket, |e| {
@@ -622,7 +937,7 @@ impl LockBackend for ZooKeeperBackend {
                         e.node = Some(node.clone());
                         e.state = State::Held {
                             token,
-                            expires: sent + node_life(ttl, inner.lock_delay),
+                            expires: sent + life,
                         };
                         true
                     });
@@ -676,7 +991,11 @@ impl LockBackend for ZooKeeperBackend {
                             queue::key_dir(&inner.locks_dir, key.as_str()),
                             node.name
                         ),
-                        format!("{} {}", node.offset, lease.as_str()),
+                        NodeData::encode(
+                            node.offset,
+                            lease.as_str(),
+                            node_life(ttl, inner.lock_delay),
+                        ),
                         e.ticket.clone(),
                         *token,
                     )
@@ -691,7 +1010,11 @@ impl LockBackend for ZooKeeperBackend {
         )
         .await
         {
-            Ok(_) => {}
+            Ok(stat) => {
+                s.saw(&stat);
+            }
+            // Deleted: by our sweeper past the TTL, or as dead by the
+            // successor (its expiry record passed on the ensemble's clock).
             Err(Failed::Zk(zk::Error::NoNode | zk::Error::SessionExpired)) => {
                 inner.forget(key, &ticket);
                 return Ok(Ownership::Free);
@@ -794,7 +1117,11 @@ impl LockBackend for ZooKeeperBackend {
         let dir = queue::key_dir(&inner.locks_dir, key.as_str());
         let deleted = match inner.sessions.current() {
             Ok(s) if s.generation == entry.generation => match &entry.node {
-                Some(node) => inner.delete_node(&s, &format!("{dir}/{}", node.name)).await,
+                Some(node) => {
+                    inner
+                        .delete_node(&s, &format!("{dir}/{}", node.name), inner.timeout)
+                        .await
+                }
                 None => inner.delete_ticket(&s, &dir, &entry.ticket).await,
             },
             // The session is gone, and its nodes with it.

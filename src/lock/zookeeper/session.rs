@@ -16,6 +16,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use zookeeper_client as zk;
 
+use super::expiry::ServerTime;
 use super::settings::ZooKeeperSettings;
 use crate::lock::{BackendError, WakeSink};
 use crate::metrics::zookeeper::ZooKeeperMetrics;
@@ -28,6 +29,29 @@ pub struct Session {
     /// The offset added to every creation zxid, and its node's version
     /// (see `raise_token_floor`), as last read.
     pub offset: Mutex<(u64, i32)>,
+    /// The ensemble time stamped on our newest write, and when its answer
+    /// came: to schedule checks of other nodes' lease-expiry records
+    /// ([`super::expiry`]), never to decide them.
+    pub clock: Mutex<Option<(ServerTime, tokio::time::Instant)>>,
+}
+
+impl Session {
+    /// Records the time the leader stamped on a write of ours that was just
+    /// answered; returns it.
+    pub fn saw(&self, stat: &zk::Stat) -> ServerTime {
+        let t = ServerTime::of(stat);
+        let now = tokio::time::Instant::now();
+        let mut clock = self.clock.lock().expect("clock");
+        if clock.is_none_or(|(old, _)| (t.epoch, t.ms) >= (old.epoch, old.ms)) {
+            *clock = Some((t, now));
+        }
+        t
+    }
+
+    /// The newest write's time and when its answer came.
+    pub fn clock(&self) -> Option<(ServerTime, tokio::time::Instant)> {
+        *self.clock.lock().expect("clock")
+    }
 }
 
 /// The current session, if any, and the supervisor's outputs.
@@ -214,6 +238,7 @@ pub fn supervise(
                 client,
                 generation,
                 offset: Mutex::new(offset),
+                clock: Mutex::new(None),
             }));
             if generation > 1 {
                 // The previous session's leases are gone: let the sidecar

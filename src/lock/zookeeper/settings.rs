@@ -27,6 +27,12 @@ pub struct ZooKeeperSettings {
     /// Bound on one request. An unanswered request has an unknown outcome;
     /// acquire retries find their node by its ticket instead of queueing twice.
     pub request_timeout_ms: u64,
+    /// How far apart two members' wall clocks may be. A lock node's
+    /// lease-expiry record is the leader's wall-clock time of its last
+    /// write (`expiry`); a successor compares it with the time of a write
+    /// of its own, and when a leader change lies between the two writes
+    /// (two clocks) it waits this much longer before deleting the node.
+    pub leader_clock_skew_ms: u64,
     /// `user:password` for ZooKeeper's `digest` scheme. With it, fencer's
     /// nodes get the `creator_all` ACL: only the same identity can touch
     /// them. Usually from `FENCER__BACKEND__ZOOKEEPER__AUTH_DIGEST`.
@@ -49,6 +55,7 @@ impl Default for ZooKeeperSettings {
             session_timeout_ms: 30_000,
             connect_timeout_ms: 10_000,
             request_timeout_ms: 2_000,
+            leader_clock_skew_ms: 1_000,
             auth_digest: None,
             tls: false,
             ca_file: None,
@@ -134,6 +141,12 @@ impl ZooKeeperSettings {
             10,
             60_000,
         )?;
+        check_range(
+            "backend.zookeeper.leader_clock_skew_ms",
+            self.leader_clock_skew_ms,
+            0,
+            60_000,
+        )?;
         if self.request_timeout_ms * 3 > self.session_timeout_ms {
             return Err(invalid(
                 "backend.zookeeper.request_timeout_ms",
@@ -178,6 +191,10 @@ impl ZooKeeperSettings {
 
     pub fn request_timeout(&self) -> Duration {
         Duration::from_millis(self.request_timeout_ms)
+    }
+
+    pub fn leader_clock_skew(&self) -> Duration {
+        Duration::from_millis(self.leader_clock_skew_ms)
     }
 
     pub fn connect_timeout(&self) -> Duration {

@@ -330,6 +330,7 @@ class Cluster:
             "connected": sum(per("connected")), "connect_failed": sum(per("connect_failed")),
             "lease_expiries": int(sum(metric_sum(t, "fencer_zookeeper_lease_expiries_total") for t in texts)),
             "cleanup_retries": int(sum(metric_sum(t, "fencer_zookeeper_cleanup_retries_total") for t in texts)),
+            "dead_nodes_deleted": int(sum(metric_sum(t, "fencer_zookeeper_dead_nodes_deleted_total") for t in texts)),
             "leases_lost_failover": int(sum(metric_sum(t, "fencer_lost_leases_total", {"reason": "failover"})
                                             for t in texts)),
         }

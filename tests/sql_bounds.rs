@@ -297,3 +297,130 @@ async fn mysql_bells_of_two_databases_on_one_server_do_not_wake_each_other() {
         .await;
     assert!(woken >= 1.0, "woken {woken}");
 }
+
+/// Item 3, at the level of the statements: an acquire attempt and its undo
+/// (`fencer_void_attempt`) on two sessions, each kept open in a transaction
+/// while the other is sent. Whichever comes first, the other waits for it
+/// and then sees it: an undo first makes the acquire take nothing (-2); an
+/// acquire first is released by the undo that follows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_an_acquire_and_its_undo_are_ordered_whichever_comes_first() {
+    use fencer::lock::postgres::sql::{ACQUIRE, VOID_ATTEMPT};
+    let pg = PgServer::start();
+    // A sidecar creates the schema.
+    let s = Fencer::sidecar(Backend::Postgres, Some(&pg.url()), &[]);
+    s.wait_ready();
+    let connect = || async {
+        let (client, conn) = tokio_postgres::connect(&pg.url(), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        client
+    };
+    let first = connect().await;
+    let second = std::sync::Arc::new(connect().await);
+    let acquire = |key: &'static str, lease: &'static str, attempt: &'static str| {
+        let c = second.clone();
+        tokio::spawn(async move {
+            let ttl: i64 = 30_000;
+            let delay: i64 = 0;
+            let rows = c
+                .query(
+                    ACQUIRE,
+                    &[&key, &lease, &None::<String>, &ttl, &delay, &attempt],
+                )
+                .await
+                .unwrap();
+            rows.first().map(|r| r.get::<_, i32>(0))
+        })
+    };
+    let holder = |key: &'static str| {
+        let url = pg.url();
+        async move {
+            pg_query_i64(
+                &url,
+                &format!("SELECT count(*) FROM fencer_locks WHERE key = '{key}' AND lease_id IS NOT NULL"),
+            )
+            .await
+        }
+    };
+
+    // The undo first, still uncommitted when the acquire arrives.
+    first.batch_execute("BEGIN").await.unwrap();
+    let n: i32 = first
+        .query_one(
+            VOID_ATTEMPT,
+            &[&"k-undo-first", &"lease-a", &"ch", &"0000000000000001"],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 0, "nothing to release yet");
+    let pending = acquire("k-undo-first", "lease-a", "0000000000000001");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !pending.is_finished(),
+        "the acquire did not wait for the undo in progress"
+    );
+    first.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(
+        pending.await.unwrap(),
+        Some(-2),
+        "the acquire ignored its tombstone"
+    );
+    assert_eq!(
+        holder("k-undo-first").await,
+        0,
+        "a voided attempt took the key"
+    );
+
+    // The acquire first, still uncommitted when the undo arrives.
+    let key = "k-acquire-first";
+    first.batch_execute("BEGIN").await.unwrap();
+    let ttl: i64 = 30_000;
+    let delay: i64 = 0;
+    let status: i32 = first
+        .query_one(
+            ACQUIRE,
+            &[
+                &key,
+                &"lease-b",
+                &None::<String>,
+                &ttl,
+                &delay,
+                &"0000000000000002",
+            ],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(status, 1);
+    let undo = {
+        let c = second.clone();
+        tokio::spawn(async move {
+            c.query_one(
+                VOID_ATTEMPT,
+                &[&key, &"lease-b", &"ch", &"0000000000000002"],
+            )
+            .await
+            .unwrap()
+            .get::<_, i32>(0)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !undo.is_finished(),
+        "the undo did not wait for the acquire in progress"
+    );
+    first.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(
+        undo.await.unwrap(),
+        1,
+        "the undo missed the grant it waited for"
+    );
+    assert_eq!(
+        holder(key).await,
+        0,
+        "the undone attempt still holds the key"
+    );
+}

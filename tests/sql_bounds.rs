@@ -64,28 +64,36 @@ async fn postgres_a_late_acquire_statement_takes_nothing_and_its_connection_is_n
     relay.delay_request_to(KEY.as_bytes(), Duration::from_millis(6_500));
     let got = a.acquire(KEY, 30_000, 0).await;
     assert_eq!(relay.requests_held(), 1, "the relay did not hold try 1");
+    // Every property is checked, and every failure reported together.
+    let mut failures = Vec::new();
     // An unrelated key right after: on a connection of its own, not behind
     // the statement still on its way.
     let started = Instant::now();
     let other = a.acquire("unrelated-key", 30_000, 0).await;
     let took = started.elapsed();
-    assert_eq!(other.status, 200, "unrelated key: {}", other.body);
-    assert!(
-        took < Duration::from_millis(800),
-        "the unrelated key waited {took:?} behind an abandoned statement"
-    );
+    if other.status != 200 || took >= Duration::from_millis(800) {
+        failures.push(format!(
+            "the unrelated key waited {took:?} behind an abandoned statement: {} {}",
+            other.status, other.body
+        ));
+    }
     // The retry of try 1 was answered; the application is done with it.
-    assert_eq!(got.status, 200, "{}", got.body);
-    let released = a.release(KEY, &got.lease()).await;
-    assert_eq!(released.status, 200, "{}", released.body);
+    if got.status == 200 {
+        let released = a.release(KEY, &got.lease()).await;
+        assert_eq!(released.status, 200, "{}", released.body);
+    } else {
+        failures.push(format!("the retry was not answered: {}", got.body));
+    }
 
     until_forwarded(&relay, 1).await;
     let after = b.acquire(KEY, 10_000, 0).await;
-    assert_eq!(
-        after.status, 200,
-        "try 1 arrived late and took the key for its TTL (orphan lock): {}",
-        after.body
-    );
+    if after.status != 200 {
+        failures.push(format!(
+            "try 1 arrived late and took the key for its TTL (orphan lock): {} {}",
+            after.status, after.body
+        ));
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
     assert!(
         a.metric(
             "fencer_sql_abandoned_statements_total",
@@ -127,7 +135,11 @@ async fn postgres_a_late_try_landing_between_its_retry_and_its_undo_leaves_the_l
     relay.delay_request_to(b"fencer_void_attempt", Duration::from_millis(800));
     let got = a.acquire(KEY, 30_000, 0).await;
     assert_eq!(got.status, 200, "{}", got.body);
-    until_forwarded(&relay, 2).await;
+    // Try 1, then its undo if one was held (a build without it has none).
+    until_forwarded(&relay, 1).await;
+    if relay.requests_held() == 2 {
+        until_forwarded(&relay, 2).await;
+    }
 
     let other = b.acquire(KEY, 10_000, 0).await;
     assert_eq!(
@@ -147,6 +159,11 @@ async fn postgres_a_late_try_landing_between_its_retry_and_its_undo_leaves_the_l
             >= 1.0,
         "the undo did not run: {}",
         a.metrics().await
+    );
+    assert_eq!(
+        relay.requests_held(),
+        2,
+        "the undo was not held back: the order under test did not happen"
     );
 }
 
@@ -195,6 +212,7 @@ async fn mysql_acquires_keep_their_bounds_while_the_server_is_stalled() {
     let (w_status, w_body, w_took) = waiter.await.unwrap();
     db.resume();
 
+    println!("stalled server: 503 after {took:?}, blocking acquire {w_status} after {w_took:?}");
     assert_eq!(
         (r.status, r.code()),
         (503, "backend_unavailable"),
@@ -202,20 +220,23 @@ async fn mysql_acquires_keep_their_bounds_while_the_server_is_stalled() {
         r.body
     );
     assert!(
-        took <= 3 * timeout + slack,
-        "503 after {took:?}; README promises 3 × request_timeout_ms = {:?}",
-        3 * timeout
-    );
-    assert!(
         w_status == 503 || w_status == 409,
         "blocking acquire during the stall: {w_status} {w_body}"
     );
+    let mut failures = Vec::new();
+    if took > 3 * timeout + slack {
+        failures.push(format!(
+            "503 after {took:?}; README promises 3 × request_timeout_ms = {:?}",
+            3 * timeout
+        ));
+    }
     let bound = Duration::from_millis(wait_ms) + 3 * timeout;
-    assert!(
-        w_took <= bound + slack,
-        "blocking acquire answered after {w_took:?}; README promises wait_ms + 3 × request_timeout_ms = {bound:?}"
-    );
-    println!("stalled server: 503 after {took:?}, blocking acquire {w_status} after {w_took:?}");
+    if w_took > bound + slack {
+        failures.push(format!(
+            "blocking acquire answered after {w_took:?}; README promises wait_ms + 3 × request_timeout_ms = {bound:?}"
+        ));
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
     // And it comes back by itself.
     let again = s.acquire_eventually("stall-fresh").await;
     assert_eq!(again.status, 200);

@@ -43,14 +43,24 @@ impl LeaseId {
     }
 }
 
-/// A fresh id for one backend call of an acquire (64 random bits, hex).
+/// A fresh id for one backend call of an acquire: 16 hex digits of a
+/// process-wide counter, so the ids of one lease's tries sort in the order
+/// they were sent (ids of different leases never meet: every use pairs the
+/// attempt with its lease id).
 ///
 /// Stored with the grant so that the undo of an abandoned attempt can name
 /// the attempt rather than the lease: retries of one lease share its lease
 /// id, and an undo keyed by that id alone released the lease a retry had
-/// just handed out (PITFALLS 11, issue 26 item 1).
+/// just handed out (PITFALLS 11, issue 26 item 1). Ordered because a try's
+/// *request* can reach the server after the retry that replaced it (issue
+/// 27 item 3): the row then keeps the later attempt, and the late try's
+/// undo finds nothing of its own to release.
 pub fn attempt_id() -> String {
-    format!("{:016x}", rand::rng().next_u64())
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    format!(
+        "{:016x}",
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    )
 }
 
 impl fmt::Display for LeaseId {
@@ -70,6 +80,14 @@ mod tests {
         assert_ne!(a, b);
         assert_eq!(a.as_str().len(), 22);
         assert_eq!(LeaseId::parse(a.as_str()), Some(a));
+    }
+
+    #[test]
+    fn attempt_ids_sort_in_the_order_they_were_made() {
+        let a = attempt_id();
+        let b = attempt_id();
+        assert_eq!(a.len(), 16);
+        assert!(a < b, "{a} {b}");
     }
 
     #[test]

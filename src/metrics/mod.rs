@@ -15,6 +15,7 @@ pub mod mysql;
 pub mod redis;
 pub mod redlock;
 pub mod sidecar;
+pub mod sql;
 pub mod zookeeper;
 
 use prometheus::{Encoder, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
@@ -97,6 +98,11 @@ pub fn registry(role: &str, backend: &str) -> Registry {
     registry
         .register(Box::new(LOG_LINES_DROPPED.clone()))
         .expect("registered once per registry");
+    for c in [&sql::SQL.abandoned, &sql::SQL.undos] {
+        registry
+            .register(Box::new(c.clone()))
+            .expect("registered once per registry");
+    }
     let build = IntGaugeVec::new(
         Opts::new("fencer_build_info", "Build information; always 1."),
         &["version", "role", "backend"],

@@ -3,14 +3,20 @@
 //! items 1 and 4): a dropped future leaves its statement running on the
 //! server and its connection in the pool mid-statement.
 //!
-//! Every statement runs in a task that owns its connection. When the caller
-//! stops waiting (timeout or drop) before the answer, the task:
-//! 1. sends `KILL QUERY <connection id>` on another connection,
+//! Every statement runs in a task that owns its connection, and the caller
+//! waits for its answer until a deadline: one budget for pool checkout,
+//! connecting and the statement ([`Runner::run_until`]). When the caller
+//! stops waiting (deadline or drop) before the answer, the task:
+//! 1. sends `KILL QUERY <connection id>` from a *side* pool of its own, in
+//!    a task of its own: the statement pool may be full of the very
+//!    statements that are stuck, and a kill that waited for one of their
+//!    connections took up to 10 s more (issue 27 item 4);
 //! 2. waits (bounded) until the statement has really ended,
 //! 3. runs the caller's compensation on the *same* connection if the
 //!    statement succeeded after all (releases a lock granted to an
 //!    abandoned acquire),
-//! 4. closes the connection instead of returning it to the pool.
+//! 4. discards the connection ([`Lent`]), whether it ended or not: a
+//!    connection abandoned mid-statement never goes back to the pool.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -18,9 +24,14 @@ use std::time::Duration;
 
 use mysql_async::{Conn, Pool};
 use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use crate::metrics::sql::SQL;
 
 /// How long an abandoned statement may take to end after its kill request.
 const CANCEL_GRACE: Duration = Duration::from_secs(5);
+/// Bound on closing a discarded connection.
+const DISCONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -37,28 +48,72 @@ pub enum RunError {
 /// What to do on the statement's connection if it succeeded after its
 /// caller stopped waiting.
 pub type Compensation<T> =
-    Box<dyn FnOnce(Conn, T) -> Pin<Box<dyn Future<Output = Conn> + Send>> + Send>;
+    Box<dyn FnOnce(Lent, T) -> Pin<Box<dyn Future<Output = Lent> + Send>> + Send>;
+
+/// A pooled connection lent to one statement: unless handed back with
+/// [`Lent::into_pool`], dropping it disconnects it (in a task of its own),
+/// so it leaves the pool for good — a connection dropped mid-statement
+/// would otherwise go back with the statement's answer still to come.
+pub struct Lent(Option<Conn>);
+
+impl Lent {
+    pub fn into_pool(mut self) {
+        drop(self.0.take());
+    }
+}
+
+impl std::ops::Deref for Lent {
+    type Target = Conn;
+    fn deref(&self) -> &Conn {
+        self.0.as_ref().expect("lent connection present")
+    }
+}
+
+impl std::ops::DerefMut for Lent {
+    fn deref_mut(&mut self) -> &mut Conn {
+        self.0.as_mut().expect("lent connection present")
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        let Some(conn) = self.0.take() else { return };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        // `disconnect` marks the connection closed before it writes: even
+        // cut short by the timeout, the pool then drops it.
+        rt.spawn(async move {
+            let _ = tokio::time::timeout(DISCONNECT_TIMEOUT, conn.disconnect()).await;
+        });
+    }
+}
 
 /// Runs statements on a pool, each in a task that owns its connection.
 #[derive(Clone)]
 pub struct Runner {
     pool: Pool,
+    /// Connections for `KILL QUERY` only (see the module comment).
+    side: Pool,
     timeout: Duration,
 }
 
 impl Runner {
-    /// `timeout` bounds how long callers wait, pool checkout included.
-    pub fn new(pool: Pool, timeout: Duration) -> Runner {
-        Runner { pool, timeout }
+    /// `timeout` bounds how long callers of [`Runner::run`] wait, pool
+    /// checkout included; `side` is a small pool for kills.
+    pub fn new(pool: Pool, side: Pool, timeout: Duration) -> Runner {
+        Runner {
+            pool,
+            side,
+            timeout,
+        }
     }
 
     pub fn pool(&self) -> &Pool {
         &self.pool
     }
 
-    /// Runs `work` (given the connection, handing it back with the result)
-    /// in its own task; see the module comment for what happens when the
-    /// caller stops waiting.
+    /// [`Runner::run_until`] with the runner's own timeout from now.
     pub async fn run<T, W, F>(
         &self,
         work: W,
@@ -66,21 +121,46 @@ impl Runner {
     ) -> Result<T, RunError>
     where
         T: Send + 'static,
-        W: FnOnce(Conn) -> F + Send + 'static,
-        F: Future<Output = (Conn, Result<T, mysql_async::Error>)> + Send + 'static,
+        W: FnOnce(Lent) -> F + Send + 'static,
+        F: Future<Output = (Lent, Result<T, mysql_async::Error>)> + Send + 'static,
+    {
+        self.run_until(Instant::now() + self.timeout, work, compensate)
+            .await
+    }
+
+    /// Runs `work` (given the connection, handing it back with the result)
+    /// in its own task, waiting for the answer until `deadline`; see the
+    /// module comment for what happens when the caller stops waiting.
+    pub async fn run_until<T, W, F>(
+        &self,
+        deadline: Instant,
+        work: W,
+        compensate: Option<Compensation<T>>,
+    ) -> Result<T, RunError>
+    where
+        T: Send + 'static,
+        W: FnOnce(Lent) -> F + Send + 'static,
+        F: Future<Output = (Lent, Result<T, mysql_async::Error>)> + Send + 'static,
     {
         let (tx, rx) = oneshot::channel();
-        tokio::spawn(statement_task(self.pool.clone(), work, compensate, tx));
-        match tokio::time::timeout(self.timeout, rx).await {
+        tokio::spawn(statement_task(
+            self.pool.clone(),
+            self.side.clone(),
+            work,
+            compensate,
+            tx,
+        ));
+        match tokio::time::timeout_at(deadline, rx).await {
             Ok(Ok(result)) => result,
             Ok(Err(_)) | Err(_) => Err(RunError::Timeout),
         }
     }
 }
 
-async fn kill_query(pool: &Pool, id: u32) {
+/// `KILL QUERY id` from the side pool, bounded; runs in a task of its own.
+async fn kill_query(side: Pool, id: u32) {
     let kill = async {
-        let mut c = pool.get_conn().await?;
+        let mut c = side.get_conn().await?;
         mysql_async::prelude::Queryable::query_drop(&mut c, format!("KILL QUERY {id}")).await
     };
     match tokio::time::timeout(CANCEL_GRACE, kill).await {
@@ -93,13 +173,14 @@ async fn kill_query(pool: &Pool, id: u32) {
 
 async fn statement_task<T, W, F>(
     pool: Pool,
+    side: Pool,
     work: W,
     compensate: Option<Compensation<T>>,
     mut tx: oneshot::Sender<Result<T, RunError>>,
 ) where
     T: Send + 'static,
-    W: FnOnce(Conn) -> F + Send + 'static,
-    F: Future<Output = (Conn, Result<T, mysql_async::Error>)> + Send + 'static,
+    W: FnOnce(Lent) -> F + Send + 'static,
+    F: Future<Output = (Lent, Result<T, mysql_async::Error>)> + Send + 'static,
 {
     let conn = tokio::select! {
         c = pool.get_conn() => match c {
@@ -115,19 +196,23 @@ async fn statement_task<T, W, F>(
         return;
     }
     let id = conn.id();
-    let fut = work(conn);
+    let fut = work(Lent(Some(conn)));
     tokio::pin!(fut);
     let abandoned_mid_statement;
     let (conn, result) = tokio::select! {
         r = &mut fut => { abandoned_mid_statement = false; r }
         _ = tx.closed() => {
             abandoned_mid_statement = true;
-            kill_query(&pool, id).await;
+            SQL.abandoned.with_label_values(&["mysql"]).inc();
+            tokio::spawn(kill_query(side, id));
             match tokio::time::timeout(CANCEL_GRACE, &mut fut).await {
                 Ok(r) => r,
                 Err(_) => {
-                    tracing::warn!(conn = id, "abandoned mysql statement did not end after KILL QUERY; connection dropped");
-                    return;
+                    if compensate.is_some() {
+                        SQL.undos.with_label_values(&["mysql", "failed"]).inc();
+                    }
+                    tracing::warn!(conn = id, "abandoned mysql statement did not end after KILL QUERY; connection discarded");
+                    return; // dropping `fut` discards the connection
                 }
             }
         }
@@ -138,28 +223,31 @@ async fn statement_task<T, W, F>(
     } else {
         match tx.send(result.map_err(RunError::Db)) {
             Ok(()) => None,
-            Err(Ok(v)) => Some(Ok(v)),
+            Err(Ok(v)) => {
+                SQL.abandoned.with_label_values(&["mysql"]).inc();
+                Some(Ok(v))
+            }
             Err(Err(_)) => None,
         }
     };
     match leftover {
-        None if !suspect => drop(conn), // back to the pool
-        None => {
-            let _ = tokio::time::timeout(CANCEL_GRACE, conn.disconnect()).await;
-        }
+        None if !suspect => conn.into_pool(),
+        None => drop(conn), // discarded
         Some(outcome) => {
-            let conn = match (outcome, compensate) {
-                (Ok(value), Some(comp)) => {
-                    tracing::info!("compensating a mysql statement whose caller gave up");
-                    match tokio::time::timeout(CANCEL_GRACE, comp(conn, value)).await {
-                        Ok(conn) => conn,
-                        Err(_) => return,
-                    }
+            if let (Ok(value), Some(comp)) = (outcome, compensate) {
+                tracing::info!(
+                    conn = id,
+                    "compensating a mysql statement whose caller gave up"
+                );
+                if tokio::time::timeout(CANCEL_GRACE, comp(conn, value))
+                    .await
+                    .is_err()
+                {
+                    SQL.undos.with_label_values(&["mysql", "failed"]).inc();
                 }
-                _ => conn,
-            };
-            // Never pool a connection that was abandoned mid-statement.
-            let _ = tokio::time::timeout(CANCEL_GRACE, conn.disconnect()).await;
+            }
+            // Never pool a connection that was abandoned mid-statement:
+            // `Lent` discards it when dropped.
         }
     }
 }

@@ -2,41 +2,57 @@
 //!
 //! In tokio a caller that times out or whose HTTP client went away drops its
 //! future at the current `.await`. A statement whose future is dropped keeps
-//! running on the server, and its pooled connection goes back to the pool
-//! with that statement still in progress: a lock it waits for is granted
-//! later to a session nobody watches, a row it would update changes after
-//! the caller reported failure (PITFALLS 9; issue 10 items 1 and 4).
+//! running on the server — or has not even reached it yet: its bytes may
+//! still be in a socket buffer, a proxy or a stalled network, and arrive
+//! seconds later (PITFALLS 9; issue 10 items 1 and 4, issue 27 item 3).
 //!
 //! So every statement runs in a task of its own that owns the connection.
 //! The caller only waits for the task's answer, bounded by its timeout.
 //! When the caller stops waiting before the answer — timeout or drop — the
 //! task (not the caller) decides what happens:
 //!
-//! 1. it sends PostgreSQL a cancel request for the running statement,
-//! 2. waits (bounded) until the statement has really ended,
-//! 3. runs the caller's compensation on the *same* connection if the
-//!    statement succeeded after all (e.g. releases a lock that was granted
-//!    to an abandoned acquire) — on the same connection so it cannot be
-//!    ordered before the statement it undoes,
-//! 4. discards the connection instead of returning it to the pool.
+//! 1. it sends PostgreSQL a cancel request for the running statement (a
+//!    statement that is running ends with a known failure; one that has
+//!    not arrived yet is not touched by it);
+//! 2. it takes the connection out of the pool at once ([`Lent`]): a
+//!    connection with a statement in flight is never handed to another
+//!    caller, who would wait behind it (the client is dropped; its socket
+//!    closes once the server has answered what it was sent);
+//! 3. it runs the caller's [`Undo`], if any, on another connection —
+//!    retried in the background until it ran (bounded). An undo is written
+//!    to be right *whatever the order* in which it and the abandoned
+//!    statement reach the server: it releases what the statement took, and
+//!    leaves a tombstone that the statement honours if it comes later
+//!    ([`crate::lock::postgres::sql::VOID_ATTEMPT`]).
 
 use std::future::Future;
-use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Object, Pool};
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 use super::Tls;
+use crate::metrics::sql::SQL;
 
-/// How long an abandoned statement may take to end after its cancel
-/// request before its connection is closed regardless.
+/// Bound on the cancel request of an abandoned statement.
 const CANCEL_GRACE: Duration = Duration::from_secs(5);
+/// How long an undo that could not run is retried: longer than any
+/// plausible delay of the abandoned statement on its way to the server (a
+/// stall of the network or of the server itself); after that it is
+/// counted `failed` and logged.
+pub const UNDO_RETRY_FOR: Duration = Duration::from_secs(15 * 60);
+const UNDO_BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// Undos being retried at once, at most; beyond, a new one is counted
+/// `failed` at once (memory stays bounded through a long outage).
+const MAX_PENDING_UNDOS: usize = 4096;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     /// No answer within the caller's timeout. The statement may still be
-    /// applied; the runner cancels it and compensates if it was.
+    /// applied; the runner cancels it and runs its undo.
     #[error("postgres request timed out")]
     Timeout,
     #[error("no postgres connection: {0}")]
@@ -45,10 +61,54 @@ pub enum RunError {
     Db(#[from] tokio_postgres::Error),
 }
 
-/// What to do on the statement's connection if it succeeded after its
-/// caller stopped waiting.
-pub type Compensation<T> =
-    Box<dyn FnOnce(Object, T) -> Pin<Box<dyn Future<Output = Object> + Send>> + Send>;
+/// What undoes a statement whose caller gave up: one statement whose
+/// first column (int) is how many things it gave back. It must be right in
+/// any order with the statement it undoes — before it, after it, or while
+/// it runs — since it runs on another connection (see the module comment).
+#[derive(Clone, Debug)]
+pub struct Undo {
+    pub statement: &'static str,
+    pub params: Vec<String>,
+    /// Mutant `undo_by_lease` only: run the undo on the statement's own
+    /// connection once its late answer arrives, as before issue 27.
+    pub after_answer: bool,
+}
+
+/// A pooled connection lent to one statement: unless handed back with
+/// [`Lent::into_pool`], dropping it takes the connection out of the pool
+/// for good, so a connection whose statement was abandoned mid-flight is
+/// never reused (issue 27 item 3: the runner said "closed" and pooled it).
+pub struct Lent(Option<Object>);
+
+impl Lent {
+    /// Gives the connection back to the pool (its statement has ended).
+    pub fn into_pool(mut self) {
+        drop(self.0.take());
+    }
+
+    fn into_inner(mut self) -> Object {
+        self.0.take().expect("lent connection present")
+    }
+}
+
+impl std::ops::Deref for Lent {
+    type Target = Object;
+    fn deref(&self) -> &Object {
+        self.0.as_ref().expect("lent connection present")
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        if let Some(obj) = self.0.take() {
+            // Mutant: the abandoned connection goes back, as before issue 10.
+            if crate::mutants::active("fresh_send_time") {
+                return;
+            }
+            drop(Object::take(obj));
+        }
+    }
+}
 
 /// Runs statements on a pool, each in a task that owns its connection.
 #[derive(Clone)]
@@ -56,12 +116,18 @@ pub struct Runner {
     pool: Pool,
     tls: Tls,
     timeout: Duration,
+    pending_undos: Arc<AtomicUsize>,
 }
 
 impl Runner {
     /// `timeout` bounds how long callers wait, pool checkout included.
     pub fn new(pool: Pool, tls: Tls, timeout: Duration) -> Runner {
-        Runner { pool, tls, timeout }
+        Runner {
+            pool,
+            tls,
+            timeout,
+            pending_undos: Arc::new(AtomicUsize::new(0)),
+        }
     }
 
     pub fn pool(&self) -> &Pool {
@@ -70,46 +136,121 @@ impl Runner {
 
     /// Runs `work` (given the connection, handing it back with the result)
     /// in its own task. If the caller stops waiting before the result is
-    /// known, `compensate` runs on the same connection when `work` turns
-    /// out to have succeeded.
-    pub async fn run<T, W, F>(
-        &self,
-        work: W,
-        compensate: Option<Compensation<T>>,
-    ) -> Result<T, RunError>
+    /// known, `undo` runs (see the module comment).
+    pub async fn run<T, W, F>(&self, work: W, undo: Option<Undo>) -> Result<T, RunError>
     where
         T: Send + 'static,
-        W: FnOnce(Object) -> F + Send + 'static,
-        F: Future<Output = (Object, Result<T, tokio_postgres::Error>)> + Send + 'static,
+        W: FnOnce(Lent) -> F + Send + 'static,
+        F: Future<Output = (Lent, Result<T, tokio_postgres::Error>)> + Send + 'static,
     {
         let (tx, rx) = oneshot::channel();
-        let pool = self.pool.clone();
-        let tls = self.tls.clone();
-        tokio::spawn(statement_task(pool, tls, work, compensate, tx));
+        tokio::spawn(statement_task(self.clone(), work, undo, tx));
         match tokio::time::timeout(self.timeout, rx).await {
             Ok(Ok(result)) => result,
-            // The task ended without an answer (it panicked, or its
-            // connection was closed while abandoned): unknown outcome.
+            // The task ended without an answer (it panicked): unknown outcome.
             Ok(Err(_)) => Err(RunError::Timeout),
             // Dropping `rx` tells the task its caller is gone.
             Err(_) => Err(RunError::Timeout),
         }
     }
+
+    /// Runs `undo` on a connection of the pool until it ran, retrying
+    /// (bounded) while the database cannot be reached.
+    fn spawn_undo(&self, undo: Undo) {
+        if self.pending_undos.fetch_add(1, Ordering::AcqRel) >= MAX_PENDING_UNDOS {
+            self.pending_undos.fetch_sub(1, Ordering::AcqRel);
+            SQL.undos.with_label_values(&["postgres", "failed"]).inc();
+            tracing::error!(
+                "too many postgres undos pending; an abandoned statement is left to its TTL"
+            );
+            return;
+        }
+        let me = self.clone();
+        tokio::spawn(async move {
+            me.undo_until_done(undo).await;
+            me.pending_undos.fetch_sub(1, Ordering::AcqRel);
+        });
+    }
+
+    async fn undo_until_done(&self, undo: Undo) {
+        let started = Instant::now();
+        let mut backoff = Duration::from_millis(50);
+        let mut tries = 0u32;
+        loop {
+            tries += 1;
+            let once = async {
+                // An undo cut short by the timeout is itself abandoned:
+                // `Lent` keeps its connection out of the pool.
+                let conn = Lent(Some(
+                    self.pool
+                        .get()
+                        .await
+                        .map_err(|e| RunError::Pool(e.to_string()))?,
+                ));
+                let r = run_undo(&conn, &undo).await;
+                match &r {
+                    Err(e) if super::connection_suspect(e) => drop(conn),
+                    _ => conn.into_pool(),
+                }
+                r.map_err(RunError::Db)
+            };
+            match tokio::time::timeout(self.timeout, once).await {
+                Ok(Ok(n)) => {
+                    let outcome = if n > 0 { "released" } else { "voided" };
+                    SQL.undos.with_label_values(&["postgres", outcome]).inc();
+                    tracing::info!(
+                        outcome,
+                        tries,
+                        "undo of a postgres statement whose caller gave up"
+                    );
+                    return;
+                }
+                failed => {
+                    let error = match failed {
+                        Ok(Err(e)) => e.to_string(),
+                        _ => "timed out".to_owned(),
+                    };
+                    if started.elapsed() >= UNDO_RETRY_FOR {
+                        SQL.undos.with_label_values(&["postgres", "failed"]).inc();
+                        tracing::error!(%error, tries,
+                            "undo of an abandoned postgres statement failed; what it took stays until its TTL");
+                        return;
+                    }
+                    tracing::warn!(%error, tries, "undo of an abandoned postgres statement failed; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(UNDO_BACKOFF_MAX);
+                }
+            }
+        }
+    }
+}
+
+/// Runs the undo statement; how many things it gave back.
+async fn run_undo(conn: &Object, undo: &Undo) -> Result<i64, tokio_postgres::Error> {
+    let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = undo
+        .params
+        .iter()
+        .map(|p| p as &(dyn tokio_postgres::types::ToSql + Sync))
+        .collect();
+    let rows = conn.query(undo.statement, &params).await?;
+    Ok(rows
+        .first()
+        .map(|r| i64::from(r.get::<_, i32>(0)))
+        .unwrap_or(0))
 }
 
 async fn statement_task<T, W, F>(
-    pool: Pool,
-    tls: Tls,
+    runner: Runner,
     work: W,
-    compensate: Option<Compensation<T>>,
+    undo: Option<Undo>,
     mut tx: oneshot::Sender<Result<T, RunError>>,
 ) where
     T: Send + 'static,
-    W: FnOnce(Object) -> F + Send + 'static,
-    F: Future<Output = (Object, Result<T, tokio_postgres::Error>)> + Send + 'static,
+    W: FnOnce(Lent) -> F + Send + 'static,
+    F: Future<Output = (Lent, Result<T, tokio_postgres::Error>)> + Send + 'static,
 {
     let conn = tokio::select! {
-        c = pool.get() => match c {
+        c = runner.pool.get() => match c {
             Ok(c) => c,
             Err(e) => {
                 let _ = tx.send(Err(RunError::Pool(e.to_string())));
@@ -123,61 +264,70 @@ async fn statement_task<T, W, F>(
         return; // the connection goes back to the pool unused
     }
     let cancel = conn.cancel_token();
-    let fut = work(conn);
+    let fut = work(Lent(Some(conn)));
     tokio::pin!(fut);
-    let abandoned_mid_statement;
     let (conn, result) = tokio::select! {
-        r = &mut fut => { abandoned_mid_statement = false; r }
-        _ = tx.closed(), if !crate::mutants::active("fresh_send_time") => {
-            abandoned_mid_statement = true;
-            let _ = tokio::time::timeout(CANCEL_GRACE, cancel.cancel_query(tls)).await;
-            match tokio::time::timeout(CANCEL_GRACE, &mut fut).await {
-                Ok(r) => r,
-                Err(_) => {
-                    // Still not ended: dropping the future closes the
-                    // connection; the server ends the statement at its
-                    // statement_timeout at the latest.
-                    tracing::warn!("abandoned postgres statement did not end after cancel; connection closed");
-                    return;
-                }
+        r = &mut fut => r,
+        _ = tx.closed() => {
+            SQL.abandoned.with_label_values(&["postgres"]).inc();
+            // Mutant: neither cancelled nor undone, as before issue 10.
+            if crate::mutants::active("fresh_send_time") {
+                return;
             }
+            let tls = runner.tls.clone();
+            tokio::spawn(async move {
+                let _ = tokio::time::timeout(CANCEL_GRACE, cancel.cancel_query(tls)).await;
+            });
+            match undo {
+                Some(u) if u.after_answer => {
+                    // Mutant `undo_by_lease`: wait for the late answer and
+                    // undo on the same connection, as before issue 27.
+                    if let Ok((conn, Ok(_))) = tokio::time::timeout(CANCEL_GRACE, &mut fut).await {
+                        let _ = tokio::time::timeout(CANCEL_GRACE, run_undo(&conn, &u)).await;
+                    }
+                }
+                Some(u) => {
+                    tracing::warn!(
+                        "postgres statement abandoned by its caller: cancelled, connection discarded, undo sent"
+                    );
+                    runner.spawn_undo(u);
+                }
+                None => tracing::warn!(
+                    "postgres statement abandoned by its caller: cancelled, connection discarded"
+                ),
+            }
+            // Dropping the statement's future drops its connection, which
+            // `Lent` takes out of the pool.
+            return;
         }
     };
     let suspect = match &result {
         Err(e) => super::connection_suspect(e),
         Ok(_) => false,
     };
-    let result = if abandoned_mid_statement {
-        Err(result)
-    } else {
-        match tx.send(result.map_err(RunError::Db)) {
-            Ok(()) => Ok(()),
-            // The caller left between the answer and its delivery.
-            Err(Ok(v)) => Err(Ok(v)),
-            Err(Err(_)) => Ok(()),
-        }
-    };
-    let result = match result {
-        // Mutant: no compensation either; the connection goes back.
-        Err(_) if crate::mutants::active("fresh_send_time") => Ok(()),
-        other => other,
-    };
-    match result {
-        Ok(()) if !suspect => drop(conn), // back to the pool
-        Ok(()) => drop(Object::take(conn)),
-        Err(outcome) => {
-            let conn = match (outcome, compensate) {
-                (Ok(value), Some(comp)) => {
-                    tracing::info!("compensating a postgres statement whose caller gave up");
-                    match tokio::time::timeout(CANCEL_GRACE, comp(conn, value)).await {
-                        Ok(conn) => conn,
-                        Err(_) => return,
-                    }
+    match tx.send(result.map_err(RunError::Db)) {
+        Ok(()) if !suspect => conn.into_pool(),
+        Ok(()) => drop(conn), // discarded
+        // The caller left between the answer and its delivery: a success
+        // is undone like an abandoned statement.
+        Err(Ok(_)) => {
+            SQL.abandoned.with_label_values(&["postgres"]).inc();
+            // Mutant: no undo either; the connection goes back.
+            if crate::mutants::active("fresh_send_time") {
+                conn.into_pool();
+                return;
+            }
+            if let Some(u) = undo {
+                if u.after_answer {
+                    let conn = conn.into_inner();
+                    let _ = tokio::time::timeout(CANCEL_GRACE, run_undo(&conn, &u)).await;
+                    drop(Object::take(conn));
+                    return;
                 }
-                _ => conn,
-            };
-            // Never pool a connection that was abandoned mid-statement.
-            drop(Object::take(conn));
+                runner.spawn_undo(u);
+            }
+            drop(conn);
         }
+        Err(Err(_)) => drop(conn),
     }
 }

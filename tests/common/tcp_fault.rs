@@ -14,13 +14,18 @@
 //!   that contains a marker (e.g. the lock key), once; the request itself
 //!   reaches the server at once, so the statement is applied while its
 //!   caller times out (PITFALLS 11: the reply, not the request, late);
+//! - [`TcpFault::delay_request_to`]: hold back the next client→server
+//!   chunk containing a marker (e.g. the lock key, or a statement's name),
+//!   once, independently of the mode; later chunks of that connection wait
+//!   behind it, as TCP would. The statement reaches the server late, after
+//!   its caller (and whatever cleans up after it) gave up;
 //! - [`TcpFault::reset_all`]: close every connection at once.
 //!
 //! Thread-based, so it works from sync and async tests alike.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -47,10 +52,20 @@ struct Conn {
     server: TcpStream,
 }
 
+/// A one-shot hold of a request chunk (see [`TcpFault::delay_request_to`]).
+struct RequestHold {
+    marker: &'static [u8],
+    delay: Duration,
+}
+
 struct Shared {
     mode: Mutex<Mode>,
     stop: AtomicBool,
     conns: Mutex<Vec<Arc<Conn>>>,
+    request_holds: Mutex<Vec<RequestHold>>,
+    /// Held request chunks matched so far / forwarded after their hold.
+    requests_held: AtomicUsize,
+    requests_released: AtomicUsize,
 }
 
 impl Shared {
@@ -81,6 +96,9 @@ impl TcpFault {
             mode: Mutex::new(Mode::Pass),
             stop: AtomicBool::new(false),
             conns: Mutex::new(Vec::new()),
+            request_holds: Mutex::new(Vec::new()),
+            requests_held: AtomicUsize::new(0),
+            requests_released: AtomicUsize::new(0),
         });
         let sh = shared.clone();
         std::thread::spawn(move || {
@@ -118,6 +136,27 @@ impl TcpFault {
 
     pub fn set(&self, mode: Mode) {
         *self.shared.mode.lock().unwrap() = mode;
+    }
+
+    /// Holds the next client→server chunk that contains `marker` for
+    /// `delay` before forwarding it (once per call; several holds may be
+    /// pending, each matches one chunk, in the order they were added).
+    pub fn delay_request_to(&self, marker: &'static [u8], delay: Duration) {
+        self.shared
+            .request_holds
+            .lock()
+            .unwrap()
+            .push(RequestHold { marker, delay });
+    }
+
+    /// How many request chunks a hold has caught so far.
+    pub fn requests_held(&self) -> usize {
+        self.shared.requests_held.load(Ordering::SeqCst)
+    }
+
+    /// How many held request chunks have been forwarded since.
+    pub fn requests_released(&self) -> usize {
+        self.shared.requests_released.load(Ordering::SeqCst)
     }
 
     /// Closes every open connection (both sides).
@@ -163,6 +202,19 @@ fn pump(sh: Arc<Shared>, conn: Arc<Conn>, mut from: TcpStream, mut to: TcpStream
                 }
             }
         }
+        let hold = if up {
+            let mut holds = sh.request_holds.lock().unwrap();
+            let i = holds
+                .iter()
+                .position(|h| chunk.windows(h.marker.len()).any(|w| w == h.marker));
+            i.map(|i| holds.remove(i).delay)
+        } else {
+            None
+        };
+        if let Some(d) = hold {
+            sh.requests_held.fetch_add(1, Ordering::SeqCst);
+            std::thread::sleep(d);
+        }
         while sh.frozen(&conn) && !sh.stop.load(Ordering::SeqCst) {
             std::thread::sleep(Duration::from_millis(5));
         }
@@ -177,6 +229,9 @@ fn pump(sh: Arc<Shared>, conn: Arc<Conn>, mut from: TcpStream, mut to: TcpStream
         }
         if to.write_all(chunk).is_err() {
             break;
+        }
+        if hold.is_some() {
+            sh.requests_released.fetch_add(1, Ordering::SeqCst);
         }
     }
     let _ = to.shutdown(Shutdown::Write);

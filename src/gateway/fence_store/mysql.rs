@@ -53,7 +53,7 @@ use tokio::time::Instant;
 
 use super::mysql_sql as sql;
 use super::{Admitted, Decision, FenceError, FenceStore, Stamp};
-use crate::mysql::runner::Compensation;
+use crate::mysql::runner::{Compensation, Lent};
 use crate::mysql::{MyOptions, RunError, Runner};
 
 /// Bound on one readiness probe (below the kubelet's default 1 s).
@@ -128,7 +128,7 @@ fn parse_admit(row: Option<Row>) -> Result<AdmitRow, FenceError> {
 /// whose caller gave up but which committed after all: its request is
 /// never forwarded, so nothing may keep the key.
 fn clear_if_stamped(key: Vec<u8>, stamp_id: Vec<u8>) -> Compensation<Option<Row>> {
-    Box::new(move |mut conn: Conn, row: Option<Row>| {
+    Box::new(move |mut conn: Lent, row: Option<Row>| {
         Box::pin(async move {
             let stamped = matches!(parse_admit(row), Ok((0 | 1, ..)));
             if stamped && !stamp_id.is_empty() {
@@ -155,7 +155,11 @@ impl MyFences {
         let pool = crate::mysql::pool(&options(o.pool_size)).map_err(FenceError::Unavailable)?;
         let probe = crate::mysql::opts(&options(1)).map_err(FenceError::Unavailable)?;
         let store = MyFences {
-            runner: Runner::new(pool, o.request_timeout),
+            runner: Runner::new(
+                pool,
+                crate::mysql::pool(&options(2)).map_err(FenceError::Unavailable)?,
+                o.request_timeout,
+            ),
             probe,
             remote_waits: None,
             polls: None,
@@ -230,7 +234,7 @@ impl MyFences {
         let row = self
             .runner
             .run(
-                move |mut conn: Conn| async move {
+                move |mut conn: Lent| async move {
                     let r = conn.exec_first::<Row, _, _>(sql::CALL_ADMIT, params).await;
                     (conn, r)
                 },
@@ -335,7 +339,7 @@ impl FenceStore for MyFences {
         let params = (key.as_bytes().to_vec(), stamp_id.as_bytes().to_vec());
         self.runner
             .run(
-                move |mut conn: Conn| async move {
+                move |mut conn: Lent| async move {
                     let r = conn.exec_drop(sql::FINISH, params).await;
                     (conn, r)
                 },
@@ -350,7 +354,7 @@ impl FenceStore for MyFences {
         let row: Option<(i64, Vec<u8>)> = self
             .runner
             .run(
-                move |mut conn: Conn| async move {
+                move |mut conn: Lent| async move {
                     let r = conn.exec_first(sql::HIGHEST, (key,)).await;
                     (conn, r)
                 },

@@ -18,8 +18,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::pg::runner::Lent;
 use async_trait::async_trait;
-use deadpool_postgres::Object;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -179,7 +179,7 @@ impl PgFences {
         let hold_ms = stamp.1;
         self.runner
             .run(
-                move |conn: Object| async move {
+                move |conn: Lent| async move {
                     let r = async {
                         let stmt = conn.prepare_cached(sql::CALL_ADMIT).await?;
                         conn.query_one(&stmt, &[&key, &token, &lease, &seq, &stamp_id, &hold_ms])
@@ -295,7 +295,7 @@ impl FenceStore for PgFences {
         let channel = self.listener.channel(&key);
         self.runner
             .run(
-                move |conn: Object| async move {
+                move |conn: Lent| async move {
                     let r = async {
                         let stmt = conn.prepare_cached(sql::CALL_FINISH).await?;
                         conn.query_one(&stmt, &[&key, &stamp_id, &channel]).await
@@ -315,7 +315,7 @@ impl FenceStore for PgFences {
         let row = self
             .runner
             .run(
-                move |conn: Object| async move {
+                move |conn: Lent| async move {
                     let r = conn.query_opt(sql::HIGHEST, &[&key]).await;
                     (conn, r)
                 },

@@ -2,7 +2,10 @@
 //! named locks (`GET_LOCK`), because MySQL has no LISTEN/NOTIFY.
 //!
 //! While this sidecar holds a lease on a key, one of its bell connections
-//! holds the key's named lock (`fencer:<hash of the key>`). A sidecar
+//! holds the key's named lock (`fencer:<hash of the database and the key>`:
+//! named locks are server-wide, and two deployments on different databases
+//! of one server must not wake each other's waiters — issue 27 item 4). A
+//! sidecar
 //! waiting for the key blocks in `GET_LOCK` on that name on a wake
 //! connection of its own; when the lease ends here, the bell is released
 //! and the server hands the named lock to the first blocked waiter at
@@ -23,7 +26,11 @@
 //! the bells of the leases still held.
 //!
 //! The bell is taken *before* the acquire statement, so by the time any
-//! other sidecar can see the lease, its bell is normally already held.
+//! other sidecar can see the lease, its bell is normally already held. Its
+//! wait comes out of the acquire's own budget ([`Bells::before_acquire`]
+//! is given a deadline): a stalled server must not add a fixed bell
+//! timeout to every try (issue 27 item 4). A bell not taken in time is
+//! retried in the background while the lease lasts ("missed").
 //! A lease outlives its bell only by the janitor's period: bells of
 //! leases whose deadline passed without renewal or release are freed.
 
@@ -39,22 +46,35 @@ use tokio::time::Instant;
 
 use crate::metrics::mysql::MySqlMetrics;
 
-/// Bound on one bell statement.
+/// Bound on one bell statement on its connection (beyond it the
+/// connection is presumed broken and reconnected). Callers wait less: until
+/// their own deadline.
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 const JANITOR_INTERVAL: Duration = Duration::from_millis(500);
 /// How long a bell that could not be taken is retried in the background.
 const RETAKE_EVERY: Duration = Duration::from_millis(20);
 
-/// The named lock of a key (≤ 64 characters, MySQL's limit).
-pub fn bell_name(key: &str) -> String {
-    let digest = Sha256::digest(key.as_bytes());
+/// The named lock of `key` for sidecars whose lock table is in `database`
+/// (≤ 64 characters, MySQL's limit). The database is part of the hash:
+/// named locks are server-wide, so sidecars of another deployment on the
+/// same server (another database) must not share a key's bell. Lowercased:
+/// with `lower_case_table_names` one database may be named in either case,
+/// and a bell shared too widely costs a spurious wake-up, never a missed one.
+pub fn bell_name(database: &str, key: &str) -> String {
+    let database = database.to_ascii_lowercase();
+    let mut h = Sha256::new();
+    h.update((database.len() as u64).to_be_bytes());
+    h.update(database.as_bytes());
+    h.update(key.as_bytes());
+    let digest = h.finalize();
     let hex: String = digest[..20].iter().map(|b| format!("{b:02x}")).collect();
     format!("fencer:{hex}")
 }
 
 enum Command {
-    /// `GET_LOCK(name, 0)`; answers whether it is held now.
-    Take(String, oneshot::Sender<bool>),
+    /// `GET_LOCK(name, 0)`; answers whether it is held now. Skipped when
+    /// its requester stopped waiting (the deadline passed) before its turn.
+    Take(String, Instant, oneshot::Sender<bool>),
     /// `RELEASE_LOCK(name)`; answers when done (or failed).
     Free(String, Option<oneshot::Sender<()>>),
 }
@@ -75,12 +95,15 @@ struct Shard {
 }
 
 pub struct Bells {
+    /// The database of the lock table: part of every bell's name.
+    database: String,
     shards: Vec<Shard>,
     entries: Mutex<HashMap<String, Entry>>,
     metrics: Arc<MySqlMetrics>,
 }
 
 impl Bells {
+    /// Bells on `opts`' server, named for `opts`' database.
     pub fn start(opts: Opts, shards: usize, metrics: Arc<MySqlMetrics>) -> Arc<Bells> {
         let mut list = Vec::new();
         let mut rxs = Vec::new();
@@ -93,6 +116,7 @@ impl Bells {
             rxs.push(rx);
         }
         let bells = Arc::new(Bells {
+            database: opts.db_name().unwrap_or_default().to_owned(),
             shards: list,
             entries: Mutex::new(HashMap::new()),
             metrics,
@@ -110,6 +134,11 @@ impl Bells {
         bells
     }
 
+    /// The bell's name of `key` ([`bell_name`] in this sidecar's database).
+    pub fn name_of(&self, key: &str) -> String {
+        bell_name(&self.database, key)
+    }
+
     fn shard_of(&self, name: &str) -> usize {
         let h = name
             .bytes()
@@ -125,13 +154,13 @@ impl Bells {
     }
 
     /// Before an acquire: makes sure this sidecar holds the key's bell
-    /// (shared by its leases on the key). Pair with [`Bells::acquired`] or
-    /// [`Bells::not_acquired`].
-    pub async fn before_acquire(&self, key: &str) {
+    /// (shared by its leases on the key), waiting for it until `until` at
+    /// most. Pair with [`Bells::acquired`] or [`Bells::not_acquired`].
+    pub async fn before_acquire(&self, key: &str, until: Instant) {
         let name = {
             let mut entries = self.entries.lock().expect("bells poisoned");
             let e = entries.entry(key.to_owned()).or_insert_with(|| Entry {
-                name: bell_name(key),
+                name: bell_name(&self.database, key),
                 leases: HashMap::new(),
                 pending: 0,
                 held: false,
@@ -142,7 +171,7 @@ impl Bells {
             }
             e.name.clone()
         };
-        let held = self.take(&name).await;
+        let held = self.take(&name, until).await;
         let mut entries = self.entries.lock().expect("bells poisoned");
         if let Some(e) = entries.get_mut(key) {
             e.held |= held;
@@ -195,8 +224,9 @@ impl Bells {
     /// The lease ended here (released, found lost): rings the bell if no
     /// other lease of this sidecar holds the key, and returns once it has
     /// rung — so a next acquire right after (here or anywhere) finds the
-    /// bell free to take.
-    pub async fn ended(&self, key: &str, lease: &str) {
+    /// bell free to take — or at `until`, the caller's deadline (it rings
+    /// all the same, a little later).
+    pub async fn ended(&self, key: &str, lease: &str, until: Instant) {
         let name = {
             let mut entries = self.entries.lock().expect("bells poisoned");
             if let Some(e) = entries.get_mut(key) {
@@ -207,7 +237,7 @@ impl Bells {
         if let Some(name) = name {
             let (tx, rx) = oneshot::channel();
             self.send_free(name, Some(tx));
-            let _ = tokio::time::timeout(CALL_TIMEOUT, rx).await;
+            let _ = tokio::time::timeout_at(until.min(Instant::now() + CALL_TIMEOUT), rx).await;
         }
     }
 
@@ -240,17 +270,19 @@ impl Bells {
         let _ = self.shards[shard].tx.send(Command::Free(name, done));
     }
 
-    async fn take(&self, name: &str) -> bool {
+    /// Takes bell `name`, waiting until `until` at most. A take that
+    /// completes after its caller stopped waiting is undone by the shard.
+    async fn take(&self, name: &str, until: Instant) -> bool {
         let (tx, rx) = oneshot::channel();
         let shard = self.shard_of(name);
         if self.shards[shard]
             .tx
-            .send(Command::Take(name.to_owned(), tx))
+            .send(Command::Take(name.to_owned(), until, tx))
             .is_err()
         {
             return false;
         }
-        matches!(tokio::time::timeout(CALL_TIMEOUT, rx).await, Ok(Ok(true)))
+        matches!(tokio::time::timeout_at(until, rx).await, Ok(Ok(true)))
     }
 
     /// Retries taking a bell a lease holds without one (a waiter was just
@@ -265,7 +297,7 @@ impl Bells {
                     _ => return,
                 }
             }
-            if self.take(&name).await {
+            if self.take(&name, Instant::now() + CALL_TIMEOUT).await {
                 let mut entries = self.entries.lock().expect("bells poisoned");
                 match entries.get_mut(&key) {
                     Some(e) if e.name == name => e.held = true,
@@ -360,7 +392,7 @@ async fn shard_task(
         let Some(mut conn) = connect(&opts).await else {
             // Answer what queued meanwhile: not held.
             while let Ok(cmd) = rx.try_recv() {
-                if let Command::Take(_, reply) = cmd {
+                if let Command::Take(_, _, reply) = cmd {
                     let _ = reply.send(false);
                 }
             }
@@ -388,9 +420,26 @@ async fn shard_task(
         }
         while let Some(cmd) = rx.recv().await {
             match cmd {
-                Command::Take(name, reply) => match get_lock(&mut conn, &name).await {
+                Command::Take(_, until, reply) if reply.is_closed() || Instant::now() >= until => {
+                    // Its requester went on without it: not taken.
+                    let _ = reply.send(false);
+                }
+                Command::Take(name, _, reply) => match get_lock(&mut conn, &name).await {
                     Ok(held) => {
-                        let _ = reply.send(held);
+                        if reply.send(held).is_err() && held {
+                            // Taken after its requester stopped waiting:
+                            // it counts the bell as not held, so give it back
+                            // (a name taken twice needs two releases).
+                            let r = tokio::time::timeout(
+                                CALL_TIMEOUT,
+                                conn.exec_drop("DO RELEASE_LOCK(?)", (name,)),
+                            )
+                            .await;
+                            if !matches!(r, Ok(Ok(()))) {
+                                tracing::warn!("bell release failed; reconnecting");
+                                continue 'connect;
+                            }
+                        }
                     }
                     Err(()) => {
                         let _ = reply.send(false);

@@ -31,21 +31,25 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use mysql_async::prelude::Queryable;
-use mysql_async::{Conn, Params, Pool, Row, Value};
+use mysql_async::{Params, Pool, Row, Value};
 use tokio::time::Instant;
 
-use self::bell::{bell_name, Bells};
+use self::bell::Bells;
 use self::settings::MySqlSettings;
 use self::wake::Waker;
 use super::{
     Attempt, BackendError, LeaseId, LockBackend, LockKey, Ownership, WakeSink, WatchGuard,
 };
 use crate::metrics::mysql::MySqlMetrics;
-use crate::mysql::runner::Compensation;
+use crate::metrics::sql::SQL;
+use crate::mysql::runner::{Compensation, Lent};
 use crate::mysql::{MyOptions, RunError, Runner};
 
 pub struct MySqlBackend {
     runner: Runner,
+    /// Each try of a call — bell and statement — comes out of this one
+    /// budget (`request_timeout_ms`).
+    request_timeout: Duration,
     lock_delay_ms: i64,
     bells: Arc<Bells>,
     waker: Waker,
@@ -129,8 +133,13 @@ impl MySqlBackend {
             Duration::from_millis(settings.idle_cleanup_after_ms),
             Duration::from_millis(settings.cleanup_interval_ms),
         ));
+        // Two connections of their own for `KILL QUERY`: the statement pool
+        // may be full of the very statements that are stuck.
+        let kill_pool = crate::mysql::pool(&options(2)).map_err(unavailable)?;
+        let request_timeout = Duration::from_millis(settings.request_timeout_ms);
         Ok(MySqlBackend {
-            runner: Runner::new(pool, Duration::from_millis(settings.request_timeout_ms)),
+            runner: Runner::new(pool, kill_pool, request_timeout),
+            request_timeout,
             lock_delay_ms: ms(lock_delay),
             bells: Bells::start(bell_opts, settings.bell_connections, metrics.clone()),
             waker: Waker::new(wake_pool, wake.clone(), metrics.clone()),
@@ -141,17 +150,35 @@ impl MySqlBackend {
         })
     }
 
-    /// Runs one statement through the runner (first result set's rows);
-    /// `compensate` undoes it if it succeeds after its caller gave up.
+    /// Runs one statement through the runner (first result set's rows),
+    /// within the request timeout from now.
     async fn call(
         &self,
+        statement: &'static str,
+        params: Vec<Value>,
+    ) -> Result<Vec<Row>, BackendError> {
+        self.call_until(
+            Instant::now() + self.request_timeout,
+            statement,
+            params,
+            None,
+        )
+        .await
+    }
+
+    /// Runs one statement through the runner, answering by `deadline`;
+    /// `compensate` undoes it if it succeeds after its caller gave up.
+    async fn call_until(
+        &self,
+        deadline: Instant,
         statement: &'static str,
         params: Vec<Value>,
         compensate: Option<Compensation<Vec<Row>>>,
     ) -> Result<Vec<Row>, BackendError> {
         self.runner
-            .run(
-                move |mut conn: Conn| async move {
+            .run_until(
+                deadline,
+                move |mut conn: Lent| async move {
                     let r = conn
                         .exec::<Row, _, _>(statement, Params::Positional(params))
                         .await;
@@ -206,7 +233,7 @@ const RELEASE_ATTEMPT: &str = "CALL fencer_lock_release_attempt_v1(?, ?, ?)";
 /// the same lease may have been answered meanwhile, and then the lease is
 /// the application's).
 fn release_if_granted(key: Value, lease: Value, attempt: Value) -> Compensation<Vec<Row>> {
-    Box::new(move |mut conn: Conn, rows: Vec<Row>| {
+    Box::new(move |mut conn: Lent, rows: Vec<Row>| {
         Box::pin(async move {
             let granted = rows.first().is_some_and(|r| int(r, 0).ok() == Some(1));
             if granted {
@@ -226,9 +253,10 @@ fn release_if_granted(key: Value, lease: Value, attempt: Value) -> Compensation<
                 };
                 let outcome = match &r {
                     Ok(Some((1, _))) => "released",
-                    Ok(_) => "superseded",
-                    Err(_) => "error",
+                    Ok(_) => "voided",
+                    Err(_) => "failed",
                 };
+                SQL.undos.with_label_values(&["mysql", outcome]).inc();
                 tracing::info!(
                     outcome,
                     "compensation of an acquire attempt whose caller gave up"
@@ -330,17 +358,25 @@ impl LockBackend for MySqlBackend {
         lease: &LeaseId,
         ttl: Duration,
     ) -> Result<Attempt, BackendError> {
+        // One budget for the whole try (issue 27 item 4): the bell may take
+        // a quarter of it at most — it only speeds up other sidecars'
+        // waiters, and one not taken in time is retried in the background —
+        // and the statement (pool checkout included) has the rest.
         let started = Instant::now();
-        self.bells.before_acquire(key.as_str()).await;
+        let deadline = started + self.request_timeout;
+        self.bells
+            .before_acquire(key.as_str(), started + self.request_timeout / 4)
+            .await;
         let mut pending = PendingBell {
             bells: &self.bells,
             key: key.as_str(),
             armed: true,
         };
-        let bell = bell_name(key.as_str());
+        let bell = self.bells.name_of(key.as_str());
         let attempt = Value::Bytes(crate::lock::lease_id::attempt_id().into_bytes());
         let rows = self
-            .call(
+            .call_until(
+                deadline,
                 ACQUIRE,
                 vec![
                     key_value(key),
@@ -399,8 +435,10 @@ impl LockBackend for MySqlBackend {
         ttl: Duration,
     ) -> Result<Ownership, BackendError> {
         let started = Instant::now();
+        let deadline = started + self.request_timeout;
         let rows = self
-            .call(
+            .call_until(
+                deadline,
                 RENEW,
                 vec![
                     key_value(key),
@@ -416,7 +454,11 @@ impl LockBackend for MySqlBackend {
                 self.bells
                     .renewed(key.as_str(), lease.as_str(), started + ttl)
             }
-            _ => self.bells.ended(key.as_str(), lease.as_str()).await,
+            _ => {
+                self.bells
+                    .ended(key.as_str(), lease.as_str(), deadline)
+                    .await
+            }
         }
         Ok(o)
     }
@@ -426,6 +468,7 @@ impl LockBackend for MySqlBackend {
         items: &[(LockKey, LeaseId, Duration)],
     ) -> Result<Vec<Ownership>, BackendError> {
         let started = Instant::now();
+        let deadline = started + self.request_timeout;
         let json: Vec<(String, &str, i64)> = items
             .iter()
             .map(|(k, l, t)| (hex(k.as_str().as_bytes()), l.as_str(), server_ttl_ms(*t)))
@@ -433,7 +476,12 @@ impl LockBackend for MySqlBackend {
         let json =
             serde_json::to_string(&json).map_err(|e| BackendError::Protocol(e.to_string()))?;
         let rows = self
-            .call(RENEW_MANY, vec![Value::Bytes(json.into_bytes())], None)
+            .call_until(
+                deadline,
+                RENEW_MANY,
+                vec![Value::Bytes(json.into_bytes())],
+                None,
+            )
             .await?;
         if rows.len() != items.len() {
             return Err(BackendError::Protocol(format!(
@@ -451,7 +499,9 @@ impl LockBackend for MySqlBackend {
                     token: int(row, 1)? as u64,
                 });
             } else {
-                self.bells.ended(key.as_str(), lease.as_str()).await;
+                self.bells
+                    .ended(key.as_str(), lease.as_str(), deadline)
+                    .await;
                 out.push(Ownership::Free);
             }
         }
@@ -459,12 +509,20 @@ impl LockBackend for MySqlBackend {
     }
 
     async fn release(&self, key: &LockKey, lease: &LeaseId) -> Result<Ownership, BackendError> {
+        let deadline = Instant::now() + self.request_timeout;
         let rows = self
-            .call(RELEASE, vec![key_value(key), lease_value(lease)], None)
+            .call_until(
+                deadline,
+                RELEASE,
+                vec![key_value(key), lease_value(lease)],
+                None,
+            )
             .await?;
         let o = self.ownership(&rows)?;
         // Rings the bell: remote waiters wake.
-        self.bells.ended(key.as_str(), lease.as_str()).await;
+        self.bells
+            .ended(key.as_str(), lease.as_str(), deadline)
+            .await;
         if matches!(o, Ownership::Owned { .. }) {
             // Waiters of this sidecar.
             self.wake.released(key.as_str());
@@ -475,13 +533,9 @@ impl LockBackend for MySqlBackend {
     async fn raise_token_floor(&self, key: &LockKey, floor: u64) -> Result<(), BackendError> {
         let floor = i64::try_from(floor)
             .map_err(|_| BackendError::Protocol("floor out of range".into()))?;
-        self.call(
-            sql::RAISE_FLOOR,
-            vec![key_value(key), Value::Int(floor)],
-            None,
-        )
-        .await
-        .map(|_| ())
+        self.call(sql::RAISE_FLOOR, vec![key_value(key), Value::Int(floor)])
+            .await
+            .map(|_| ())
     }
 
     async fn watch(&self, key: &LockKey, _timeout: Duration) -> WatchGuard {
@@ -489,7 +543,10 @@ impl LockBackend for MySqlBackend {
         match holder {
             // Another sidecar's bell: wait on it.
             Some(id) if id != 0 && !self.bells.is_ours(id) => {
-                match self.waker.watch(key.as_str(), bell_name(key.as_str())) {
+                match self
+                    .waker
+                    .watch(key.as_str(), self.bells.name_of(key.as_str()))
+                {
                     Some(g) => WatchGuard::new(g),
                     None => WatchGuard::none(),
                 }
@@ -504,7 +561,7 @@ impl LockBackend for MySqlBackend {
         if !self.ready.load(Ordering::Acquire) {
             return Err(unavailable("mysql lock schema not created yet"));
         }
-        self.call("SELECT 1", Vec::new(), None).await.map(|_| ())
+        self.call("SELECT 1", Vec::new()).await.map(|_| ())
     }
 }
 

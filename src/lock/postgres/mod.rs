@@ -15,13 +15,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use deadpool_postgres::{Object, Pool};
+use deadpool_postgres::Pool;
 
 use super::{
     Attempt, BackendError, LeaseId, LockBackend, LockKey, Ownership, WakeSink, WatchGuard,
 };
 use crate::pg::listener::Listener;
-use crate::pg::runner::Compensation;
+use crate::pg::runner::{Lent, Undo};
 use crate::pg::{RunError, Runner};
 use crate::settings::PostgresSettings;
 
@@ -32,10 +32,11 @@ type Params = Vec<Box<dyn tokio_postgres::types::ToSql + Sync + Send>>;
 
 /// Every statement runs through a [`Runner`]: in a task that owns its
 /// connection, so a caller that times out or is cancelled never returns a
-/// connection to the pool with its statement still running, and a lock that
-/// such a statement grants after all is released on the same connection
-/// (issue 10 items 1 and 4). The server's own `statement_timeout` (below
-/// the request timeout) ends a stuck statement with a known failure first.
+/// connection to the pool with its statement still running, and an
+/// acquire whose caller gave up is undone — voided if it has not reached
+/// the server yet, released if it has (issue 10 items 1 and 4, issue 27
+/// item 3). The server's own `statement_timeout` (below the request
+/// timeout) ends a stuck statement with a known failure first.
 pub struct PgBackend {
     runner: Runner,
     lock_delay_ms: i64,
@@ -82,17 +83,17 @@ impl PgBackend {
         Ok(backend)
     }
 
-    /// Runs one statement through the runner; `compensate` undoes it if it
-    /// succeeds after its caller gave up.
+    /// Runs one statement through the runner; `undo` undoes it if its
+    /// caller gives up before the answer.
     async fn query(
         &self,
         statement: &'static str,
         params: Params,
-        compensate: Option<Compensation<Vec<tokio_postgres::Row>>>,
+        undo: Option<Undo>,
     ) -> Result<Vec<tokio_postgres::Row>, BackendError> {
         self.runner
             .run(
-                move |conn: Object| async move {
+                move |conn: Lent| async move {
                     let result = async {
                         let stmt = conn.prepare_cached(statement).await?;
                         let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = params
@@ -104,7 +105,7 @@ impl PgBackend {
                     .await;
                     (conn, result)
                 },
-                compensate,
+                undo,
             )
             .await
             .map_err(|e| match e {
@@ -117,45 +118,29 @@ impl PgBackend {
     }
 }
 
-/// Releases, on the acquire's own connection, a lock that an acquire
-/// attempt whose caller gave up was granted after all — only while the
-/// row still carries that attempt ([`sql::RELEASE_ATTEMPT`] says why).
-fn release_if_granted(
-    key: String,
-    lease: String,
-    channel: String,
-    attempt: String,
-) -> Compensation<Vec<tokio_postgres::Row>> {
-    Box::new(move |conn: Object, rows: Vec<tokio_postgres::Row>| {
-        Box::pin(async move {
-            let granted = rows.first().is_some_and(|r| r.get::<_, i32>(0) == 1);
-            if granted {
-                // Mutant: undo by lease id alone, as before issue 26.
-                let outcome = if crate::mutants::active("undo_by_lease") {
-                    match conn.query(sql::RELEASE, &[&key, &lease, &channel]).await {
-                        Ok(rows) if rows.first().is_some_and(|r| r.get::<_, i32>(0) == 1) => {
-                            "released"
-                        }
-                        Ok(_) => "superseded",
-                        Err(_) => "error",
-                    }
-                } else {
-                    match conn
-                        .query(sql::RELEASE_ATTEMPT, &[&key, &lease, &channel, &attempt])
-                        .await
-                    {
-                        Ok(rows) if rows.first().is_some_and(|r| r.get::<_, i32>(0) == 1) => {
-                            "released"
-                        }
-                        Ok(_) => "superseded",
-                        Err(_) => "error",
-                    }
-                };
-                tracing::info!(key = %key, outcome, "compensation of an acquire attempt whose caller gave up");
-            }
-            conn
-        })
-    })
+/// The undo of an acquire attempt whose caller gave up: voids the attempt
+/// and releases what it took, in whichever order it and the attempt reach
+/// the server ([`sql::VOID_ATTEMPT`] says how).
+fn void_attempt(key: &LockKey, lease: &LeaseId, channel: String, attempt: String) -> Undo {
+    if crate::mutants::active("undo_by_lease") {
+        // Mutant: undo by lease id alone, after the late answer, as before
+        // issue 26.
+        return Undo {
+            statement: sql::RELEASE,
+            params: vec![key.as_str().to_owned(), lease.as_str().to_owned(), channel],
+            after_answer: true,
+        };
+    }
+    Undo {
+        statement: sql::VOID_ATTEMPT,
+        params: vec![
+            key.as_str().to_owned(),
+            lease.as_str().to_owned(),
+            channel,
+            attempt,
+        ],
+        after_answer: false,
+    }
 }
 
 /// The acquire statement; for the `fresh_send_time` mutant, the variant
@@ -223,7 +208,19 @@ async fn maintain(pool: Pool, idle: Duration, every: Duration) {
             Ok(None) => tracing::debug!("idle lock clean-up skipped: new keys being created"),
             Err(e) => tracing::warn!(error = %e, "idle lock clean-up failed"),
         }
+        if let Err(e) = cleanup_voids(&pool).await {
+            tracing::warn!(error = %e, "clean-up of voided attempts failed");
+        }
     }
+}
+
+/// Deletes tombstones of voided attempts past [`sql::VOID_RETENTION`]
+/// (bounded batch per round).
+async fn cleanup_voids(pool: &Pool) -> Result<u64, BackendError> {
+    let conn = pool.get().await.map_err(unavailable)?;
+    conn.execute(sql::CLEANUP_VOIDS, &[&ms(sql::VOID_RETENTION), &1000i64])
+        .await
+        .map_err(|e| unavailable(crate::pg::describe(&e)))
 }
 
 async fn migrate(pool: &Pool) -> Result<(), BackendError> {
@@ -279,9 +276,9 @@ impl LockBackend for PgBackend {
                     Box::new(self.lock_delay_ms),
                     Box::new(attempt.clone()),
                 ],
-                Some(release_if_granted(
-                    key.as_str().to_owned(),
-                    lease.as_str().to_owned(),
+                Some(void_attempt(
+                    key,
+                    lease,
                     self.listener.channel(key.as_str()),
                     attempt,
                 )),
@@ -292,6 +289,10 @@ impl LockBackend for PgBackend {
             return Ok(Attempt::Held { remaining: None });
         };
         let (status, token, remaining): (i32, i64, i64) = (row.get(0), row.get(1), row.get(2));
+        if status == -2 {
+            // Voided by the undo of a caller that gave up: never answered.
+            return Err(unavailable("acquire attempt voided by its undo"));
+        }
         Ok(if status == 1 {
             Attempt::Acquired {
                 token: token as u64,

@@ -8,6 +8,15 @@
 /// against token minting for new rows.
 pub const FLOOR_LOCK: i64 = 0x6665_6e63_6572_0001; // "fencer" + 1
 pub const MIGRATE_LOCK: i64 = 0x6665_6e63_6572_0002;
+/// First key of the two-key advisory locks that order an acquire attempt
+/// and its undo ([`VOID_ATTEMPT`]); the second is a hash of the attempt.
+pub const ATTEMPT_LOCK_CLASS: i32 = 0x6665_6e63; // "fenc"
+
+/// How long the tombstone of a voided attempt is kept: an acquire statement
+/// that reaches the server later than this after its caller gave up is no
+/// longer refused (the runner retries an undo for
+/// [`crate::pg::runner::UNDO_RETRY_FOR`], well within it).
+pub const VOID_RETENTION: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// Tables and functions, created at start-up when missing
 /// ([`crate::pg::schema`]: the catalog is read first, so a start-up against
@@ -36,7 +45,7 @@ pub fn pieces() -> Vec<crate::pg::schema::Piece> {
   -- key stays unavailable until expires_at + delay_ms.
   delay_ms   bigint NOT NULL DEFAULT 0,
   -- The acquire attempt that last granted or confirmed the lease
-  -- (RELEASE_ATTEMPT says why).
+  -- (VOID_ATTEMPT says why).
   attempt    text
 )"
             .into(),
@@ -76,6 +85,28 @@ pub fn pieces() -> Vec<crate::pg::schema::Piece> {
             exists: function_exists("fencer_next_floor"),
             create: NEXT_FLOOR.into(),
         },
+        Piece {
+            name: "fencer_void_attempts",
+            exists: relation_exists("fencer_void_attempts"),
+            create: "CREATE TABLE fencer_void_attempts (
+  lease_id  text NOT NULL,
+  attempt   text NOT NULL,
+  voided_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+  PRIMARY KEY (lease_id, attempt)
+);
+CREATE INDEX fencer_void_attempts_voided_at ON fencer_void_attempts (voided_at)"
+                .into(),
+        },
+        Piece {
+            name: "fencer_attempt_live",
+            exists: function_exists("fencer_attempt_live"),
+            create: ATTEMPT_LIVE.into(),
+        },
+        Piece {
+            name: "fencer_void_attempt",
+            exists: function_exists("fencer_void_attempt"),
+            create: VOID_ATTEMPT_FN.into(),
+        },
     ]
 }
 
@@ -91,13 +122,75 @@ BEGIN
 END $$
 "#;
 
+/// Whether acquire attempt ($1 lease, $2 attempt) may still take effect:
+/// not voided by its undo. Under the attempt's advisory lock, shared: an
+/// undo in progress (exclusive) is waited for, and VOLATILE means the query
+/// below takes a fresh snapshot after the lock is granted (READ COMMITTED),
+/// so it sees the tombstone an undo committed meanwhile. An undo that comes
+/// later waits for this statement's transaction to end, and then sees its
+/// grant.
+const ATTEMPT_LIVE: &str = r#"
+CREATE FUNCTION fencer_attempt_live(p_lease text, p_attempt text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+  PERFORM pg_advisory_xact_lock_shared(1717923427, hashtext(p_lease || '/' || p_attempt));
+  RETURN NOT EXISTS (SELECT 1 FROM fencer_void_attempts
+                      WHERE lease_id = p_lease AND attempt = p_attempt);
+END $$
+"#;
+
+/// The undo of an acquire attempt whose caller gave up (issue 27 item 3),
+/// right whatever the order in which it and the attempt's statement reach
+/// the server: under the attempt's advisory lock (exclusive) it leaves a
+/// tombstone — an attempt that arrives later finds it and takes nothing —
+/// then, with a fresh snapshot (each statement of a VOLATILE function
+/// takes one), releases the key if the row still carries the attempt: an
+/// attempt that ran first (or was running: the lock waited for it) is
+/// undone. Returns how many rows it released (0 or 1). An undo names the
+/// attempt, not the lease alone (PITFALLS 11, issue 26 item 1): a retry of
+/// the same lease that was answered "held" has replaced the attempt on the
+/// row, and then the lease is the application's and nothing changes.
+const VOID_ATTEMPT_FN: &str = r#"
+CREATE FUNCTION fencer_void_attempt(p_key text, p_lease text, p_attempt text, p_channel text)
+RETURNS integer LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+  released integer;
+BEGIN
+  PERFORM pg_advisory_xact_lock(1717923427, hashtext(p_lease || '/' || p_attempt));
+  INSERT INTO fencer_void_attempts (lease_id, attempt) VALUES (p_lease, p_attempt)
+  ON CONFLICT (lease_id, attempt) DO NOTHING;
+  WITH r AS (
+    UPDATE fencer_locks
+       SET lease_id = NULL, owner = NULL, expires_at = NULL, updated_at = clock_timestamp()
+     WHERE key = p_key AND lease_id = p_lease AND attempt = p_attempt
+       AND expires_at > clock_timestamp()
+    RETURNING 1
+  )
+  SELECT count(*) INTO released FROM r;
+  IF released > 0 THEN
+    PERFORM pg_notify(p_channel, '');
+  END IF;
+  RETURN released;
+END $$
+"#;
+
+/// $1 key, $2 lease, $3 notification channel, $4 attempt id: see
+/// [`VOID_ATTEMPT_FN`]. One row: (released rows).
+pub const VOID_ATTEMPT: &str = "SELECT fencer_void_attempt($1, $2, $4, $3)";
+
 /// $1 key, $2 lease, $3 owner, $4 ttl ms, $5 lock-delay ms, $6 attempt id.
 /// Returns (status, token, remaining_ms): 1 acquired (or already ours),
-/// -1 held by another lease. Every grant, and every confirmation of a
-/// grant to the same lease (a retry), stores the attempt id
-/// ([`RELEASE_ATTEMPT`] says why).
+/// -1 held by another lease, -2 the attempt was voided by its undo (its
+/// caller gave up; nothing taken). Every grant stores the attempt id; a
+/// confirmation of a grant to the same lease (a retry) stores it only if it
+/// is later than the one on the row ([`VOID_ATTEMPT_FN`] says why: the
+/// request of an earlier try can arrive after its retry's).
 pub const ACQUIRE: &str = r#"
-WITH up AS (
+WITH live AS (
+  -- Evaluated once (a volatile CTE is never inlined), before any row is
+  -- locked or written below: every write is gated on it.
+  SELECT fencer_attempt_live($2, $6) AS ok
+), up AS (
   -- The key's row exists and is free (or expired): take it. The expiry
   -- counts from the moment the row is taken, not from before a wait for
   -- its lock.
@@ -105,7 +198,7 @@ WITH up AS (
      SET lease_id = $2, owner = $3, token = l.token + 1,
          expires_at = clock_timestamp() + $4::bigint * interval '1 millisecond',
          updated_at = clock_timestamp(), delay_ms = $5::bigint, attempt = $6
-   WHERE l.key = $1
+   WHERE l.key = $1 AND (SELECT ok FROM live)
      AND (l.lease_id IS NULL
           OR l.expires_at + l.delay_ms * interval '1 millisecond' <= clock_timestamp())
   RETURNING l.token
@@ -116,16 +209,19 @@ WITH up AS (
   INSERT INTO fencer_locks (key, lease_id, owner, token, expires_at, updated_at, delay_ms, attempt)
   SELECT $1, $2, $3, fencer_next_floor() + 1,
          clock_timestamp() + $4::bigint * interval '1 millisecond', clock_timestamp(), $5::bigint, $6
-   WHERE NOT EXISTS (SELECT 1 FROM fencer_locks WHERE key = $1)
+   WHERE (SELECT ok FROM live) AND NOT EXISTS (SELECT 1 FROM fencer_locks WHERE key = $1)
   ON CONFLICT (key) DO NOTHING
   RETURNING token
 ), again AS (
   -- Already this lease's (a retry after an unknown outcome): confirm it,
-  -- and from now on only this attempt may undo it. Reads `up` and `ins`,
-  -- so it runs after them and only when neither took the row.
+  -- and from now on only this attempt may undo it — unless a later
+  -- attempt already confirmed it (this one's request came late; attempt
+  -- ids of a lease sort in sending order). Reads `up` and `ins`, so it
+  -- runs after them and only when neither took the row.
   UPDATE fencer_locks l
-     SET attempt = $6
+     SET attempt = GREATEST(l.attempt COLLATE "C", $6 COLLATE "C")
    WHERE l.key = $1 AND l.lease_id = $2 AND l.expires_at > clock_timestamp()
+     AND (SELECT ok FROM live)
      AND NOT EXISTS (SELECT 1 FROM up) AND NOT EXISTS (SELECT 1 FROM ins)
   RETURNING l.token
 )
@@ -140,8 +236,11 @@ SELECT -1,
        GREATEST(0, (EXTRACT(EPOCH FROM (l.expires_at + l.delay_ms * interval '1 millisecond'
                                         - clock_timestamp())) * 1000)::bigint)
   FROM fencer_locks l
- WHERE l.key = $1 AND NOT EXISTS (SELECT 1 FROM up) AND NOT EXISTS (SELECT 1 FROM ins)
+ WHERE l.key = $1 AND (SELECT ok FROM live)
+   AND NOT EXISTS (SELECT 1 FROM up) AND NOT EXISTS (SELECT 1 FROM ins)
    AND NOT EXISTS (SELECT 1 FROM again)
+UNION ALL
+SELECT -2, 0::bigint, 0::bigint FROM live WHERE NOT ok
 "#;
 
 /// $1 key, $2 lease, $3 ttl ms. Returns (status, token): 1 renewed,
@@ -197,25 +296,6 @@ SELECT CASE WHEN l.lease_id IS NULL OR l.lease_id = $2 OR l.expires_at <= clock_
  WHERE l.key = $1 AND NOT EXISTS (SELECT 1 FROM r)
 "#;
 
-/// $1 key, $2 lease, $3 notification channel, $4 attempt id: the
-/// compensation of an acquire attempt whose caller gave up. An undo must
-/// name the *attempt*, not the lease (PITFALLS 11, issue 26 item 1): an
-/// acquire is idempotent per lease id, so a retry after a timeout can be
-/// answered "held" with the same lease while the first try's late reply is
-/// still on its way — and that try's compensation, keyed by the lease
-/// alone, released the lease the retry had just handed out. This releases
-/// only while the row still carries the attempt; one that a later attempt
-/// confirmed is the application's, and then it changes nothing.
-pub const RELEASE_ATTEMPT: &str = r#"
-WITH r AS (
-  UPDATE fencer_locks
-     SET lease_id = NULL, owner = NULL, expires_at = NULL, updated_at = clock_timestamp()
-   WHERE key = $1 AND lease_id = $2 AND attempt = $4 AND expires_at > clock_timestamp()
-  RETURNING token
-)
-SELECT count(*)::int, length(pg_notify($3, '')::text) FROM r
-"#;
-
 /// $1 key, $2 floor: the key's next token will be above `floor`.
 pub const RAISE_FLOOR: &str = r#"
 INSERT INTO fencer_locks AS l (key, token) VALUES ($1, $2)
@@ -245,10 +325,29 @@ UPDATE fencer_token_floor
 RETURNING (SELECT count(*) FROM gone)
 "#;
 
+/// $1 retention ms, $2 batch size: deletes tombstones of voided attempts
+/// older than the retention ([`VOID_RETENTION`]).
+pub const CLEANUP_VOIDS: &str = r#"
+DELETE FROM fencer_void_attempts WHERE (lease_id, attempt) IN (
+  SELECT lease_id, attempt FROM fencer_void_attempts
+   WHERE voided_at < clock_timestamp() - $1::bigint * interval '1 millisecond'
+   ORDER BY voided_at LIMIT $2)
+"#;
+
 #[cfg(test)]
 mod tests {
     #[test]
     fn schema_uses_the_floor_lock_id() {
         assert!(super::NEXT_FLOOR.contains(&super::FLOOR_LOCK.to_string()));
+    }
+
+    #[test]
+    fn attempt_and_undo_share_one_lock() {
+        let class = format!(
+            "({}, hashtext(p_lease || '/' || p_attempt))",
+            super::ATTEMPT_LOCK_CLASS
+        );
+        assert!(super::ATTEMPT_LIVE.contains(&format!("pg_advisory_xact_lock_shared{class}")));
+        assert!(super::VOID_ATTEMPT_FN.contains(&format!("pg_advisory_xact_lock{class}")));
     }
 }

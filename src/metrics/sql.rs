@@ -1,0 +1,40 @@
+//! Series of the SQL statement runners ([`crate::pg::runner`],
+//! [`crate::mysql::runner`]), shared by the sidecar's lock backends and the
+//! gateway's fence stores. Process-wide, like [`super::SERVER`]: a runner
+//! has no registry of its own; [`super::registry`] registers these in each.
+
+use prometheus::{IntCounterVec, Opts};
+
+pub struct SqlMetrics {
+    /// Statements whose caller gave up before their answer, by database
+    /// (`postgres`, `mysql`). Each one's connection is discarded, never
+    /// pooled again.
+    pub abandoned: IntCounterVec,
+    /// Undos of abandoned statements, by database and outcome: `released`
+    /// (the statement had taken something; given back), `voided` (nothing
+    /// to give back; on PostgreSQL the statement can no longer take
+    /// effect), `failed` (could not run in time: what the statement took,
+    /// if anything, stays until its TTL).
+    pub undos: IntCounterVec,
+}
+
+pub static SQL: std::sync::LazyLock<SqlMetrics> = std::sync::LazyLock::new(|| {
+    SqlMetrics {
+    abandoned: IntCounterVec::new(
+        Opts::new(
+            "fencer_sql_abandoned_statements_total",
+            "SQL statements whose caller gave up before the answer; each one's connection was discarded, never pooled again.",
+        ),
+        &["db"],
+    )
+    .expect("valid metric"),
+    undos: IntCounterVec::new(
+        Opts::new(
+            "fencer_sql_undos_total",
+            "Undos of abandoned SQL statements: released (it had taken something), voided (nothing to give back), failed (could not run in time).",
+        ),
+        &["db", "outcome"],
+    )
+    .expect("valid metric"),
+}
+});

@@ -85,10 +85,11 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
             registry,
             readiness: Arc::new(Ready),
         })),
+        settings.http.silence(),
         shutdown.clone(),
     ));
     tokio::spawn(cert.clone().watch(shutdown.clone()));
-    server::serve(listener, cert, inject, shutdown).await;
+    server::serve(listener, cert, inject, settings.http.silence(), shutdown).await;
     let _ = tokio::time::timeout(Duration::from_secs(1), admin_task).await;
     Ok(())
 }

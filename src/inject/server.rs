@@ -42,6 +42,7 @@ pub async fn serve(
     listener: TcpListener,
     cert: Arc<ReloadingCert>,
     settings: Arc<InjectSettings>,
+    silence: crate::http::conn::Silence,
     shutdown: CancellationToken,
 ) {
     let tls = TlsListener {
@@ -54,6 +55,7 @@ pub async fn serve(
         header_read_timeout: Duration::from_secs(10),
         max_connections: 1024,
         drain: Duration::from_secs(10),
+        silence,
     };
     crate::http::server::serve_service(tls, service, shutdown, limits).await;
 }

@@ -27,6 +27,9 @@ for every values file in deploy/helm/fencer/ci/ and checks:
   excluded; in tls.mode generate its caBundle is non-empty, the TLS
   Secret's certificate verifies against it (openssl verify) and names the
   Service's DNS names; rendering twice gives a valid chart each time;
+* the injector's NetworkPolicy admits the webhook port 8443 from exactly
+  networkPolicy.webhookFrom (any source when empty) and the injector's
+  body timeout is the webhook's timeoutSeconds;
 * the per-namespace objects (sidecar ConfigMap, signing Secret with one
   key for all namespaces, env Secret) are in every injector namespace;
   every ConfigMap and Secret a pod uses is rendered or named in the values;
@@ -45,6 +48,7 @@ import pathlib
 import subprocess
 import sys
 import tempfile
+import tomllib
 
 import yaml
 
@@ -169,6 +173,30 @@ def check_webhook(where, docs, values):
         check_generated_tls(where, docs, svc_ref, ca)
     elif not ca:
         fail(f"{where}: tls.mode secret without caBundle")
+
+
+def check_injector_bounds(where, docs, values):
+    """The webhook port is open to networkPolicy.webhookFrom only, and the
+    injector gives up on a body when the API server gives up on it."""
+    inj = values.get("injector", {})
+    np = values.get("networkPolicy", {})
+    if not inj.get("enabled", True):
+        return
+    if np.get("enabled", True):
+        policies = [p for p in kinds(docs, "NetworkPolicy") if p["metadata"]["name"].endswith("-injector")]
+        rules = [r for p in policies for r in p["spec"].get("ingress", [])
+                 if any(port.get("port") == 8443 for port in r.get("ports", []))]
+        if len(rules) != 1:
+            fail(f"{where}: want one ingress rule for the webhook port 8443, got {rules}")
+        elif rules[0].get("from", []) != np.get("webhookFrom", []):
+            fail(f"{where}: webhook port 8443 admits {rules[0].get('from', 'any source')}, "
+                 f"want networkPolicy.webhookFrom {np.get('webhookFrom', [])}")
+    for c in kinds(docs, "ConfigMap"):
+        if c["metadata"]["name"].endswith("-injector-config"):
+            inject = tomllib.loads(c["data"]["fencer.toml"])["inject"]
+            want = inj.get("timeoutSeconds", 5) * 1000
+            if inject.get("body_timeout_ms") != want:
+                fail(f"{where}: inject.body_timeout_ms {inject.get('body_timeout_ms')}, want timeoutSeconds = {want} ms")
 
 
 def check_generated_tls(where, docs, svc_ref, ca):
@@ -340,6 +368,7 @@ def check_values_file(chart, path, binary, skip, emit_dir):
         if n > 0:
             continue
         check_app_namespaces(tag, docs, values)
+        check_injector_bounds(tag, docs, values)
         check_references(tag, docs, values)
         check_monitoring(tag, docs, values)
         overlay = "production" if "production" in path.stem else ("trial" if values.get("trial", {}).get("enabled") else None)

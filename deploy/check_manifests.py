@@ -20,7 +20,8 @@ cannot drift:
   every fencer container runs non-root, seccomp RuntimeDefault, read-only
   root, no privilege escalation, ALL capabilities dropped; the sidecar's
   memory limit (a sidecar container's, or the injector's memory_limit)
-  leaves room for its max_leases; every gateway Deployment has a
+  leaves room for its max_leases; the injector's own memory limit leaves
+  room for its body budget (inject.max_buffered_bytes + 64 MiB); every gateway Deployment has a
   PodDisruptionBudget and no PodDisruptionBudget blocks a node drain; in
   the production overlay every fencer image (the injector's sidecar image
   too) is pinned by digest; in the trial overlay Redis demands a password
@@ -74,6 +75,11 @@ def fail(msg):
 IDLE_MIB = 32
 LEASE_BYTES = 1024
 DEFAULT_MAX_LEASES = 200_000
+# The injector outside its body budget (inject.max_buffered_bytes): the
+# process (~22 MiB: 12 MiB anonymous measured, the binary's pages) and up to
+# 256 connections' TLS and HTTP buffers (~100 KiB each), with room to spare.
+INJECT_BASE_MIB = 64
+INJECT_DEFAULT_BUDGET_MIB = 32
 
 
 def mib(quantity):
@@ -162,9 +168,15 @@ def hardening(docs, configmaps, overlay):
                 limit = c.get("resources", {}).get("limits", {}).get("memory")
                 check_memory(where, limit, config_text(d, c, configmaps))
             if role == "inject":
+                inject = tomllib.loads(config_text(d, c, configmaps)).get("inject", {})
+                # Its own limit: the body budget plus what is outside it.
+                budget = inject.get("max_buffered_bytes", INJECT_DEFAULT_BUDGET_MIB << 20) / (1 << 20)
+                limit = c.get("resources", {}).get("limits", {}).get("memory")
+                if limit is None or mib(limit) < budget + INJECT_BASE_MIB:
+                    fail(f"{where}: memory limit {limit} below {budget + INJECT_BASE_MIB:.0f}Mi: "
+                         f"inject.max_buffered_bytes ({budget:.0f} MiB) + {INJECT_BASE_MIB} MiB")
                 # The sidecars it injects get the [inject] memory_limit; they
                 # read the sidecar ConfigMap of their own namespace.
-                inject = tomllib.loads(config_text(d, c, configmaps)).get("inject", {})
                 sidecar_cms = [cm for (ns, n), cm in configmaps.items() if n == inject.get("config_map", "fencer-sidecar-config")]
                 for cm in sidecar_cms or [None]:
                     at = f" (sidecars in {ns_of(cm)})" if cm else ""

@@ -74,6 +74,7 @@ impl Stack {
             "storage",
             storage_listener,
             crate::storage::router(store),
+            settings.http.silence(),
             shutdown.clone(),
         )));
 
@@ -82,9 +83,11 @@ impl Stack {
         tasks.push(tokio::spawn(crate::gateway::serve(
             gateway,
             gateway_listener,
+            settings.http.silence(),
             shutdown.clone(),
         )));
 
+        let silence = settings.http.silence();
         let (api, proxy, admin) = (
             settings.sidecar.listen,
             settings.proxy.listen,
@@ -100,6 +103,7 @@ impl Stack {
             "admin",
             admin_listener,
             crate::admin::router(admin_state),
+            silence,
             shutdown.clone(),
         )));
         let listeners = sidecar.bind().await?;

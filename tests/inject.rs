@@ -672,6 +672,222 @@ async fn bad_requests_get_json_errors_and_do_not_disturb_the_server() {
     assert_eq!(hook.metric("bad_request").await, 6.0);
 }
 
+/// Resident memory of a process now (VmRSS), in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|n| n.parse().ok())
+        .unwrap()
+}
+
+/// A TLS connection to the webhook that trusts only the test CA.
+async fn tls_connect(
+    port: u16,
+    ca: &Path,
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    use rustls_pki_types::pem::PemObject;
+    fencer::pg::install_crypto_provider();
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls_pki_types::CertificateDer::pem_file_iter(ca).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+    connector.connect(name, tcp).await.unwrap()
+}
+
+/// How a stalled upload ended, seen from the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    /// An answer with this status (then the connection closed).
+    Status(u16),
+    /// Cut without an answer the client could read (a refused upload
+    /// still being written is reset).
+    Cut,
+    /// Still open when the client gave up.
+    Open,
+}
+
+const DECLARED: usize = 4 << 20;
+const SENT: usize = 2 << 20;
+
+/// Announces a 4 MiB review (by `Content-Length`, or chunked), sends half
+/// of it and stalls; returns how the server ended it and when.
+async fn stalled_upload(port: u16, ca: PathBuf, chunked: bool) -> (Ended, Duration, bool) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let stream = tls_connect(port, &ca).await;
+    let (mut rx, mut tx) = tokio::io::split(stream);
+    let framing = if chunked {
+        "Transfer-Encoding: chunked".to_owned()
+    } else {
+        format!("Content-Length: {DECLARED}")
+    };
+    let (sent_tx, sent_rx) = tokio::sync::oneshot::channel();
+    let writer = tokio::spawn(async move {
+        let head = format!(
+            "POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n{framing}\r\n\r\n"
+        );
+        let mut body = Vec::with_capacity(SENT + 16);
+        if chunked {
+            body.extend_from_slice(format!("{SENT:x}\r\n").as_bytes());
+        }
+        body.push(b'{');
+        body.resize(body.len() + SENT - 1, b' ');
+        if chunked {
+            body.extend_from_slice(b"\r\n");
+        }
+        let ok = tx.write_all(head.as_bytes()).await.is_ok()
+            && tx.write_all(&body).await.is_ok()
+            && tx.flush().await.is_ok();
+        let _ = sent_tx.send(ok);
+        // Stall: the rest never comes; hold the write half open.
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        drop(tx);
+    });
+    let start = Instant::now();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let ended = loop {
+        match tokio::time::timeout(Duration::from_secs(8), rx.read(&mut buf)).await {
+            Err(_) => break Ended::Open,
+            Ok(Ok(0)) | Ok(Err(_)) => {
+                let text = String::from_utf8_lossy(&got);
+                break match text.strip_prefix("HTTP/1.1 ") {
+                    Some(rest) => Ended::Status(rest[..3].parse().unwrap()),
+                    None => Ended::Cut,
+                };
+            }
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+        }
+    };
+    let wrote_all = sent_rx.await.unwrap_or(false);
+    writer.abort();
+    (ended, start.elapsed(), wrote_all)
+}
+
+/// Issue 27 item 2: bodies that stall halfway cannot run the injector out
+/// of memory. Every byte held for a review comes out of one budget
+/// (`inject.max_buffered_bytes`) — 40 clients stalled on 4 MiB bodies
+/// took 775db14 to 202 MiB —, what does not fit is refused at once (503),
+/// what fits is cut at `inject.body_timeout_ms` (408), and a body whose
+/// parsed form would be many times its size is refused before parsing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_bodies_stay_within_the_byte_budget_and_are_cut_at_the_body_timeout() {
+    const BUDGET: u64 = 17 << 20;
+    const BODY_TIMEOUT_MS: u64 = 1500;
+    let hook = Webhook::start(&[
+        ("inject.max_buffered_bytes", &BUDGET.to_string()),
+        ("inject.body_timeout_ms", &BODY_TIMEOUT_MS.to_string()),
+    ]);
+    let pid = hook.fencer.pid();
+    let good = fixture("deployment-pod.json");
+    assert!(hook.review(&good).await.get("patch").is_some());
+    let base = rss_kib(pid);
+
+    let ca = hook.certs.path().join("ca.crt");
+    let port = hook.fencer.api_port;
+    let uploads: Vec<_> = (0..40)
+        .map(|i| tokio::spawn(stalled_upload(port, ca.clone(), i % 2 == 1)))
+        .collect();
+    let mut ended = Vec::new();
+    for u in uploads {
+        ended.push(u.await.unwrap());
+    }
+    let peak = common::peak_rss_kib(pid);
+    let grew_mib = peak.saturating_sub(base) as f64 / 1024.0;
+    eprintln!("base RSS {base} KiB, peak {peak} KiB (+{grew_mib:.1} MiB); ended: {ended:?}");
+    // The budget, plus per-connection buffers (TLS, HTTP) of 40 clients.
+    assert!(
+        grew_mib < (BUDGET >> 20) as f64 + 16.0,
+        "40 stalled uploads took the injector {grew_mib:.1} MiB above its {} MiB budget + 16 MiB",
+        BUDGET >> 20
+    );
+    let open = ended.iter().filter(|e| e.0 == Ended::Open).count();
+    assert_eq!(open, 0, "{open} stalled uploads never ended: {ended:?}");
+    let timed_out = ended
+        .iter()
+        .filter(|e| e.0 == Ended::Status(408))
+        .collect::<Vec<_>>();
+    assert!(
+        !timed_out.is_empty(),
+        "none cut at the body timeout: {ended:?}"
+    );
+    for (_, after, _) in &timed_out {
+        assert!(
+            *after >= Duration::from_millis(BODY_TIMEOUT_MS * 8 / 10),
+            "cut after {after:?}, before the body timeout"
+        );
+    }
+    assert!(
+        ended.iter().any(|e| e.0 == Ended::Status(503)),
+        "none refused over the budget: {ended:?}"
+    );
+    let metrics = reqwest::get(format!("{}/metrics", hook.fencer.admin))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let refused = |reason| {
+        common::metric_sum(
+            &metrics,
+            "fencer_inject_refused_total",
+            &[("reason", reason)],
+        )
+    };
+    assert!(
+        refused("body_timeout") >= timed_out.len() as f64,
+        "{metrics}"
+    );
+    assert!(refused("over_budget") >= 1.0, "{metrics}");
+    assert_eq!(
+        common::metric_sum(&metrics, "fencer_inject_buffered_bytes", &[]),
+        0.0,
+        "budget given back"
+    );
+
+    // A review-shaped body whose object is 2 million zeros (4 MiB; parsed,
+    // 2 million 32-byte values): refused before it is parsed.
+    let mut zeros = br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u","object":["#.to_vec();
+    while zeros.len() < DECLARED - 16 {
+        zeros.extend_from_slice(b"0,");
+    }
+    zeros.extend_from_slice(b"0]}}");
+    let resp = hook
+        .client
+        .post(hook.url("/mutate"))
+        .header("content-type", "application/json")
+        .body(zeros)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let err: Value = resp.json().await.unwrap_or(Value::Null);
+    let peak = common::peak_rss_kib(pid);
+    let grew_mib = peak.saturating_sub(base) as f64 / 1024.0;
+    assert!(
+        grew_mib < (BUDGET >> 20) as f64 + 16.0,
+        "a 4 MiB array of zeros took the injector {grew_mib:.1} MiB above its base ({status} {err})"
+    );
+    assert_eq!(
+        (status, err["error"].as_str()),
+        (413, Some("review_too_complex")),
+        "{err}"
+    );
+
+    // And the injector still answers real reviews.
+    assert!(hook.review(&good).await.get("patch").is_some());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rotated_certificate_is_served_without_a_restart() {
     let hook = Webhook::start(&[]);

@@ -131,6 +131,7 @@ pub fn readiness(gateway: &Gateway) -> Arc<dyn Readiness> {
 pub async fn serve(
     gateway: Arc<Gateway>,
     listener: tokio::net::TcpListener,
+    silence: crate::http::conn::Silence,
     shutdown: CancellationToken,
 ) {
     let tasks = gateway.tasks.clone();
@@ -142,6 +143,7 @@ pub async fn serve(
         handler,
         shutdown,
         Duration::from_secs(10),
+        silence,
     )
     .await;
     // Forwards still running finish and clear their stamps; otherwise a
@@ -183,9 +185,10 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         "admin",
         admin,
         crate::admin::router(admin_state),
+        settings.http.silence(),
         shutdown.clone(),
     ));
-    serve(gateway, listener, shutdown).await;
+    serve(gateway, listener, settings.http.silence(), shutdown).await;
     let _ = tokio::time::timeout(Duration::from_secs(1), admin_task).await;
     Ok(())
 }

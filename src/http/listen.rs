@@ -6,6 +6,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use super::conn::Silence;
 use crate::start::StartError;
 
 /// Binds a TCP listener, naming `what` in the error.
@@ -59,43 +60,46 @@ impl Drop for UnixSocket {
 }
 
 /// Serves `router` on a Unix socket until `shutdown`.
-pub async fn serve_unix(mut socket: UnixSocket, router: axum::Router, shutdown: CancellationToken) {
+pub async fn serve_unix(
+    mut socket: UnixSocket,
+    router: axum::Router,
+    silence: Silence,
+    shutdown: CancellationToken,
+) {
     let listener = socket.listener.take().expect("served once");
-    serve_router("api_unix", listener, router, shutdown).await;
+    serve_router("api_unix", listener, router, silence, shutdown).await;
     drop(socket);
 }
-
-/// The bounds of the HTTP servers built from axum routers (lock API,
-/// admin, demo storage).
-const ROUTER_LIMITS: super::server::Limits = super::server::Limits {
-    listener: "api",
-    header_read_timeout: Duration::from_secs(10),
-    max_connections: 16_384,
-    drain: Duration::from_secs(2),
-};
 
 async fn serve_router<L: super::server::Accept>(
     name: &'static str,
     listener: L,
     router: axum::Router,
+    silence: Silence,
     shutdown: CancellationToken,
 ) {
     let service = hyper_util::service::TowerToHyperService::new(router);
+    // The bounds of the HTTP servers built from axum routers (lock API,
+    // admin, demo storage).
     let limits = super::server::Limits {
         listener: name,
-        ..ROUTER_LIMITS
+        header_read_timeout: Duration::from_secs(10),
+        max_connections: 16_384,
+        drain: Duration::from_secs(2),
+        silence,
     };
     super::server::serve_service(listener, service, shutdown, limits).await;
 }
 
 /// Serves `router` on `listener` until `shutdown`, then drains in-flight
-/// requests (bounded: header read time, connections, drain time).
+/// requests (bounded: silence, header read time, connections, drain time).
 /// `name` labels its connections in `fencer_http_connections`.
 pub async fn serve(
     name: &'static str,
     listener: TcpListener,
     router: axum::Router,
+    silence: Silence,
     shutdown: CancellationToken,
 ) {
-    serve_router(name, listener, router, shutdown).await;
+    serve_router(name, listener, router, silence, shutdown).await;
 }

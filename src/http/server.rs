@@ -1,7 +1,9 @@
 //! Serving a hyper service on a listener with graceful shutdown — used by
 //! the lock API (TCP and Unix socket), the egress proxy and the gateway, so
-//! all three bound the same things: time to send request headers, open
-//! connections, and the drain on shutdown.
+//! all three bound the same things: time to the first byte and to send
+//! request headers, time without a request in flight ([`super::conn`]),
+//! open connections, descriptors ([`super::pressure`]), and the drain on
+//! shutdown.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -15,6 +17,10 @@ use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, UnixListener};
 use tokio_util::sync::CancellationToken;
 
+use super::conn::{Activity, Close, Silence, Tracked, Watched};
+use super::pressure::{
+    self, is_fd_limit, needs_backoff, RateLimited, Registration, Reserve, Silent,
+};
 use crate::proxy::ProxyBody;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -47,14 +53,25 @@ impl Accept for UnixListener {
 pub struct Limits {
     /// The listener's name in `fencer_http_connections{listener}`.
     pub listener: &'static str,
-    /// How long a client may take to send a request's headers.
+    /// How long a client may take to send a request's headers. On HTTP/1
+    /// this also closes a keep-alive connection idle that long.
     pub header_read_timeout: Duration,
-    /// Open connections at most; beyond it the server stops accepting
-    /// (new clients wait in the kernel's backlog) until one closes.
+    /// Open connections at most; beyond it the server sheds a connection
+    /// that has not sent a byte, else stops accepting (new clients wait
+    /// in the kernel's backlog) until one closes.
     pub max_connections: usize,
     /// On shutdown, how long open connections may finish their request.
     pub drain: Duration,
+    /// How long a connection may stay silent (`[http]`).
+    pub silence: Silence,
 }
+
+/// h2 keep-alive: while a stream is open, a PING this often, and the
+/// connection closed when one goes unanswered this long — a vanished peer
+/// of a long request (a blocking acquire, a `/hold` stream) does not keep
+/// its connection. Without a stream open the idle bound applies instead.
+const H2_PING_INTERVAL: Duration = Duration::from_secs(20);
+const H2_PING_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Accepts connections until `shutdown`, serving each with `service`
 /// (HTTP/1.1 keep-alive or h2c), then drains them for up to `limits.drain`.
@@ -72,12 +89,14 @@ pub async fn serve_service<L, S, B>(
         + 'static,
     S::Future: Send + 'static,
     S::Error: Into<BoxError>,
-    B: http_body::Body + Send + 'static,
+    B: http_body::Body + Send + Unpin + 'static,
     B::Data: Send,
     B::Error: Into<BoxError>,
 {
     let tracker = tokio_util::task::TaskTracker::new();
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let silent = Arc::new(Silent::default());
+    let mut at_limit = Pressure::new(limits.listener);
     let open = crate::metrics::SERVER
         .open
         .with_label_values(&[limits.listener]);
@@ -89,11 +108,16 @@ pub async fn serve_service<L, S, B>(
             Ok(p) => p,
             Err(_) => {
                 limit_waits.inc();
-                tracing::warn!(
-                    listener = limits.listener,
-                    max_connections = limits.max_connections,
-                    "connection limit reached; not accepting until one closes"
-                );
+                // The shed connection counts itself when it closes.
+                let shed = silent.shed_oldest().await;
+                if at_limit.warn.tick().is_some() {
+                    tracing::warn!(
+                        listener = limits.listener,
+                        max_connections = limits.max_connections,
+                        shed,
+                        "connection limit reached; shedding a silent connection or waiting until one closes"
+                    );
+                }
                 tokio::select! {
                     p = slots.clone().acquire_owned() => p.expect("semaphore never closed"),
                     _ = shutdown.cancelled() => break,
@@ -104,40 +128,211 @@ pub async fn serve_service<L, S, B>(
             accepted = listener.accept_io() => match accepted {
                 Ok(stream) => stream,
                 Err(e) => {
-                    // EMFILE and friends: back off instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    at_limit.accept_failed(&listener, &silent, e).await;
                     continue;
                 }
             },
             _ = shutdown.cancelled() => break,
         };
+        let registration = silent.register();
+        let conn = Conn {
+            silent: silent.clone(),
+            registration,
+            limits,
+            shutdown: shutdown.clone(),
+        };
         let service = service.clone();
-        let shutdown = shutdown.clone();
         let open = open.clone();
         open.inc();
         tracker.spawn(async move {
             let _permit = permit;
             let _open = OnDrop::new(move || open.dec());
-            let mut builder = auto::Builder::new(TokioExecutor::new());
-            builder
-                .http1()
-                .timer(TokioTimer::new())
-                .header_read_timeout(limits.header_read_timeout)
-                .max_buf_size(64 * 1024);
-            let conn = builder.serve_connection(TokioIo::new(stream), service);
-            tokio::pin!(conn);
-            tokio::select! {
-                _ = conn.as_mut() => {}
-                _ = shutdown.cancelled() => {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = conn.await;
-                }
-            }
+            conn.serve(stream, service).await;
         });
     }
     tracker.close();
     let _ = tokio::time::timeout(limits.drain, tracker.wait()).await;
+}
+
+/// One accepted connection and what may end it.
+struct Conn {
+    silent: Arc<Silent>,
+    registration: Registration,
+    limits: Limits,
+    shutdown: CancellationToken,
+}
+
+impl Conn {
+    async fn serve<Io, S, B>(self, stream: Io, service: S)
+    where
+        Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+        S: hyper::service::Service<Request<Incoming>, Response = Response<B>>
+            + Send
+            + Sync
+            + 'static,
+        S::Future: Send + 'static,
+        S::Error: Into<BoxError>,
+        B: http_body::Body + Send + Unpin + 'static,
+        B::Data: Send,
+        B::Error: Into<BoxError>,
+    {
+        let Conn {
+            silent,
+            registration,
+            limits,
+            shutdown,
+        } = self;
+        // Dropped last, after the stream: a shedder waits for this.
+        let _closed = registration.closed;
+        let activity = Activity::new();
+        let tracked = {
+            let activity = activity.clone();
+            hyper::service::service_fn(move |req| {
+                let in_flight = activity.begin();
+                let response = service.call(req);
+                async move {
+                    let response = response.await?;
+                    Ok::<_, S::Error>(response.map(|body| Tracked::new(body, in_flight)))
+                }
+            })
+        };
+        let mut builder = auto::Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.header_read_timeout)
+            .max_buf_size(64 * 1024);
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .keep_alive_interval(H2_PING_INTERVAL)
+            .keep_alive_timeout(H2_PING_TIMEOUT);
+        let io = TokioIo::new(Watched::new(stream, activity.clone()));
+        let conn = builder.serve_connection(io, tracked);
+        tokio::pin!(conn);
+        let watch = async {
+            tokio::select! {
+                _ = activity.first_byte() => {}
+                _ = tokio::time::sleep(limits.silence.first_byte) => {
+                    silent.spoke(registration.id);
+                    return Close::FirstByteTimeout;
+                }
+                _ = registration.shed.cancelled() => return Close::Shed,
+            }
+            if !silent.spoke(registration.id) {
+                // Shed just as it spoke: the shedder counts on this
+                // descriptor.
+                return Close::Shed;
+            }
+            activity.idle_for(limits.silence.idle).await;
+            Close::IdleTimeout
+        };
+        let close = tokio::select! {
+            _ = conn.as_mut() => {
+                silent.spoke(registration.id);
+                return;
+            }
+            _ = shutdown.cancelled() => None,
+            close = watch => Some(close),
+        };
+        match close {
+            None => {
+                silent.spoke(registration.id);
+                conn.as_mut().graceful_shutdown();
+                let _ = conn.await;
+            }
+            Some(close) => {
+                crate::metrics::SERVER
+                    .closed
+                    .with_label_values(&[limits.listener, close.as_str()])
+                    .inc();
+                tracing::debug!(
+                    listener = limits.listener,
+                    reason = close.as_str(),
+                    "closing a silent connection"
+                );
+                if close == Close::IdleTimeout {
+                    // h2: GOAWAY, so the client knows which requests were
+                    // not taken; HTTP/1: closes at once (nothing in flight).
+                    conn.as_mut().graceful_shutdown();
+                    tokio::select! {
+                        _ = conn.as_mut() => {}
+                        _ = super::conn::grace(&activity) => {}
+                    }
+                }
+                // Before the first byte there is nothing to finish: the
+                // connection is dropped here.
+            }
+        }
+    }
+}
+
+/// The accept loop's answer to a failing `accept` (see
+/// [`super::pressure`]).
+struct Pressure {
+    listener: &'static str,
+    reserve: Reserve,
+    warn: RateLimited,
+    fd_warn: RateLimited,
+}
+
+impl Pressure {
+    fn new(listener: &'static str) -> Pressure {
+        Pressure {
+            listener,
+            reserve: Reserve::new(),
+            warn: RateLimited::default(),
+            fd_warn: RateLimited::default(),
+        }
+    }
+
+    async fn accept_failed<L: Accept>(&mut self, listener: &L, silent: &Silent, e: std::io::Error) {
+        if !is_fd_limit(&e) {
+            if let Some(n) = self.fd_warn.tick() {
+                tracing::warn!(listener = self.listener, error = %e, occurrences = n, "accept failed");
+            }
+            if needs_backoff(&e) {
+                pressure::backoff().await;
+            }
+            return;
+        }
+        let action = if silent.shed_oldest().await {
+            "shed the oldest connection that had not sent a byte"
+        } else {
+            // Nothing to shed: accept the waiting client on the reserve
+            // descriptor and close it, so it learns now, not at its timeout.
+            let refused = self
+                .reserve
+                .release_for(async {
+                    let accepted =
+                        tokio::time::timeout(Duration::from_millis(100), listener.accept_io())
+                            .await;
+                    // Closed here, before the reserve is taken back.
+                    matches!(accepted, Ok(Ok(_)))
+                })
+                .await;
+            match refused {
+                Some(true) => {
+                    crate::metrics::SERVER
+                        .refused
+                        .with_label_values(&[self.listener, "fd_limit"])
+                        .inc();
+                    "refused a connection (closed at once)"
+                }
+                _ => {
+                    pressure::backoff().await;
+                    "no descriptor to refuse with; backing off"
+                }
+            }
+        };
+        tracing::debug!(listener = self.listener, action, "out of file descriptors");
+        if let Some(n) = self.fd_warn.tick() {
+            tracing::warn!(
+                listener = self.listener, error = %e, occurrences = n, action,
+                "out of file descriptors: raise the limit (ulimit -n) or find who holds the connections"
+            );
+        }
+    }
 }
 
 /// Runs `f` when dropped, however the scope ends (a connection's end, a
@@ -165,6 +360,7 @@ pub async fn serve<H, F>(
     handler: Arc<H>,
     shutdown: CancellationToken,
     drain: Duration,
+    silence: Silence,
 ) where
     H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
     F: Future<Output = Response<ProxyBody>> + Send + 'static,
@@ -178,6 +374,7 @@ pub async fn serve<H, F>(
         header_read_timeout: Duration::from_secs(30),
         max_connections: 16_384,
         drain,
+        silence,
     };
     serve_service(listener, service, shutdown, limits).await;
 }

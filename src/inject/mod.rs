@@ -4,7 +4,8 @@
 //! Layout: [`settings`] (the `[inject]` section), [`annotations`] (what one
 //! pod asks for), [`mutate`] (the pod change, pure), [`review`]
 //! (AdmissionReview v1 in and out), [`tls`] (the certificate, reloaded on
-//! change) and [`server`] (HTTPS and the `/mutate` route).
+//! change), [`body`] (reading a review within its time and the shared
+//! byte budget) and [`server`] (HTTPS and the `/mutate` route).
 //!
 //! It fails open by default: a pod the injector cannot make sense of is
 //! admitted unchanged, with a warning kubectl shows and a log line; an
@@ -12,6 +13,7 @@
 //! deployments down with it. `fail_closed = true` refuses them instead.
 
 pub mod annotations;
+pub mod body;
 pub mod mutate;
 pub mod quantity;
 pub mod review;
@@ -85,10 +87,11 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
             registry,
             readiness: Arc::new(Ready),
         })),
+        settings.http.silence(),
         shutdown.clone(),
     ));
     tokio::spawn(cert.clone().watch(shutdown.clone()));
-    server::serve(listener, cert, inject, shutdown).await;
+    server::serve(listener, cert, inject, settings.http.silence(), shutdown).await;
     let _ = tokio::time::timeout(Duration::from_secs(1), admin_task).await;
     Ok(())
 }

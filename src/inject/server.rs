@@ -12,28 +12,30 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
 
-use axum::body::{Body, Bytes};
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use http_body_util::BodyExt;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
+use super::body::{self, BodyError, Budget};
 use super::review::{self, answer};
 use super::settings::InjectSettings;
 use super::tls::ReloadingCert;
 use crate::error::ApiError;
 use crate::metrics::INJECT;
 
-/// An AdmissionReview carries one object; etcd stores at most 1.5 MiB per
-/// object, and the review may carry it twice (object, oldObject).
-pub const MAX_REVIEW_BYTES: usize = 4 * 1024 * 1024;
+pub use super::body::MAX_REVIEW_BYTES;
+/// Open connections at most. The API server reaches a replica over a few
+/// (h2) connections; each open one costs buffers outside the body budget
+/// (TLS records, HTTP reads: up to ~100 KiB), so this bound is part of
+/// the memory arithmetic in docs/kubernetes.md.
+pub const MAX_CONNECTIONS: usize = 256;
 /// The API server gives a webhook at most 30 s (10 s by default); the
 /// handshake must be well inside that.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -42,6 +44,7 @@ pub async fn serve(
     listener: TcpListener,
     cert: Arc<ReloadingCert>,
     settings: Arc<InjectSettings>,
+    silence: crate::http::conn::Silence,
     shutdown: CancellationToken,
 ) {
     let tls = TlsListener {
@@ -52,37 +55,53 @@ pub async fn serve(
     let limits = crate::http::server::Limits {
         listener: "inject",
         header_read_timeout: Duration::from_secs(10),
-        max_connections: 1024,
+        max_connections: MAX_CONNECTIONS,
         drain: Duration::from_secs(10),
+        silence,
     };
     crate::http::server::serve_service(tls, service, shutdown, limits).await;
 }
 
+/// The route's state: the settings and the byte budget every review in
+/// flight draws from.
+struct Webhook {
+    settings: Arc<InjectSettings>,
+    budget: Budget,
+    body_timeout: Duration,
+}
+
 pub fn router(settings: Arc<InjectSettings>) -> Router {
+    let webhook = Webhook {
+        budget: Budget::new(usize::try_from(settings.max_buffered_bytes).unwrap_or(usize::MAX)),
+        body_timeout: Duration::from_millis(settings.body_timeout_ms),
+        settings,
+    };
     Router::new()
         .route("/mutate", post(mutate))
         .fallback(|| async { ApiError::not_found("injector routes: POST /mutate") })
-        .with_state(settings)
+        .with_state(Arc::new(webhook))
 }
 
-async fn mutate(State(settings): State<Arc<InjectSettings>>, body: Body) -> Response {
+async fn mutate(State(webhook): State<Arc<Webhook>>, request: Request) -> Response {
     let started = Instant::now();
-    let bytes = match read_body(body).await {
+    let declared = request
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let read = body::read(
+        request.into_body(),
+        declared,
+        &webhook.budget,
+        webhook.body_timeout,
+    )
+    .await;
+    // Held until the answer is built: the parsed review is in memory
+    // until then.
+    let (bytes, _held) = match read {
         Ok(b) => b,
-        Err(e) => {
-            INJECT.reviews.with_label_values(&["bad_request"]).inc();
-            // The rest of the body was not read: the connection cannot
-            // carry another request. Say so, or the client reuses it just
-            // as the server closes it (IncompleteMessage on its next call).
-            let mut response = e.into_response();
-            response.headers_mut().insert(
-                axum::http::header::CONNECTION,
-                axum::http::HeaderValue::from_static("close"),
-            );
-            return response;
-        }
+        Err(e) => return refuse(e),
     };
-    let response = match answer(&bytes, &settings) {
+    let response = match answer(&bytes, &webhook.settings) {
         Ok(a) => {
             INJECT.reviews.with_label_values(&[a.result.as_str()]).inc();
             log(&a);
@@ -114,21 +133,37 @@ fn log(a: &review::Answer) {
     }
 }
 
-async fn read_body(body: Body) -> Result<Bytes, ApiError> {
-    let limited = http_body_util::Limited::new(body, MAX_REVIEW_BYTES);
-    match limited.collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "body_too_large",
-            format!("an AdmissionReview is at most {MAX_REVIEW_BYTES} bytes"),
-        )),
-        Err(e) => Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "body_unreadable",
-            e.to_string(),
-        )),
+/// The answer to a body that was not read whole (or not parsed: too many
+/// values): a JSON error, counted and logged, with `Connection: close` —
+/// the rest of the body was not read, so the connection cannot carry
+/// another request; without it the client reuses the connection just as
+/// the server closes it (IncompleteMessage on its next call).
+fn refuse(e: BodyError) -> Response {
+    let (status, code) = match &e {
+        BodyError::TooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "body_too_large"),
+        BodyError::TooComplex => (StatusCode::PAYLOAD_TOO_LARGE, "review_too_complex"),
+        BodyError::Unreadable(_) => (StatusCode::BAD_REQUEST, "body_unreadable"),
+        BodyError::Timeout(_) => (StatusCode::REQUEST_TIMEOUT, "body_timeout"),
+        BodyError::OverBudget(_) => (StatusCode::SERVICE_UNAVAILABLE, "injector_busy"),
+    };
+    match &e {
+        BodyError::Timeout(_) | BodyError::OverBudget(_) => {
+            let reason = if matches!(e, BodyError::Timeout(_)) {
+                "body_timeout"
+            } else {
+                "over_budget"
+            };
+            INJECT.refused.with_label_values(&[reason]).inc();
+            tracing::warn!(reason, error = %e, "review refused before it was read");
+        }
+        _ => INJECT.reviews.with_label_values(&["bad_request"]).inc(),
     }
+    let mut response = ApiError::new(status, code, e.to_string()).into_response();
+    response.headers_mut().insert(
+        axum::http::header::CONNECTION,
+        axum::http::HeaderValue::from_static("close"),
+    );
+    response
 }
 
 struct TlsListener {

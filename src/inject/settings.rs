@@ -55,6 +55,14 @@ pub struct InjectSettings {
     pub memory_limit: String,
     /// The sidecar's user and group (the image's non-root user).
     pub run_as_user: i64,
+    /// A review's whole body must arrive within this, from its headers
+    /// (the API server sends it at once; a stalled client is cut).
+    pub body_timeout_ms: u64,
+    /// Bytes all reviews in flight may hold together: their bodies and
+    /// their parsed form (see `fencer::inject::body`). Beyond it a review
+    /// is refused with 503. The injector's memory limit must exceed this
+    /// plus its baseline (docs/kubernetes.md).
+    pub max_buffered_bytes: u64,
 }
 
 impl Default for InjectSettings {
@@ -79,6 +87,8 @@ impl Default for InjectSettings {
             memory_request: "32Mi".into(),
             memory_limit: "256Mi".into(),
             run_as_user: 65532,
+            body_timeout_ms: 10_000,
+            max_buffered_bytes: 32 * 1024 * 1024,
         }
     }
 }
@@ -149,6 +159,13 @@ impl InjectSettings {
             .map_err(|m| invalid("inject.cpu_request", m))?;
         super::quantity::check_request_within_limit(&self.memory_request, &self.memory_limit, true)
             .map_err(|m| invalid("inject.memory_request", m))?;
+        check_range("inject.body_timeout_ms", self.body_timeout_ms, 100, 30_000)?;
+        check_range(
+            "inject.max_buffered_bytes",
+            self.max_buffered_bytes,
+            super::body::MAX_REVIEW_COST as u64,
+            1 << 30,
+        )?;
         if self.run_as_user <= 0 {
             return Err(invalid(
                 "inject.run_as_user",

@@ -16,6 +16,13 @@ pub struct InjectMetrics {
     /// TLS handshakes that failed or timed out (a client without the CA,
     /// a port scanner, a half-open connection).
     pub handshake_failures: prometheus::IntCounter,
+    /// Reviews refused before they were read whole: body_timeout (the
+    /// body did not arrive within inject.body_timeout_ms), over_budget
+    /// (inject.max_buffered_bytes in use by other reviews).
+    pub refused: IntCounterVec,
+    /// Bytes reserved right now by reviews in flight (bodies and their
+    /// parsed form), out of inject.max_buffered_bytes.
+    pub buffered_bytes: prometheus::IntGauge,
 }
 
 pub static INJECT: std::sync::LazyLock<InjectMetrics> = std::sync::LazyLock::new(|| {
@@ -49,6 +56,19 @@ pub static INJECT: std::sync::LazyLock<InjectMetrics> = std::sync::LazyLock::new
         "TLS handshakes on the webhook listener that failed or timed out.",
     )
     .expect("valid metric"),
+    refused: IntCounterVec::new(
+        Opts::new(
+            "fencer_inject_refused_total",
+            "Reviews refused before they were read whole, by reason: body_timeout (408: the body did not arrive within inject.body_timeout_ms), over_budget (503: inject.max_buffered_bytes held by other reviews).",
+        ),
+        &["reason"],
+    )
+    .expect("valid metric"),
+    buffered_bytes: prometheus::IntGauge::new(
+        "fencer_inject_buffered_bytes",
+        "Bytes reserved by reviews in flight (bodies and their parsed form), out of inject.max_buffered_bytes.",
+    )
+    .expect("valid metric"),
 }
 });
 
@@ -70,6 +90,9 @@ impl InjectMetrics {
         for result in ["ok", "error"] {
             self.tls_reloads.with_label_values(&[result]);
         }
+        for reason in ["body_timeout", "over_budget"] {
+            self.refused.with_label_values(&[reason]);
+        }
         registry
             .register(Box::new(self.reviews.clone()))
             .expect("registered once");
@@ -81,6 +104,12 @@ impl InjectMetrics {
             .expect("registered once");
         registry
             .register(Box::new(self.handshake_failures.clone()))
+            .expect("registered once");
+        registry
+            .register(Box::new(self.refused.clone()))
+            .expect("registered once");
+        registry
+            .register(Box::new(self.buffered_bytes.clone()))
             .expect("registered once");
     }
 }

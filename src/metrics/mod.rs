@@ -45,6 +45,12 @@ pub(crate) const BACKEND_BUCKETS: &[f64] = &[
 pub struct ServerMetrics {
     pub open: IntGaugeVec,
     pub limit_waits: IntCounterVec,
+    /// Connections the server closed for silence or to make room
+    /// ([`crate::http::conn::Close`]).
+    pub closed: IntCounterVec,
+    /// Connections accepted only to be closed at once: no descriptor left
+    /// and no silent connection to shed ([`crate::http::pressure`]).
+    pub refused: IntCounterVec,
 }
 
 pub static SERVER: std::sync::LazyLock<ServerMetrics> = std::sync::LazyLock::new(|| {
@@ -63,6 +69,22 @@ pub static SERVER: std::sync::LazyLock<ServerMetrics> = std::sync::LazyLock::new
                 "Times a listener reached its connection limit and stopped accepting until a connection closed.",
             ),
             &["listener"],
+        )
+        .expect("valid metric"),
+        closed: IntCounterVec::new(
+            Opts::new(
+                "fencer_http_connections_closed_total",
+                "Connections the server closed, by listener and reason: first_byte_timeout (no byte within http.first_byte_timeout_ms), idle_timeout (no request in flight for http.idle_timeout_ms), shed (closed before its first byte to make room at the descriptor or connection limit).",
+            ),
+            &["listener", "reason"],
+        )
+        .expect("valid metric"),
+        refused: IntCounterVec::new(
+            Opts::new(
+                "fencer_http_connections_refused_total",
+                "Connections accepted and closed at once, by listener and reason: fd_limit (no file descriptor left and no silent connection to shed).",
+            ),
+            &["listener", "reason"],
         )
         .expect("valid metric"),
     }
@@ -90,6 +112,12 @@ pub fn registry(role: &str, backend: &str) -> Registry {
         .expect("registered once per registry");
     registry
         .register(Box::new(SERVER.limit_waits.clone()))
+        .expect("registered once per registry");
+    registry
+        .register(Box::new(SERVER.closed.clone()))
+        .expect("registered once per registry");
+    registry
+        .register(Box::new(SERVER.refused.clone()))
         .expect("registered once per registry");
     for reason in ["queue_full", "write_failed"] {
         // Both series from the start: a rate() alert needs the zero.

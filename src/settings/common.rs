@@ -23,6 +23,52 @@ impl Default for AdminSettings {
     }
 }
 
+/// `[http]`: how long a connection may stay silent, on every HTTP
+/// listener of the process (lock API, proxy, gateway, admin, storage,
+/// injector). Without these bounds a client that connects and sends
+/// nothing — or only the h2 preface — holds a descriptor forever.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpSettings {
+    /// From accept to the connection's first byte (TLS: its first
+    /// decrypted byte).
+    pub first_byte_timeout_ms: u64,
+    /// With no request in flight, from the first byte or the last
+    /// response's end to the close (h2: GOAWAY). A request in flight —
+    /// a blocking acquire, a `/hold` stream — is never cut. HTTP/1
+    /// keep-alive connections are also closed by the header timeout.
+    pub idle_timeout_ms: u64,
+}
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        let d = crate::http::conn::Silence::default();
+        Self {
+            first_byte_timeout_ms: d.first_byte.as_millis() as u64,
+            idle_timeout_ms: d.idle.as_millis() as u64,
+        }
+    }
+}
+
+impl HttpSettings {
+    pub fn silence(&self) -> crate::http::conn::Silence {
+        crate::http::conn::Silence {
+            first_byte: std::time::Duration::from_millis(self.first_byte_timeout_ms),
+            idle: std::time::Duration::from_millis(self.idle_timeout_ms),
+        }
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        super::check_range(
+            "http.first_byte_timeout_ms",
+            self.first_byte_timeout_ms,
+            100,
+            300_000,
+        )?;
+        super::check_range("http.idle_timeout_ms", self.idle_timeout_ms, 100, 3_600_000)
+    }
+}
+
 /// Where the HMAC secret that signs fencing tokens comes from. Never inline:
 /// a committed config file must not carry a secret.
 #[derive(Debug, Clone, Deserialize)]

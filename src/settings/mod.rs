@@ -27,8 +27,8 @@ pub(crate) use check::{
 };
 pub use check::{redact_url, ConfigError};
 pub use common::{
-    AdminSettings, GroupRule, LogFormat, LogSettings, MetricsSettings, RuntimeSettings,
-    SigningSettings,
+    AdminSettings, GroupRule, HttpSettings, LogFormat, LogSettings, MetricsSettings,
+    RuntimeSettings, SigningSettings,
 };
 
 /// Hard bounds shared by config validation and request validation.
@@ -51,6 +51,7 @@ pub struct Settings {
     pub inject: InjectSettings,
     pub backend: BackendSettings,
     pub admin: AdminSettings,
+    pub http: HttpSettings,
     pub signing: SigningSettings,
     pub log: LogSettings,
     pub metrics: MetricsSettings,
@@ -134,6 +135,7 @@ impl Settings {
         self.storage.validate()?;
         self.inject.validate()?;
         self.metrics.validate()?;
+        self.http.validate()?;
         let rl = &self.backend.redlock;
         if self.backend.kind == Some(BackendKind::RedLock)
             && rl.request_timeout_ms * 10 > self.sidecar.default_ttl_ms

@@ -368,9 +368,15 @@ fn config_err(field: &'static str, message: impl std::fmt::Display) -> StartErro
 }
 
 /// Serves the egress proxy until `shutdown`.
-pub async fn serve_egress(egress: Arc<Egress>, listener: TcpListener, shutdown: CancellationToken) {
+pub async fn serve_egress(
+    egress: Arc<Egress>,
+    listener: TcpListener,
+    silence: crate::http::conn::Silence,
+    shutdown: CancellationToken,
+) {
     let handler = Arc::new(move |req| egress.clone().handle(req));
-    crate::http::server::serve("proxy", listener, handler, shutdown, Duration::from_secs(5)).await;
+    let drain = Duration::from_secs(5);
+    crate::http::server::serve("proxy", listener, handler, shutdown, drain, silence).await;
 }
 
 /// `fencer sidecar`: runs until `shutdown` fires, then releases every lease.
@@ -384,6 +390,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         "admin",
         admin,
         crate::admin::router(sidecar.admin_state()),
+        sidecar.settings.http.silence(),
         shutdown.clone(),
     ));
     run_with(sidecar, listeners, shutdown).await?;
@@ -429,6 +436,7 @@ pub async fn run_with(
     shutdown: CancellationToken,
 ) -> Result<(), StartError> {
     let api_addr = sidecar.settings.sidecar.listen;
+    let silence = sidecar.settings.http.silence();
     let api = listeners.api;
     let proxy_task = match listeners.proxy {
         Some((egress, listener)) => {
@@ -437,6 +445,7 @@ pub async fn run_with(
             Some(tokio::spawn(serve_egress(
                 egress,
                 listener,
+                silence,
                 shutdown.clone(),
             )))
         }
@@ -454,10 +463,21 @@ pub async fn run_with(
     sidecar.spawn_sweeper();
     sidecar.spawn_renewer();
     sidecar.spawn_failover_watch();
-    let api_task = tokio::spawn(serve("api", api, sidecar.api_router(), shutdown.clone()));
+    let api_task = tokio::spawn(serve(
+        "api",
+        api,
+        sidecar.api_router(),
+        silence,
+        shutdown.clone(),
+    ));
     let unix_task = listeners.api_unix.map(|socket| {
         tracing::info!(api_unix = %sidecar.settings.sidecar.listen_unix, "lock API on unix socket");
-        tokio::spawn(serve_unix(socket, sidecar.api_router(), shutdown.clone()))
+        tokio::spawn(serve_unix(
+            socket,
+            sidecar.api_router(),
+            silence,
+            shutdown.clone(),
+        ))
     });
     shutdown.cancelled().await;
     // Waiters were cancelled by the token; let in-flight calls finish so an

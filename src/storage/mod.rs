@@ -123,6 +123,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     let store = build(&settings).await?;
     let listener = crate::http::listen::bind("storage", settings.storage.listen).await?;
     tracing::info!(listen = %settings.storage.listen, backend = settings.storage.backend.as_str(), "demo storage listening");
-    crate::http::listen::serve("storage", listener, router(store), shutdown).await;
+    let silence = settings.http.silence();
+    crate::http::listen::serve("storage", listener, router(store), silence, shutdown).await;
     Ok(())
 }

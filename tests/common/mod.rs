@@ -313,6 +313,8 @@ pub struct Fencer {
     log: PathBuf,
     _dir: tempfile::TempDir,
     child: Option<Child>,
+    /// RLIMIT_NOFILE for the process, when limited.
+    nofile: Option<u64>,
     pub http: reqwest::Client,
 }
 
@@ -430,12 +432,36 @@ impl Fencer {
         Fencer::start("inject", env, None)
     }
 
+    /// `fencer gateway` whose open files are limited to `nofile`
+    /// (RLIMIT_NOFILE, soft and hard), to test it at the descriptor limit.
+    pub fn gateway_with_nofile(upstream: &str, extra: &[(&str, &str)], nofile: u64) -> Fencer {
+        let mut env: Vec<(String, String)> = vec![
+            ("gateway.upstream".into(), upstream.into()),
+            ("gateway.fence_store".into(), "memory".into()),
+            ("signing.secret_env".into(), "FENCER_TEST_SECRET".into()),
+        ];
+        for (k, v) in extra {
+            env.push(((*k).into(), (*v).into()));
+        }
+        Fencer::start_limited("gateway", env, None, Some(nofile))
+    }
+
     fn start(role: &'static str, env: Vec<(String, String)>, config: Option<&str>) -> Fencer {
+        Fencer::start_limited(role, env, config, None)
+    }
+
+    fn start_limited(
+        role: &'static str,
+        env: Vec<(String, String)>,
+        config: Option<&str>,
+        nofile: Option<u64>,
+    ) -> Fencer {
         // A port checked free can still be taken before the process binds
         // it (by another test's process): start again on other ports.
         let mut last = String::new();
         for _ in 0..5 {
             let mut f = Fencer::prepare(role, env.clone(), config);
+            f.nofile = nofile;
             match f.try_spawn() {
                 Ok(()) => return f,
                 Err(e) if e.contains("Address already in use") => last = e,
@@ -476,6 +502,7 @@ impl Fencer {
             log: dir.path().join("fencer.log"),
             _dir: dir,
             child: None,
+            nofile: None,
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(30))
                 .pool_max_idle_per_host(64)
@@ -535,6 +562,23 @@ impl Fencer {
                     v,
                 ),
             };
+        }
+        if let Some(n) = self.nofile {
+            use std::os::unix::process::CommandExt;
+            let limit = libc::rlimit {
+                rlim_cur: n as libc::rlim_t,
+                rlim_max: n as libc::rlim_t,
+            };
+            // SAFETY: setrlimit is async-signal-safe; nothing else runs
+            // between fork and exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
         }
         self.child = Some(cmd.spawn().unwrap());
         let health = self.health.clone();

@@ -5,6 +5,25 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Where the time goes (issue 29): each phase's wall time, each test
+# binary's and each fault run's, printed as a table at the end — by .ci/run
+# when it runs us, else by us.
+if [ -z "${FENCER_CI_DIR:-}" ]; then
+  FENCER_CI_DIR="$(mktemp -d)"
+  export FENCER_CI_DIR
+  run_start=$(date +%s)
+  trap 'python3 tests/ci_times.py "$FENCER_CI_DIR/phases" "$run_start" "$FENCER_CI_DIR/cargo-test.log" "$FENCER_CI_DIR/faults.log"' EXIT
+fi
+timed() {
+  local name=$1 t0 rc=0
+  shift
+  t0=$(date +%s)
+  "$@" || rc=$?
+  echo "$name $(( $(date +%s) - t0 ))" >> "$FENCER_CI_DIR/phases"
+  return $rc
+}
+
+install_start=$(date +%s)
 need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
@@ -37,10 +56,12 @@ python3 -c "import helm_python" >/dev/null 2>&1 || python3 -m pip install -q "he
 # Python client examples (tests/examples.rs).
 command -v st >/dev/null 2>&1 || python3 -m pip install -q "schemathesis==4.32.5"
 python3 -c "import requests" >/dev/null 2>&1 || python3 -m pip install -q requests
+echo "install (apt-get, pip) $(( $(date +%s) - install_start ))" >> "$FENCER_CI_DIR/phases"
 
-cargo test --all-targets --locked -- --test-threads="${FENCER_TEST_THREADS:-2}"
+timed "build (test profile)" cargo test --all-targets --locked --no-run
+timed "tests (cargo test)" bash -c 'set -o pipefail; cargo test --all-targets --locked -- --test-threads="${FENCER_TEST_THREADS:-2}" 2>&1 | tee "$FENCER_CI_DIR/cargo-test.log"'
 
 # The fault suite's PR tier (docs/faults.md): real processes under seeded
 # faults, histories checked, every mutant must turn it red. It uses the
 # debug binary the tests above built.
-python3 tests/faults/run.py --tier pr
+timed "fault suite (PR tier)" bash -c 'set -o pipefail; python3 tests/faults/run.py --tier pr 2>&1 | tee "$FENCER_CI_DIR/faults.log"'

@@ -33,6 +33,10 @@ pub const MAX_REVIEW_BYTES: usize = 4 * 1024 * 1024;
 /// thousand; the bound keeps the parsed form of a hostile body (an array
 /// of zeros) to what [`VALUE_COST`] accounts for.
 pub const MAX_JSON_VALUES: usize = 50_000;
+/// A body declared larger than [`MAX_REVIEW_BYTES`] but at most this is
+/// read and thrown away before the 413, so the client can read it; a
+/// larger one is refused at once.
+pub const MAX_DRAINED_BYTES: usize = 4 * MAX_REVIEW_BYTES;
 /// Bytes reserved per JSON value for the review's parsed form: a 32-byte
 /// `serde_json::Value`, its map entry and key, the patched copy of the pod
 /// and the JSON patch between them, with the allocator's rounding.
@@ -130,7 +134,12 @@ pub async fn read(
     timeout: Duration,
 ) -> Result<(Bytes, Held), BodyError> {
     let declared = match declared {
-        Some(n) if n > MAX_REVIEW_BYTES as u64 => return Err(BodyError::TooLarge),
+        Some(n) if n > MAX_REVIEW_BYTES as u64 => {
+            if n <= MAX_DRAINED_BYTES as u64 {
+                let _ = tokio::time::timeout(timeout, drain(body)).await;
+            }
+            return Err(BodyError::TooLarge);
+        }
         Some(n) => Some(n as usize),
         None => None,
     };
@@ -141,6 +150,15 @@ pub async fn read(
     let values = count_values(&bytes)?;
     budget.reserve(&mut held, parse_cost(values))?;
     Ok((bytes, held))
+}
+
+/// Reads a body that will be refused and drops its bytes as they come
+/// (nothing is held). Answering before the client has sent it all would
+/// close the connection under a client still writing: it then sees a
+/// broken pipe or a reset instead of the 413, and the kernel may discard
+/// the answer. Bounded by [`MAX_DRAINED_BYTES`] and the body timeout.
+async fn drain(mut body: Body) {
+    while let Some(Ok(_)) = body.frame().await {}
 }
 
 /// The bytes reserved for the parsed form of a body of `values` JSON

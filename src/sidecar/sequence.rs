@@ -62,8 +62,9 @@ pub struct Sequencer {
     /// Above every number an earlier process with this state could have
     /// handed out.
     floor: u64,
-    /// Numbers up to this are covered by the reservation on disk
-    /// (`u64::MAX` without a file: nothing to reserve).
+    /// Numbers up to this are covered by the reservation on disk, or by
+    /// a failed attempt at one (retried at half the window, not per
+    /// request); `u64::MAX` without a file: nothing to reserve.
     reserved: AtomicU64,
     file: Option<PathBuf>,
     /// One reservation write at a time.
@@ -168,6 +169,10 @@ impl Sequencer {
                 tracing::debug!(reserved = target, "write sequences reserved ahead");
             }
             Ok(Err(e)) => {
+                // Not tried again before the next half of this window: a
+                // broken disk must not put a write (and a warning) in
+                // front of every proxied request.
+                self.reserved.store(target, Ordering::Release);
                 self.reservations.with_label_values(&["failed"]).inc();
                 tracing::warn!(
                     path = %path.display(), error = %e,
@@ -248,6 +253,21 @@ mod tests {
             stored >= m,
             "{m} handed out beyond the reservation {stored}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_failing_disk_is_tried_once_per_window_not_per_request() {
+        let dir = tempfile::tempdir().unwrap();
+        let reservations = counter();
+        let s = Arc::new(Sequencer::open(dir.path(), reservations.clone()).unwrap());
+        std::fs::remove_dir_all(dir.path()).unwrap();
+        let far = s.reserved.load(Ordering::Acquire) + 1;
+        let mut n = s.next(far).await;
+        assert!(n >= far, "the number still goes out");
+        for _ in 0..100 {
+            n = s.next(n).await;
+        }
+        assert_eq!(reservations.with_label_values(&["failed"]).get(), 1);
     }
 
     #[test]

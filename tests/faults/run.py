@@ -51,10 +51,19 @@ BASE = {
 }
 
 
+# Every schedule with faults must also hand its keys over this often while
+# they are injected (grants to another client than the key's previous
+# one, first fault to heal: `handovers`), or it is INCONCLUSIVE — the
+# moments M1 is about. The PR tier's families reach 25–60.
+HANDOVER_QUOTA = 10
+
+
 def sc(name, **kw):
     d = dict(BASE)
     d.update(kw)
     d["name"] = name
+    if d["nemesis"]:
+        d["bite"] = {"handovers": HANDOVER_QUOTA, **d.get("bite", {})}
     return d
 
 

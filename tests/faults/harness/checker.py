@@ -27,7 +27,7 @@ class Report:
         return not self.violations
 
 
-def check(events, commits, injections, marks, nemesis, cfg):
+def check(events, commits, injections, marks, nemesis, cfg, observed=None):
     r = Report()
     events = sorted(events, key=lambda e: e["t"])
     writes_ok = {e["op_id"] for e in events if e["f"] == "write" and e["kind"] == "ok"}
@@ -134,6 +134,16 @@ def check(events, commits, injections, marks, nemesis, cfg):
     if len(unexplained) > 3:
         r.violate("M1", f"{len(unexplained) - 3} more overlapping pairs no nemesis admits")
 
+    # M1, the backend as witness: no client is told "held, N ms left" when
+    # the backend's own entry for that lease ends sooner (observer.py).
+    late = late_answers(events, observed or [], windows, slack_ns) if observed else ([], defaultdict(int))
+    for a, bound in late[0][:3]:
+        r.violate("M1", f"{a['key']}: {a['what']} of {a['proc']} (lease {a['tag'][:8]}, token {a['token']}) said "
+                        f"held for {a['left_ms']} ms, {(a['end'] - bound) / 1e6:.0f} ms past the end of its entry "
+                        f"in the backend; no nemesis admits it", [a, {"backend_entry_ended_by": bound}])
+    if len(late[0]) > 3:
+        r.violate("M1", f"{len(late[0]) - 3} more answers said held past the backend's entry")
+
     # L1: waits are bounded by wait_ms (plus backend time), net of pauses of
     # the waiting worker itself.
     pauses = worker_pauses(events, nemesis)
@@ -177,10 +187,16 @@ def check(events, commits, injections, marks, nemesis, cfg):
         # nemesis admitted (by cause in stats["m1_excused"]).
         "m1_overlaps": len(pairs),
         "m1_excused": sum(excused.values()),
+        # "held" answers checked against the backend's own entry (where an
+        # observer samples it), and those that outlived it by more than the
+        # transit slack but inside a nemesis's window.
+        "m1_backend_checked": late[1]["checked"],
+        "m1_backend_excused": late[1]["excused"],
         "indeterminate": len(writes_info),
         "applied": len(commits),
         "acked": len(writes_ok),
         "faults": sum(1 for n in nemesis if n.get("kind") not in NOT_FAULTS),
+        "handovers": handovers_under_faults(events, nemesis),
         # The seams: replies held past the backend request timeout (the
         # proxy's record: the fault landed on a request), releases whose
         # client gave up (short_release_p), acquires answered
@@ -228,6 +244,24 @@ def check(events, commits, injections, marks, nemesis, cfg):
 
 def is_stale_commit(c, commits):
     return False  # an applied stale write already shows as an S1 violation
+
+
+def handovers_under_faults(events, nemesis):
+    """Grants of a key to another client than its previous grant, answered
+    while faults were being injected (first fault to the heal): the
+    moments M1 is about. A run with too few proves little about them."""
+    faults = [n["t"] for n in nemesis if n.get("kind") not in NOT_FAULTS + ("start", "heal")]
+    heal = max([n["t"] for n in nemesis if n.get("kind") == "heal"] or [0])
+    if not faults:
+        return 0
+    lo, hi = min(faults), heal or max(faults)
+    last, n = {}, 0
+    for e in sorted((e for e in events if e["f"] in ("acquire", "hold") and e["kind"] == "ok"),
+                    key=lambda e: e["t"]):
+        if last.get(e["key"], e["proc"]) != e["proc"] and lo <= e["t"] <= hi:
+            n += 1
+        last[e["key"]] = e["proc"]
+    return n
 
 
 def worker_pauses(events, nemesis):
@@ -381,6 +415,62 @@ def m1_pairs(events):
                 if a["tag"] != b["tag"]:
                     out.append((a, b))
     return out
+
+
+def entry_ends(observed):
+    """Per (key, lease tag), the latest time the backend's entry for that
+    lease can have ended, from the observer's samples: the earlier of its
+    last sampled expiry (taken at the sample's end, `t1`: the state was read
+    before then) and the first later sample showing another holder or none
+    (read before that sample's `t1`). A lease sampled live in two separate
+    stretches (re-acquired after a loss: not possible with one lease id,
+    but cheap to allow) keeps the later one."""
+    per_key = defaultdict(list)
+    for o in observed:
+        if "key" in o:
+            per_key[o["key"]].append(o)
+    ends = {}
+    for key, obs in per_key.items():
+        obs.sort(key=lambda o: o["t0"])
+        for i, o in enumerate(obs):
+            if not o["lease"]:
+                continue
+            bound = o["t1"] + o["left_ms"] * 1_000_000 + MOVE_SLACK_NS
+            nxt = obs[i + 1] if i + 1 < len(obs) else None
+            if nxt is not None and nxt["lease"] != o["lease"]:
+                bound = min(bound, nxt["t1"])
+            elif nxt is not None:
+                continue  # the same lease, its expiry moved: the later sample decides
+            ends[(key, lease_tag(o["lease"]))] = bound
+    return ends
+
+
+# The observer writes an expiry only when it moved by more than 20 ms
+# (observer.MOVE_NS): a renewal below that is not seen.
+MOVE_SLACK_NS = 20_000_000
+
+
+def late_answers(events, observed, windows, slack_ns):
+    """"held" spans that outlive their lease's entry in the backend by more
+    than the transit slack, unexcused, as (span, entry end) — and counts of
+    the spans checked and excused. Only leases the observer saw live are
+    checked (an entry shorter than a sampling interval may be missed)."""
+    ends = entry_ends(observed)
+    out, counts = [], defaultdict(int)
+    for spans in held_spans(events).values():
+        for a in spans:
+            bound = ends.get((a["key"], a["tag"]))
+            if bound is None:
+                continue
+            counts["checked"] += 1
+            if a["end"] <= bound + slack_ns:
+                continue
+            late = {"start": bound, "end": a["end"], "key": a["key"], "proc": a["proc"]}
+            if excusing_window(late, late, windows) is not None:
+                counts["excused"] += 1
+                continue
+            out.append((a, bound))
+    return out, counts
 
 
 def excusing_window(a, b, windows):

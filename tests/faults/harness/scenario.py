@@ -8,6 +8,7 @@ import time
 import urllib.request
 
 from . import checker
+from . import observer as observer_mod
 from .cluster import Cluster
 from .nemesis import Nemesis
 
@@ -67,10 +68,15 @@ def run(sc, seed, binary, out_dir, keep=False):
     shutil.rmtree(run_dir, ignore_errors=True)
     os.makedirs(run_dir)
     started = time.monotonic()
-    cluster = None
+    cluster = observer = None
     try:
         cluster = Cluster(sc, run_dir, binary, seed)
         quiet = sc.get("quiet_s", 6)
+        # The backend's own record of each key's holder (where it can be
+        # read directly): the second witness for M1.
+        if observer_mod.Observer.supports(cluster):
+            observer = observer_mod.Observer(cluster, sc["keys"], os.path.join(run_dir, "observer.jsonl"))
+            observer.start()
         cluster.start_workers()
         cluster.event(kind="start")
         nem = Nemesis(cluster, sc["nemesis"], seed, sc["ttl_ms"], tuple(sc.get("interval", (0.3, 1.5))))
@@ -80,13 +86,18 @@ def run(sc, seed, binary, out_dir, keep=False):
             cluster.event(kind="heal")
         cluster.wait_workers(sc["duration_s"] + 60)
         nem.join()
+        if observer:
+            observer.stop()
         events = []
         for w in cluster.workers:
             events += load_history(w.cfg["history"])
         with urllib.request.urlopen(f"http://127.0.0.1:{cluster.storage_port}/_log", timeout=30) as r:
             commits = json.load(r)["log"]
         inj = injections(cluster.sidecars)
-        report = checker.check(events, commits, inj, cluster.marks, cluster.nemesis_events, sc)
+        observed = observer_mod.load(observer.path) if observer else None
+        report = checker.check(events, commits, inj, cluster.marks, cluster.nemesis_events, sc, observed)
+        if observer:
+            report.bites["observer_samples"] = observer.samples
         report.bites.update(seam_counts(s.log_events() for s in cluster.sidecars))
         failover_metrics = cluster.failover_metrics() if (cluster.rset or cluster.rcluster) else None
         redlock_rounds = cluster.redlock_rounds() if cluster.redlock else None
@@ -99,6 +110,8 @@ def run(sc, seed, binary, out_dir, keep=False):
     except Exception as e:
         result = {"name": name, "verdict": "ERROR", "error": repr(e), "dir": run_dir,
                   "seconds": round(time.monotonic() - started, 1)}
+        if observer:
+            observer.stop()
         if cluster:
             cluster.shutdown()
         return result

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use crate::settings::LogFormat;
+use crate::settings::common::LogFormat;
 
 #[derive(Debug, Parser)]
 #[command(

@@ -7,8 +7,10 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::AdminState;
+use crate::gateway::settings::FenceStoreKind;
 use crate::http::listen::{bind, serve};
-use crate::settings::{BackendKind, FenceStoreKind, Settings};
+use crate::lock::settings::BackendKind;
+use crate::settings::Settings;
 use crate::sidecar::Sidecar;
 use crate::start::StartError;
 
@@ -51,7 +53,7 @@ impl Stack {
             settings
                 .sidecar
                 .dapr_lock_stores
-                .push(crate::sidecar::dapr::DaprLockStore {
+                .push(crate::sidecar::dapr_store::DaprLockStore {
                     name: "lockstore".into(),
                     // Shared with /v1/locks on purpose: the walkthrough's
                     // routes map storage paths to these very keys.

@@ -16,7 +16,7 @@ pub enum StartError {
         source: std::io::Error,
     },
     #[error("{0}")]
-    Config(#[from] crate::settings::ConfigError),
+    Config(#[from] crate::settings::check::ConfigError),
     #[error("backend: {0}")]
     Backend(#[from] crate::lock::BackendError),
     #[error("fence store: {0}")]
@@ -25,7 +25,7 @@ pub enum StartError {
 
 impl StartError {
     pub fn config(field: &'static str, message: impl std::fmt::Display) -> StartError {
-        StartError::Config(crate::settings::ConfigError::Invalid {
+        StartError::Config(crate::settings::check::ConfigError::Invalid {
             field,
             message: message.to_string(),
         })

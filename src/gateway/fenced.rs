@@ -18,8 +18,8 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::fence_store::{Decision, FenceError, Stamp};
-use super::handler::Gateway;
 use super::key_queue::KeyTurn;
+use super::state::Gateway;
 use crate::error::ApiError;
 use crate::proxy::watched_body::WatchedBody;
 use crate::proxy::{stream, ProxyBody};

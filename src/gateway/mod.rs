@@ -15,6 +15,7 @@ pub mod handler;
 pub mod key_queue;
 mod preregister;
 pub mod settings;
+mod state;
 mod verify;
 
 use std::sync::Arc;
@@ -26,13 +27,14 @@ use self::fence_store::memory::MemoryFences;
 use self::fence_store::mysql::{MyFenceOptions, MyFences};
 use self::fence_store::postgres::{PgFenceOptions, PgFences};
 use self::fence_store::FenceStore;
-use self::handler::Gateway;
 use self::key_queue::KeyQueue;
+use self::state::Gateway;
 use crate::admin::{AdminState, Readiness, ReadyFuture};
+use crate::gateway::settings::FenceStoreKind;
 use crate::metrics::{GatewayMetrics, Groups};
 use crate::proxy::forward::Forwarder;
 use crate::routes::Routes;
-use crate::settings::{FenceStoreKind, Settings};
+use crate::settings::Settings;
 use crate::start::StartError;
 use crate::token::Keyring;
 

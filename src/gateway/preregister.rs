@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use super::fence_store::{Decision, FenceError};
 use super::fenced::stale;
-use super::handler::{json_ok, Gateway, TOKEN_HEADER};
+use super::state::{json_ok, Gateway, TOKEN_HEADER};
 use crate::error::ApiError;
 use crate::proxy::ProxyBody;
 

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 
 use serde::Deserialize;
 
-use crate::settings::{
+use crate::settings::check::{
     check_http_url, check_key_id, check_methods, check_range, config_enum, invalid, ConfigError,
 };
 

@@ -4,7 +4,7 @@
 use hyper::body::Incoming;
 use hyper::{Request, StatusCode};
 
-use super::handler::{Gateway, KEY_HEADER, SEQ_HEADER, TOKEN_HEADER};
+use super::state::{Gateway, KEY_HEADER, SEQ_HEADER, TOKEN_HEADER};
 use crate::error::ApiError;
 use crate::routes::path::{normalize_uri, PathError};
 use crate::token::Claim;

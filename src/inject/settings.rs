@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 
 use serde::Deserialize;
 
-use crate::settings::{check_range, invalid, ConfigError};
+use crate::settings::check::{check_range, invalid, ConfigError};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -128,7 +128,7 @@ impl InjectSettings {
             ));
         }
         if !self.gateway_url.is_empty() {
-            crate::settings::check_http_url("inject.gateway_url", &self.gateway_url)?;
+            crate::settings::check::check_http_url("inject.gateway_url", &self.gateway_url)?;
         }
         let ports = [
             ("inject.lock_api_port", self.lock_api_port),

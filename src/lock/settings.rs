@@ -7,7 +7,7 @@ pub use super::postgres::settings::PostgresSettings;
 pub use super::redis::settings::{RedisMode, RedisSettings, TokenMode};
 pub use super::redlock::settings::RedLockSettings;
 pub use super::zookeeper::settings::ZooKeeperSettings;
-use crate::settings::{config_enum, ConfigError};
+use crate::settings::check::{config_enum, ConfigError};
 
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
 #[serde(try_from = "String")]

@@ -24,7 +24,7 @@ pub use self::gateway::GatewayMetrics;
 pub use self::inject::INJECT;
 pub use self::sidecar::Metrics;
 
-use crate::settings::MetricsSettings;
+use crate::settings::common::MetricsSettings;
 
 /// Lock waits span sub-millisecond local handoffs to minutes-long queues.
 pub(crate) const WAIT_BUCKETS: &[f64] = &[
@@ -229,7 +229,7 @@ mod tests {
         let g = Groups::new(&MetricsSettings {
             group_separator: ":".into(),
             max_groups: 2,
-            group_rules: vec![crate::settings::GroupRule {
+            group_rules: vec![crate::settings::common::GroupRule {
                 pattern: "^tenant-[0-9]+/orders/".into(),
                 group: "orders".into(),
             }],

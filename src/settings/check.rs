@@ -136,3 +136,28 @@ pub(crate) fn check_secret(field: &'static str, secret: Vec<u8>) -> Result<Vec<u
     }
     Ok(secret)
 }
+
+/// Implements `TryFrom<String>` for a config enum so that an unknown value
+/// is reported with the list of allowed ones.
+macro_rules! config_enum {
+    ($ty:ident { $($variant:ident => $name:literal),+ $(,)? }) => {
+        impl TryFrom<String> for $ty {
+            type Error = String;
+            fn try_from(value: String) -> Result<Self, String> {
+                match value.as_str() {
+                    $($name => Ok($ty::$variant),)+
+                    other => Err(format!(
+                        "unknown value `{other}`; allowed: {}",
+                        [$($name),+].join(", ")
+                    )),
+                }
+            }
+        }
+        impl $ty {
+            pub fn as_str(self) -> &'static str {
+                match self { $($ty::$variant => $name,)+ }
+            }
+        }
+    };
+}
+pub(crate) use config_enum;

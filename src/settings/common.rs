@@ -5,8 +5,8 @@ use std::net::SocketAddr;
 
 use serde::Deserialize;
 
+use super::check::config_enum;
 use super::check::{check_key_id, invalid, ConfigError};
-use super::config_enum;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -59,13 +59,13 @@ impl HttpSettings {
     }
 
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
-        super::check_range(
+        super::check::check_range(
             "http.first_byte_timeout_ms",
             self.first_byte_timeout_ms,
             100,
             300_000,
         )?;
-        super::check_range("http.idle_timeout_ms", self.idle_timeout_ms, 100, 3_600_000)
+        super::check::check_range("http.idle_timeout_ms", self.idle_timeout_ms, 100, 3_600_000)
     }
 }
 

@@ -11,8 +11,8 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-mod check;
-mod common;
+pub mod check;
+pub mod common;
 
 pub use crate::gateway::settings::{FenceStoreKind, GatewayKey, GatewaySettings, VerifyKey};
 pub use crate::inject::settings::InjectSettings;
@@ -22,9 +22,7 @@ pub use crate::lock::settings::{
 };
 pub use crate::sidecar::settings::{ProxySettings, SidecarSettings};
 pub use crate::storage::settings::StorageSettings;
-pub(crate) use check::{
-    check_http_url, check_key_id, check_methods, check_range, invalid, read_secret,
-};
+use check::{invalid, read_secret};
 pub use check::{redact_url, ConfigError};
 pub use common::{
     AdminSettings, GroupRule, HttpSettings, LogFormat, LogSettings, MetricsSettings,
@@ -32,14 +30,7 @@ pub use common::{
 };
 
 /// Hard bounds shared by config validation and request validation.
-pub mod limits {
-    pub const MIN_TTL_MS: u64 = 100;
-    pub const MAX_TTL_MS: u64 = 3_600_000;
-    pub const MAX_WAIT_MS: u64 = 300_000;
-    pub const MAX_KEY_BYTES: usize = 512;
-    pub const MAX_OWNER_BYTES: usize = 256;
-    pub const MAX_BODY_BYTES: usize = 16 * 1024;
-}
+pub mod limits;
 
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(default, deny_unknown_fields)]
@@ -60,31 +51,6 @@ pub struct Settings {
     #[serde(skip)]
     pub signing_secret_override: Option<Vec<u8>>,
 }
-
-/// Implements `TryFrom<String>` for a config enum so that an unknown value
-/// is reported with the list of allowed ones.
-macro_rules! config_enum {
-    ($ty:ident { $($variant:ident => $name:literal),+ $(,)? }) => {
-        impl TryFrom<String> for $ty {
-            type Error = String;
-            fn try_from(value: String) -> Result<Self, String> {
-                match value.as_str() {
-                    $($name => Ok($ty::$variant),)+
-                    other => Err(format!(
-                        "unknown value `{other}`; allowed: {}",
-                        [$($name),+].join(", ")
-                    )),
-                }
-            }
-        }
-        impl $ty {
-            pub fn as_str(self) -> &'static str {
-                match self { $($ty::$variant => $name,)+ }
-            }
-        }
-    };
-}
-pub(crate) use config_enum;
 
 impl Settings {
     /// Loads defaults, then `path` (if any), then `FENCER__…` variables.

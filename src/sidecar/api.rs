@@ -5,7 +5,6 @@
 //! encoding, oversized body, unknown route), becomes the JSON error shape.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection};
@@ -17,25 +16,17 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
 
-use super::locks::LockManager;
+use super::api_state::ApiState;
 use super::request;
 use crate::error::ApiError;
-use crate::metrics::Metrics;
 use crate::settings::limits::MAX_BODY_BYTES;
-
-pub struct ApiState {
-    pub locks: Arc<LockManager>,
-    pub metrics: Arc<Metrics>,
-    pub defaults: request::Defaults,
-    pub hold_heartbeat: Duration,
-    pub shutdown: tokio_util::sync::CancellationToken,
-    /// Dapr lock stores served at `/v1.0-alpha1/{lock,unlock}/{store}`.
-    pub dapr_stores: Vec<super::dapr::DaprLockStore>,
-}
 
 type St = State<Arc<ApiState>>;
 
-pub fn router(state: Arc<ApiState>) -> Router {
+/// The lock API, with `extra` routes (the Dapr lock API) under the same
+/// body limit, request counting and JSON fallbacks; passed in so this
+/// module need not import their handlers.
+pub fn router(state: Arc<ApiState>, extra: Router<Arc<ApiState>>) -> Router {
     Router::new()
         .route("/v1/locks", get(list))
         .route("/v1/locks/{key}", get(get_one))
@@ -44,9 +35,8 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/v1/locks/{key}/release", post(release))
         .route("/v1/locks/{key}/hold", post(hold))
         .route("/v1/locks/{key}/keepalive", post(keepalive))
-        .route("/v1.0-alpha1/lock/{store}", post(super::dapr::lock))
-        .route("/v1.0-alpha1/unlock/{store}", post(super::dapr::unlock))
         .route("/openapi.json", get(openapi))
+        .merge(extra)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))

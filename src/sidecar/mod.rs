@@ -1,7 +1,9 @@
 //! The sidecar role: the lock API beside an application.
 
 pub mod api;
+pub mod api_state;
 pub mod dapr;
+pub mod dapr_store;
 pub mod egress;
 pub mod hold;
 pub mod leases;
@@ -31,12 +33,13 @@ use crate::lock::mysql::MySqlBackend;
 use crate::lock::postgres::PgBackend;
 use crate::lock::redis::RedisBackend;
 use crate::lock::redlock::RedLockBackend;
+use crate::lock::settings::BackendKind;
 use crate::lock::zookeeper::ZooKeeperBackend;
 use crate::lock::{DynBackend, WakeSink};
 use crate::metrics::Metrics;
 use crate::proxy::forward::Forwarder;
 use crate::routes::Routes;
-use crate::settings::{BackendKind, Settings};
+use crate::settings::Settings;
 use crate::start::StartError;
 use crate::token::Signer;
 
@@ -241,7 +244,7 @@ impl Sidecar {
 
     pub fn api_router(&self) -> axum::Router {
         let s = &self.settings.sidecar;
-        api::router(Arc::new(api::ApiState {
+        let state = Arc::new(api_state::ApiState {
             locks: self.locks.clone(),
             metrics: self.metrics.clone(),
             defaults: request::Defaults {
@@ -252,7 +255,8 @@ impl Sidecar {
             hold_heartbeat: Duration::from_millis(s.hold_heartbeat_ms),
             shutdown: self.shutdown.clone(),
             dapr_stores: s.dapr_lock_stores.clone(),
-        }))
+        });
+        api::router(state, dapr::routes())
     }
 
     /// The egress proxy, if enabled.

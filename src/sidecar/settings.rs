@@ -5,8 +5,8 @@ use std::net::SocketAddr;
 
 use serde::Deserialize;
 
+use crate::settings::check::{check_http_url, check_methods, check_range, invalid, ConfigError};
 use crate::settings::limits::*;
-use crate::settings::{check_http_url, check_methods, check_range, invalid, ConfigError};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -56,7 +56,7 @@ pub struct SidecarSettings {
     /// Dapr lock stores served by the lock API (`/v1.0-alpha1/lock/{name}`),
     /// each a key prefix on this sidecar's backend. Empty: the Dapr API
     /// answers 400 ERR_LOCK_STORE_NOT_FOUND.
-    pub dapr_lock_stores: Vec<super::dapr::DaprLockStore>,
+    pub dapr_lock_stores: Vec<super::dapr_store::DaprLockStore>,
     /// A directory that survives a restart of this sidecar (in Kubernetes:
     /// an `emptyDir`, which the injector mounts), where the proxy reserves
     /// write sequence numbers ahead of handing them out. With it, leases
@@ -150,7 +150,7 @@ impl Default for ProxySettings {
 impl SidecarSettings {
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         let s = self;
-        super::dapr::validate(&s.dapr_lock_stores)?;
+        super::dapr_store::validate(&s.dapr_lock_stores)?;
         if !s.listen_unix.is_empty()
             && (!s.listen_unix.starts_with('/') || s.listen_unix.len() > 100)
         {

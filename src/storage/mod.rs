@@ -20,7 +20,8 @@ use tokio_util::sync::CancellationToken;
 
 pub use self::store::{KvStore, MemoryKv, PgKv};
 use crate::error::ApiError;
-use crate::settings::{FenceStoreKind, Settings};
+use crate::gateway::settings::FenceStoreKind;
+use crate::settings::Settings;
 use crate::start::StartError;
 
 const MAX_VALUE_BYTES: usize = 1 << 20;

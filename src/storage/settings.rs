@@ -4,7 +4,9 @@ use std::net::SocketAddr;
 
 use serde::Deserialize;
 
-use crate::settings::{invalid, ConfigError, FenceStoreKind};
+use crate::settings::check::{invalid, ConfigError};
+
+use crate::gateway::settings::FenceStoreKind;
 
 /// The demo key-value storage (`fencer storage`, and inside `fencer dev`).
 #[derive(Debug, Clone, Deserialize)]

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tracing_subscriber::EnvFilter;
 
-use crate::settings::{LogFormat, LogSettings};
+use crate::settings::common::{LogFormat, LogSettings};
 
 /// Installs the global subscriber. `RUST_LOG`, when set, wins over the
 /// configured level so an operator can raise verbosity without a new config.

@@ -20,10 +20,10 @@ use deadpool_postgres::Pool;
 use super::{
     Attempt, BackendError, LeaseId, LockBackend, LockKey, Ownership, WakeSink, WatchGuard,
 };
+use crate::lock::settings::PostgresSettings;
 use crate::pg::listener::Listener;
 use crate::pg::runner::{Lent, Undo};
 use crate::pg::{RunError, Runner};
-use crate::settings::PostgresSettings;
 
 /// Prefix of the NOTIFY channels of lock releases.
 const CHANNEL_PREFIX: &str = "fencer";

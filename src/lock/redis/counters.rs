@@ -29,7 +29,7 @@
 //! `volatile-*`, and an evicted counter the floor has not passed yet lets
 //! tokens go back; counters without a TTL are only evicted by `allkeys-*`.
 
-use crate::settings::{invalid, ConfigError};
+use crate::settings::check::{invalid, ConfigError};
 
 /// A day: tokens survive a server clock step back of up to a day.
 pub const DEFAULT_IDLE_TTL_MS: u64 = 86_400_000;

@@ -128,7 +128,7 @@ impl RedisBackend {
                         metrics.master.with_label_values(&[&address]).set(1);
                         address
                     }
-                    Err(_) => crate::settings::redact_url(&settings.url),
+                    Err(_) => crate::settings::check::redact_url(&settings.url),
                 };
                 let config = client::manager_config(timeout, connect_timeout);
                 let conn = ConnectionManager::new_lazy_with_config(client.clone(), config)

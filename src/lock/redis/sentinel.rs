@@ -417,7 +417,7 @@ fn role_is_master(role: &[redis::Value]) -> bool {
 }
 
 fn redact(url: &str) -> String {
-    crate::settings::redact_url(url)
+    crate::settings::check::redact_url(url)
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 use serde::Deserialize;
 
 use super::counters::CounterPolicy;
-use crate::settings::{check_range, config_enum, invalid, ConfigError};
+use crate::settings::check::{check_range, config_enum, invalid, ConfigError};
 
 /// How Redis mints fencing tokens.
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]

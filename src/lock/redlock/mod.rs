@@ -126,7 +126,7 @@ impl RedLockBackend {
                     u.host_str().unwrap_or_default(),
                     u.port().unwrap_or(6379)
                 ),
-                Err(_) => crate::settings::redact_url(url),
+                Err(_) => crate::settings::check::redact_url(url),
             };
             masters.push(Master {
                 name,

@@ -4,7 +4,7 @@
 use serde::Deserialize;
 
 use crate::lock::redis::counters::CounterPolicy;
-use crate::settings::{check_range, invalid, ConfigError};
+use crate::settings::check::{check_range, invalid, ConfigError};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::settings::{check_range, invalid, ConfigError};
+use crate::settings::check::{check_range, invalid, ConfigError};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]

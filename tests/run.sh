@@ -63,5 +63,7 @@ timed "tests (cargo test)" bash -c 'set -o pipefail; cargo test --all-targets --
 
 # The fault suite's PR tier (docs/faults.md): real processes under seeded
 # faults, histories checked, every mutant must turn it red. It uses the
-# debug binary the tests above built.
-timed "fault suite (PR tier)" bash -c 'set -o pipefail; python3 tests/faults/run.py --tier pr 2>&1 | tee "$FENCER_CI_DIR/faults.log"'
+# debug binary the tests above built. Two runs at a time: a run keeps a
+# quarter of a core busy (most of it waits on its schedule), so two fit on
+# two cores with room for their bursts; every family still runs every time.
+timed "fault suite (PR tier)" bash -c 'set -o pipefail; python3 tests/faults/run.py --tier pr --jobs "${FENCER_FAULT_JOBS:-2}" 2>&1 | tee "$FENCER_CI_DIR/faults.log"'

@@ -477,6 +477,66 @@ def counter_override(a):
     return a.counter_override == "yes"
 
 
+def run_scenario(s, seed, binary, out, keep):
+    """One seeded run. A run the harness could not carry out (ERROR: a
+    server that did not start, a port taken meanwhile) is run once more
+    with the same seed, and says so; its verdict is the second one's."""
+    r = scenario.run(s, seed, binary, out, keep)
+    if r["verdict"] == "ERROR":
+        first = r.get("error", "")
+        r = scenario.run(s, seed, binary, out, keep)
+        r["retried_after_error"] = first
+    return r
+
+
+def run_directed(m, kind, test, name, binary, out, seed):
+    """One directed kill test of mutant `m`: the Python directed-rmw
+    scenario, or a Rust regression test with the mutant switched on."""
+    t0 = time.monotonic()
+    if kind == "python":
+        r = directed_rmw(binary, out, seed, {"gateway": [m]})
+        r["name"] = name
+        return r
+    killed, text = directed_rust(m, kind, test)
+    r = {"name": name, "verdict": "FAIL" if killed else "PASS",
+         "seconds": round(time.monotonic() - t0, 1), "test": f"{kind}::{test}"}
+    if not killed:
+        r["error"] = "mutant survived: " + text[-300:]
+    return r
+
+
+def _job_length(job):
+    """Longest first (a directed test: seconds; a run: its duration)."""
+    _, fn, args = job
+    return args[0].get("duration_s", 40) if fn is run_scenario else 5
+
+
+def _take_port_slice(counter, n):
+    """Gives this job process a port range of its own (1/n of the
+    harness's), so runs in different processes never pick one port."""
+    with counter.get_lock():
+        i = counter.value
+        counter.value += 1
+    span = 20000 // n
+    os.environ["FENCER_FAULTS_PORTS"] = f"{10000 + i * span}-{10000 + (i + 1) * span}"
+
+
+def run_jobs(jobs, n, record):
+    if n <= 1:
+        for expect, fn, args in jobs:
+            record(fn(*args), expect)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    ctx = multiprocessing.get_context("fork")
+    counter = ctx.Value("i", 0)
+    ordered = sorted(jobs, key=_job_length, reverse=True)
+    with ProcessPoolExecutor(n, mp_context=ctx, initializer=_take_port_slice, initargs=(counter, n)) as ex:
+        futures = {ex.submit(fn, *args): expect for expect, fn, args in ordered}
+        for f in as_completed(futures):
+            record(f.result(), futures[f])
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tier", choices=["pr", "long"], default=None)
@@ -491,6 +551,8 @@ def main():
     ap.add_argument("--bin", default=os.path.join(ROOT, "target", "debug", "fencer"))
     ap.add_argument("--keep", action="store_true", help="keep the files of passing runs too")
     ap.add_argument("--skip-directed", action="store_true")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="runs at once (each in a process of its own, on a port range of its own)")
     ap.add_argument("--counter-override", choices=["auto", "yes", "no"], default="auto",
                     help=f"pass {COUNTER_OVERRIDE} = true to the counter_tokens mutant's sidecars "
                          "(auto: if the binary accepts it)")
@@ -545,6 +607,13 @@ def main():
                 print(f"      {v['property']}: {v['message']}", flush=True)
                 for ev in v["evidence"][:6]:
                     print(f"        {json.dumps(ev, default=str)[:300]}", flush=True)
+
+    # Every run is a job; `--jobs N` runs N at once (each in a process of
+    # its own, on ports of its own), longest first.
+    jobs = []
+
+    def later(expect, fn, *args):
+        jobs.append((expect, fn, args))
 
     schedules = []
     if a.tier == "pr" or a.only:
@@ -604,7 +673,7 @@ def main():
                                       bite={"stale_at_gateway": 100, "expiries_while_paused": 30}))
     for i, s in enumerate(schedules):
         for rep in range(a.repeat):
-            record(scenario.run(s, seed + 101 * i + rep, a.bin, a.out, a.keep), "PASS")
+            later("PASS", run_scenario, s, seed + 101 * i + rep, a.bin, a.out, a.keep)
 
     mutants = []
     if a.tier == "pr":
@@ -621,16 +690,16 @@ def main():
                 s = dict(base, **SENTINEL_MUTANTS[m])
                 if m == "counter_tokens" and counter_override(a):
                     s["sidecar_settings"] = {COUNTER_OVERRIDE: "true"}
-                record(scenario.run(s, s_seed, a.bin, a.out, a.keep), "FAIL")
+                later("FAIL", run_scenario, s, s_seed, a.bin, a.out, a.keep)
             if m in REDLOCK_MUTANTS and a.mutant:  # the PR tier runs its directed test only
                 base = next(f for f in FAMILIES if f["name"] == "redlock-majority-restarts")
-                record(scenario.run(dict(base, **REDLOCK_MUTANTS[m]), s_seed, a.bin, a.out, a.keep), "FAIL")
+                later("FAIL", run_scenario, dict(base, **REDLOCK_MUTANTS[m]), s_seed, a.bin, a.out, a.keep)
             if m in ZOOKEEPER_MUTANTS and a.mutant:  # the PR tier runs its directed test only
                 base = next(f for f in FAMILIES if f["name"] == "zk-session")
-                record(scenario.run(dict(base, **ZOOKEEPER_MUTANTS[m]), s_seed, a.bin, a.out, a.keep), "FAIL")
+                later("FAIL", run_scenario, dict(base, **ZOOKEEPER_MUTANTS[m]), s_seed, a.bin, a.out, a.keep)
             if m in MYSQL_MUTANTS and a.mutant:  # not in the PR tier
                 base = next(f for f in FAMILIES if f["name"] == "mysql-cut")
-                record(scenario.run(dict(base, **MYSQL_MUTANTS[m]), s_seed, a.bin, a.out, a.keep), "FAIL")
+                later("FAIL", run_scenario, dict(base, **MYSQL_MUTANTS[m]), s_seed, a.bin, a.out, a.keep)
             # The PR tier runs the seams' directed tests only: their random
             # kills (6/6 to 9/9 measured, 2/3 for undo_by_lease on MySQL)
             # are not certain enough to gate CI on; `--mutant` runs them.
@@ -638,7 +707,7 @@ def main():
                 s = dict(SEAMS, **SEAM_MUTANTS[m])
                 if a.backend and a.mutant:
                     s["backend"] = a.backend
-                record(scenario.run(s, s_seed, a.bin, a.out, a.keep), "FAIL")
+                later("FAIL", run_scenario, s, s_seed, a.bin, a.out, a.keep)
             if m in RANDOM_MUTANTS:
                 overrides, roles = RANDOM_MUTANTS[m]
                 base = next((f for f in FAMILIES if f["name"] == "pause-short"), BASE)
@@ -647,27 +716,17 @@ def main():
                     # sidecars (--mutant <name> --backend mysql).
                     base = dict(base, backend=a.backend)
                 s = with_mutants(dict(base, duration_s=25, bite={}), overrides, roles)
-                record(scenario.run(s, s_seed, a.bin, a.out, a.keep), "FAIL")
+                later("FAIL", run_scenario, s, s_seed, a.bin, a.out, a.keep)
             tests = DIRECTED_MUTANTS.get(m, []) if not a.skip_directed else []
             for kind, test in ([tests] if isinstance(tests, tuple) else tests):
                 # A mutant may have several directed tests (one per
                 # backend): each must kill it.
-                t0 = time.monotonic()
                 name = f"directed:{m}" + (f":{test.split('_')[0]}" if isinstance(tests, list) else "")
-                if kind == "python":
-                    r = directed_rmw(a.bin, a.out, s_seed, {"gateway": [m]})
-                    r["name"] = name
-                else:
-                    killed, out = directed_rust(m, kind, test)
-                    r = {"name": name, "verdict": "FAIL" if killed else "PASS",
-                         "seconds": round(time.monotonic() - t0, 1), "test": f"{kind}::{test}"}
-                    if not killed:
-                        r["error"] = "mutant survived: " + out[-300:]
-                record(r, "FAIL")
+                later("FAIL", run_directed, m, kind, test, name, a.bin, a.out, s_seed)
     if a.tier == "pr" and not a.skip_directed:
         # The directed scenario must be green on the real build.
-        r = directed_rmw(a.bin, a.out, seed, {})
-        record(r, "PASS")
+        later("PASS", directed_rmw, a.bin, a.out, seed, {})
+    run_jobs(jobs, a.jobs, record)
 
     safety = [r for r in results if r["expect"] == "PASS"]
     stale = sum(r.get("bites", {}).get("stale_at_gateway", 0) for r in safety)

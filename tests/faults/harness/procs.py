@@ -37,6 +37,15 @@ def faketime_env(offset):
 _used_ports = set()
 
 
+def _port_range():
+    """The ports this process may take: 10000–30000, or the slice
+    `FENCER_FAULTS_PORTS=lo-hi` that `run.py --jobs` gives each of its job
+    processes (`_used_ports` keeps one process from reusing a port; the
+    slices keep processes apart)."""
+    lo, _, hi = os.environ.get("FENCER_FAULTS_PORTS", "10000-30000").partition("-")
+    return int(lo), int(hi)
+
+
 def free_port():
     """A free port below the kernel's ephemeral range (outgoing connections
     never take it between our check and the bind)."""
@@ -45,7 +54,8 @@ def free_port():
         s.bind(("127.0.0.1", 0))
         p = s.getsockname()[1]
         s.close()
-        p = 10000 + (p % 20000)
+        lo, hi = _port_range()
+        p = lo + (p % (hi - lo))
         if p in _used_ports:
             continue
         t = socket.socket()

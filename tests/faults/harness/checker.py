@@ -406,6 +406,8 @@ FAILOVER_KINDS = ("failover", "lossy_failover", "shard_failover")
 UNAVAILABILITY_KINDS = FAILOVER_KINDS + ("kill_zk_leader", "kill_mysql")
 # Nemesis events that report rather than inflict.
 NOT_FAULTS = ("heal", "cluster_healthy", "zk_healthy", "zk_leader_elected", "admits_overlap", "late_reply_fired")
+# The proxy's and the probes' records of late_request (late_requests.py).
+NOT_FAULTS += ("late_request_fired", "late_request_delivered", "late_request_probe")
 
 
 def unavailability(events, nemesis):

@@ -29,6 +29,11 @@ to the histories. Families:
                   out and retries (PITFALLS 11: an undo that a retry can
                   share); every backend with a proxied link (Redis,
                   PostgreSQL, MySQL, ZooKeeper, RedLock masters)
+  late_request    the mirror of late_reply: the next *request* naming a
+                  scenario key (or aimed at an acquire or a release) is held
+                  1.1–1.5× the request timeout, then delivered — a
+                  statement that lands after its caller gave up
+                  (late_requests.py; Redis, PostgreSQL, MySQL)
   slow_preregistration  one sidecar's link to its gateway delays every
                   answer 1.2–2× the TTL for a while: an acquire's token
                   pre-registration ends after its lease did (PITFALLS 12:
@@ -108,6 +113,7 @@ import subprocess
 import threading
 import time
 
+from . import late_requests
 from .procs import lock_key
 from .zkclient import ZkClient, key_dir, sequence
 
@@ -116,7 +122,7 @@ from .zkclient import ZkClient, key_dir, sequence
 # sentinel set, or a cluster, by backend.
 NEEDS_SINGLE_BACKEND = {"net_lock", "pause_backend", "kill_backend"}
 # A proxied link to the lock backend (none on the sentinel set or the cluster).
-NEEDS_LOCK_LINK = {"late_reply"}
+NEEDS_LOCK_LINK = {"late_reply", "late_request"}
 NEEDS_SENTINELS = {"failover", "lossy_failover"}
 NEEDS_CLUSTER = {"shard_failover"}
 NEEDS_REDLOCK = {"kill_master_empty", "kill_masters_empty", "pause_master"}
@@ -446,6 +452,14 @@ class Nemesis:
             # The held reply is still on its way: let it land before the
             # next fault (one on the same connection would queue behind it).
             time.sleep(ms / 1000)
+
+    def late_request(self):
+        """Holds the next request that names a scenario key (or, aimed,
+        an acquire or a release: `late_request_aims`) on one lock-backend
+        link 1.1–1.5× the sidecars' request timeout, then delivers it: the
+        statement lands after its caller gave up (harness/late_requests.py,
+        which also reads the key's entry twice after it landed: O1)."""
+        late_requests.fire(self)
 
     def slow_preregistration(self):
         """One sidecar's link to its gateway delays every answer 1.2–2× the

@@ -231,6 +231,19 @@ SEAMS = sc("seams", backend="mysql", ttl_ms=1500, think_ms=[50, 400], self_pause
            bite={"late_replies": 4, "releases_given_up": 1, "expired_before_answer": 1, "acked": 60,
                  "late_requests": 2})
 FAMILIES += [SEAMS]
+# Redis that may evict lock entries (issue 28, PITFALLS 14;
+# harness/eviction.py): a single Redis with maxmemory 8 MB, started with an
+# evicting policy chosen per run (allkeys-lru or volatile-lru) — the
+# sidecars must not answer one acquire "held" until the nemesis sets
+# noeviction (E1) — then the evicting policy set live for 3–5 s with
+# memory filled at once (Redis evicts before the sidecars' next check,
+# 500 ms: the window `eviction_policy` names that), and memory filled under
+# noeviction (OOM: acquires refused). No pauses: M1 holds outside the
+# windows. In the PR tier.
+EVICTION = sc("redis-eviction", redis_eviction=True, redis_aof=False, self_pause_p=0.0, duration_s=30,
+              interval=(0.5, 1.5), nemesis=["evict_policy", "evict_policy", "evict_fill"],
+              bite={"eviction_flips": 2, "refused_unsafe": 10, "evicted_keys": 1, "acked": 60})
+FAMILIES += [EVICTION]
 SENTINEL_FAMILIES = [f for f in FAMILIES if f["backend"] == "redis-sentinel"]
 CLUSTER_FAMILIES = [f for f in FAMILIES if f["backend"] == "redis-cluster"]
 REDLOCK_FAMILIES = [f for f in FAMILIES if f["backend"] == "redlock"]
@@ -239,6 +252,7 @@ MYSQL_FAMILIES = [f for f in FAMILIES if f["backend"] == "mysql" and f is not SE
 # Families bound to the topology they fail: never re-targeted by --backend.
 TOPOLOGY_FAMILIES = (SENTINEL_FAMILIES + CLUSTER_FAMILIES + REDLOCK_FAMILIES + ZOOKEEPER_FAMILIES
                      + MYSQL_FAMILIES)
+TOPOLOGY_FAMILIES += [EVICTION]  # a single Redis's memory policy
 
 # No faults: the throughput the fault runs are compared with.
 BASELINE = sc("baseline", nemesis=[], self_pause_p=0.0)
@@ -334,6 +348,14 @@ SEAM_MUTANTS = {
     "release_in_request": dict(name="m-release-in-request", nemesis=["late_reply"], interval=(0.2, 0.6),
                                short_release_p=1.0, duration_s=25, bite={}, late_reply_aims=["release"],
                                mutants={"sidecar": ["release_in_request"]}),
+}
+
+# The eviction check switched off, on the redis-eviction schedule: the
+# sidecars use the evicting Redis at start-up and after every live change
+# (E1), and evicted entries give second holders (M1). `--mutant` only (the
+# PR tier runs its directed tests).
+EVICTION_MUTANTS = {
+    "eviction_unchecked": dict(name="m-eviction-unchecked", bite={}, mutants={"sidecar": ["eviction_unchecked"]}),
 }
 
 # Configuration mutants on a sentinel set: a scenario whose settings switch
@@ -629,6 +651,8 @@ def main():
             if m in ZOOKEEPER_MUTANTS and a.mutant:  # the PR tier runs its directed test only
                 base = next(f for f in FAMILIES if f["name"] == "zk-session")
                 record(scenario.run(dict(base, **ZOOKEEPER_MUTANTS[m]), s_seed, a.bin, a.out, a.keep), "FAIL")
+            if m in EVICTION_MUTANTS and a.mutant:  # the PR tier runs its directed tests only
+                record(scenario.run(dict(EVICTION, **EVICTION_MUTANTS[m]), s_seed, a.bin, a.out, a.keep), "FAIL")
             if m in MYSQL_MUTANTS and a.mutant:  # not in the PR tier
                 base = next(f for f in FAMILIES if f["name"] == "mysql-cut")
                 record(scenario.run(dict(base, **MYSQL_MUTANTS[m]), s_seed, a.bin, a.out, a.keep), "FAIL")

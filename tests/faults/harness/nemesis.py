@@ -34,6 +34,11 @@ to the histories. Families:
                   1.1–1.5× the request timeout, then delivered — a
                   statement that lands after its caller gave up
                   (late_requests.py; Redis, PostgreSQL, MySQL)
+  evict_policy    Redis (a `redis_eviction` run: small maxmemory, started
+                  with an evicting policy): CONFIG SET noeviction, or the
+                  run's evicting policy live for 3–5 s with memory filled
+                  at once, and back (eviction.py)
+  evict_fill      Redis: big keys with a TTL until OOM or eviction
   slow_preregistration  one sidecar's link to its gateway delays every
                   answer 1.2–2× the TTL for a while: an acquire's token
                   pre-registration ends after its lease did (PITFALLS 12:
@@ -113,7 +118,7 @@ import subprocess
 import threading
 import time
 
-from . import late_requests
+from . import eviction, late_requests
 from .procs import lock_key
 from .zkclient import ZkClient, key_dir, sequence
 
@@ -128,6 +133,8 @@ NEEDS_CLUSTER = {"shard_failover"}
 NEEDS_REDLOCK = {"kill_master_empty", "kill_masters_empty", "pause_master"}
 NEEDS_ZOOKEEPER = {"kill_zk_leader", "partition_zk", "pause_sidecar_long"}
 NEEDS_MYSQL = {"kill_mysql", "cut_mysql", "clock_mysql"}
+# A single Redis started by a `redis_eviction` scenario (harness/eviction.py).
+NEEDS_REDIS_EVICTION = {"evict_policy", "evict_fill"}
 MULTI_NODE_BACKENDS = {"redis-sentinel", "redis-cluster"}
 # Nemesis time one failover takes: promotion (~2.3–3.4 s after the kill),
 # the old node back 1–3 s later, and margin. One that could not finish
@@ -168,6 +175,8 @@ def key_marker(keys):
 
 
 def available(family, backend):
+    if family in NEEDS_REDIS_EVICTION:
+        return backend == "redis"
     if family in NEEDS_LOCK_LINK:
         return backend not in MULTI_NODE_BACKENDS
     if family in NEEDS_MYSQL:
@@ -460,6 +469,19 @@ class Nemesis:
         statement lands after its caller gave up (harness/late_requests.py,
         which also reads the key's entry twice after it landed: O1)."""
         late_requests.fire(self)
+
+    def evict_policy(self):
+        """Redis's maxmemory-policy: from the unsafe start to noeviction;
+        later the run's evicting policy set live (and memory filled at
+        once), held 3–5 s, and back (harness/eviction.py; window
+        `eviction_policy` for the sidecars' check interval)."""
+        eviction.flip(self)
+
+    def evict_fill(self):
+        """Redis's memory filled with big keys with a TTL: evictions under
+        an evicting policy, OOM refusals under noeviction
+        (harness/eviction.py)."""
+        eviction.fill(self)
 
     def slow_preregistration(self):
         """One sidecar's link to its gateway delays every answer 1.2–2× the

@@ -241,9 +241,23 @@ FAMILIES += [SEAMS]
 # noeviction (OOM: acquires refused). No pauses: M1 holds outside the
 # windows. In the PR tier.
 EVICTION = sc("redis-eviction", redis_eviction=True, redis_aof=False, self_pause_p=0.0, duration_s=30,
-              interval=(0.5, 1.5), nemesis=["evict_policy", "evict_policy", "evict_fill"],
+              quiet_s=4, interval=(0.5, 1.5), nemesis=["evict_policy", "evict_policy", "evict_fill"],
               bite={"eviction_flips": 2, "refused_unsafe": 10, "evicted_keys": 1, "acked": 60})
 FAMILIES += [EVICTION]
+# A sidecar restarted with its wall clock stepped (issue 28 item 3;
+# harness/clock_restarts.py): kill -9 of a sidecar holding a proxied
+# worker's lease, restarted on its ports and state dir under libfaketime
+# 2–60 s back or forward from before; the worker renews until the new
+# process adopts its lease and writes on under it. S1 and A1 (no request
+# under an adopted lease refused stale_sequence) must hold; M1 too (no
+# pauses, no window). TTL 1.5 s (a restart takes 0.03–0.2 s here), workers
+# think 300–800 ms (most kills land on a holder), 4 of 5 workers through
+# their sidecar's proxy. In the PR tier, 20 s.
+CLOCK_RESTARTS = sc("sidecar-clock-restart", nemesis=["kill_sidecar_stepped"], sidecar_state_dir=True,
+                    adopt_after_restart=True, ttl_ms=1500, think_ms=[300, 800], direct_workers=1, self_pause_p=0.0,
+                    duration_s=20, quiet_s=4, interval=(0.8, 2.0),
+                    bite={"clock_stepped_restarts": 2, "adopted_writes": 1, "acked": 30})
+FAMILIES += [CLOCK_RESTARTS]
 SENTINEL_FAMILIES = [f for f in FAMILIES if f["backend"] == "redis-sentinel"]
 CLUSTER_FAMILIES = [f for f in FAMILIES if f["backend"] == "redis-cluster"]
 REDLOCK_FAMILIES = [f for f in FAMILIES if f["backend"] == "redlock"]

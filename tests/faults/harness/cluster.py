@@ -180,6 +180,12 @@ class Cluster:
             else:
                 settings["backend.postgres.url"] = lock_url
                 settings["backend.postgres.request_timeout_ms"] = 1000
+            if sc.get("sidecar_state_dir"):
+                # Write-sequence reservations survive a restart here
+                # (clock_restarts.py).
+                state = os.path.join(self.run_dir, f"sidecar-{i}", "state")
+                os.makedirs(state, exist_ok=True)
+                settings["sidecar.state_dir"] = state
             # Extra settings a scenario asks for (e.g. an override a
             # configuration mutant needs to be allowed to start).
             settings.update(sc.get("sidecar_settings", {}))
@@ -410,6 +416,7 @@ class Cluster:
             "history": os.path.join(wdir, "history.jsonl"), "pause_file": os.path.join(wdir, "pause.req"),
             "replay_p": sc.get("replay_p", 0), "forge_p": sc.get("forge_p", 0),
             "short_release_p": sc.get("short_release_p", 0), "short_release_ms": sc.get("short_release_ms", 200),
+            "adopt_after_restart": sc.get("adopt_after_restart", False),
         }
         with open(os.path.join(wdir, "config.json"), "w") as f:
             json.dump(cfg, f)

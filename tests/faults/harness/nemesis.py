@@ -11,6 +11,9 @@ to the histories. Families:
   pause_gateway   one gateway replica
   pause_backend   the lock backend (Redis or PostgreSQL)
   kill_sidecar    kill -9 a sidecar, start it again
+  kill_sidecar_stepped  the same, restarted under libfaketime with its
+                  wall clock stepped 2–60 s back or forward from before
+                  (clock_restarts.py)
   kill_gateway    kill -9 a gateway replica, start it again
   kill_backend    kill -9 Redis (AOF) / crash PostgreSQL (immediate), restart
   net_lock        the sidecars' link to the lock backend: delay, blackhole,
@@ -118,7 +121,7 @@ import subprocess
 import threading
 import time
 
-from . import eviction, late_requests
+from . import clock_restarts, eviction, late_requests
 from .procs import lock_key
 from .zkclient import ZkClient, key_dir, sequence
 
@@ -327,6 +330,12 @@ class Nemesis:
         self.c.event(kind="kill", target=s.name)
         s.crash_restart()
         self.c.event(kind="restarted", target=s.name)
+
+    def kill_sidecar_stepped(self):
+        """kill -9 a sidecar (one holding a proxied worker's lease if any)
+        and start it again on its ports and state dir with its wall clock
+        stepped 2–60 s back or forward (harness/clock_restarts.py)."""
+        clock_restarts.kill_stepped(self)
 
     def kill_gateway(self):
         g = self.rng.choice(self.c.gateways)

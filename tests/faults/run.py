@@ -235,12 +235,12 @@ FAMILIES += [SEAMS]
 # harness/eviction.py): a single Redis with maxmemory 8 MB, started with an
 # evicting policy chosen per run (allkeys-lru or volatile-lru) — the
 # sidecars must not answer one acquire "held" until the nemesis sets
-# noeviction (E1) — then the evicting policy set live for 3–5 s with
+# noeviction (E1) — then the evicting policy set live for 2.5–4 s with
 # memory filled at once (Redis evicts before the sidecars' next check,
 # 500 ms: the window `eviction_policy` names that), and memory filled under
 # noeviction (OOM: acquires refused). No pauses: M1 holds outside the
-# windows. In the PR tier.
-EVICTION = sc("redis-eviction", redis_eviction=True, redis_aof=False, self_pause_p=0.0, duration_s=30,
+# windows. In the PR tier, 24 s.
+EVICTION = sc("redis-eviction", redis_eviction=True, redis_aof=False, self_pause_p=0.0, duration_s=24,
               quiet_s=4, interval=(0.5, 1.5), nemesis=["evict_policy", "evict_policy", "evict_fill"],
               bite={"eviction_flips": 2, "refused_unsafe": 10, "evicted_keys": 1, "acked": 60})
 FAMILIES += [EVICTION]
@@ -252,10 +252,10 @@ FAMILIES += [EVICTION]
 # under an adopted lease refused stale_sequence) must hold; M1 too (no
 # pauses, no window). TTL 1.5 s (a restart takes 0.03–0.2 s here), workers
 # think 300–800 ms (most kills land on a holder), 4 of 5 workers through
-# their sidecar's proxy. In the PR tier, 20 s.
+# their sidecar's proxy. In the PR tier, 16 s.
 CLOCK_RESTARTS = sc("sidecar-clock-restart", nemesis=["kill_sidecar_stepped"], sidecar_state_dir=True,
                     adopt_after_restart=True, ttl_ms=1500, think_ms=[300, 800], direct_workers=1, self_pause_p=0.0,
-                    duration_s=20, quiet_s=4, interval=(0.8, 2.0),
+                    duration_s=16, quiet_s=3, interval=(0.8, 2.0),
                     bite={"clock_stepped_restarts": 2, "adopted_writes": 1, "acked": 30})
 FAMILIES += [CLOCK_RESTARTS]
 SENTINEL_FAMILIES = [f for f in FAMILIES if f["backend"] == "redis-sentinel"]

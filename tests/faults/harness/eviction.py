@@ -14,7 +14,7 @@ must not become ready: every acquire is refused (503
                 noeviction` (the sidecars become ready within their check
                 interval). Later: the run's evicting policy is set live,
                 memory is filled at once (so Redis evicts between the
-                operator's change and the sidecars' next check), held 3–5 s,
+                operator's change and the sidecars' next check), held 2.5–4 s,
                 then `noeviction` again. Between the live set and the next
                 check (`eviction_check_interval_ms`, 500 ms here) a
                 sidecar cannot know: that is the operator's change, so the
@@ -44,7 +44,7 @@ POLICIES = ("allkeys-lru", "volatile-lru")
 SAFE = "noeviction"
 FILL_VALUE = 256 * 1024
 # Bounds of one live unsafe period.
-UNSAFE_HOLD_S = (3.0, 5.0)
+UNSAFE_HOLD_S = (2.5, 4.0)
 # The start-up period (sidecars on the evicting Redis) lasts at least this.
 START_S = 2.0
 

@@ -39,7 +39,7 @@ to the histories. Families:
                   (late_requests.py; Redis, PostgreSQL, MySQL)
   evict_policy    Redis (a `redis_eviction` run: small maxmemory, started
                   with an evicting policy): CONFIG SET noeviction, or the
-                  run's evicting policy live for 3–5 s with memory filled
+                  run's evicting policy live for 2.5–4 s with memory filled
                   at once, and back (eviction.py)
   evict_fill      Redis: big keys with a TTL until OOM or eviction
   slow_preregistration  one sidecar's link to its gateway delays every
@@ -482,7 +482,7 @@ class Nemesis:
     def evict_policy(self):
         """Redis's maxmemory-policy: from the unsafe start to noeviction;
         later the run's evicting policy set live (and memory filled at
-        once), held 3–5 s, and back (harness/eviction.py; window
+        once), held 2.5–4 s, and back (harness/eviction.py; window
         `eviction_policy` for the sidecars' check interval)."""
         eviction.flip(self)
 

@@ -22,6 +22,9 @@ M1 (docs/faults.md).
   python3 tests/faults/run.py --mutant no_enforcement --backend mysql --skip-directed
   python3 tests/faults/run.py --only seams --seed 7 --keep       # issue 26's seams (M1)
   python3 tests/faults/run.py --mutant undo_by_lease --repeat 5  # must FAIL (M1)
+  python3 tests/faults/run.py --only redis-eviction --seed 7     # Redis that may evict (E1, M1)
+  python3 tests/faults/run.py --mutant eviction_unchecked --skip-directed --repeat 5   # must FAIL (E1)
+  python3 tests/faults/run.py --only sidecar-clock-restart --seed 7   # adopted leases write on (A1, S1)
 
 Exit status 0 when every safety run is PASS and every mutant run FAILs.
 Histories, logs and the report of every run that is not a clean PASS are

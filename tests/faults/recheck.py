@@ -18,7 +18,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import run as suite  # noqa: E402
-from harness import checker  # noqa: E402
+from harness import checker, clock_restarts, eviction, late_requests  # noqa: E402
 from harness.scenario import load_history, seam_counts  # noqa: E402
 
 COLS = ["commit_seq", "key", "token", "seq", "lease", "prev", "new", "op_id", "claimed_prev", "t_ns", "method"]
@@ -36,7 +36,8 @@ def scenario_of(report):
             return dict(f, backend=backend)
     for base, mutants in (("zk-session", suite.ZOOKEEPER_MUTANTS), ("redlock-majority-restarts",
                                                                      suite.REDLOCK_MUTANTS),
-                            ("mysql-cut", suite.MYSQL_MUTANTS), ("seams", suite.SEAM_MUTANTS)):
+                            ("mysql-cut", suite.MYSQL_MUTANTS), ("seams", suite.SEAM_MUTANTS),
+                            ("redis-eviction", suite.EVICTION_MUTANTS)):
         for m in mutants.values():
             if m["name"] == name:
                 return dict(next(f for f in suite.FAMILIES if f["name"] == base), **m)
@@ -81,8 +82,13 @@ def recheck(run_dir):
     nemesis = load_history(os.path.join(run_dir, "nemesis.jsonl"))
     r = checker.check(events, commits, injections(run_dir), [], nemesis, sc)
     r.bites.update(seam_counts(lines for _, lines in sidecar_logs(run_dir)))
+    # Issue 28's checks (O1, A1, E1), as scenario.run makes them.
+    late_requests.check(r, events, nemesis)
+    clock_restarts.check(r, events, nemesis)
+    if eviction.enabled(sc):
+        eviction.check(r, events, nemesis, sc, None)
     # Bites scraped from the processes during the run (not in the files).
-    for k in ("zk_sessions_expired",):
+    for k in ("zk_sessions_expired", "evicted_keys"):
         if k in report.get("bites", {}):
             r.bites[k] = report["bites"][k]
     short = {k: (r.bites.get(k, 0), need) for k, need in sc.get("bite", {}).items() if r.bites.get(k, 0) < need}

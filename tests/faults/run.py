@@ -22,6 +22,9 @@ M1 (docs/faults.md).
   python3 tests/faults/run.py --mutant no_enforcement --backend mysql --skip-directed
   python3 tests/faults/run.py --only seams --seed 7 --keep       # issue 26's seams (M1)
   python3 tests/faults/run.py --mutant undo_by_lease --repeat 5  # must FAIL (M1)
+  python3 tests/faults/run.py --only redis-eviction --seed 7     # Redis that may evict (E1, M1)
+  python3 tests/faults/run.py --mutant eviction_unchecked --skip-directed --repeat 5   # must FAIL (E1)
+  python3 tests/faults/run.py --only sidecar-clock-restart --seed 7   # adopted leases write on (A1, S1)
 
 Exit status 0 when every safety run is PASS and every mutant run FAILs.
 Histories, logs and the report of every run that is not a clean PASS are
@@ -80,12 +83,17 @@ FAMILIES = [
        bite={"stale_at_gateway": 5, "faults": 8}),
     sc("backend-crash", nemesis=["kill_backend", "pause_backend"], self_pause_p=0.3, interval=(1.0, 3.0),
        bite={"stale_at_gateway": 5, "faults": 5}),
-    sc("backend-crash-pg", backend="postgres", nemesis=["kill_backend", "pause_backend", "late_reply"],
-       self_pause_p=0.3,
-       interval=(1.5, 3.5), bite={"stale_at_gateway": 3, "faults": 4}),
-    sc("network", nemesis=["net_lock", "net_gateway", "net_storage", "late_reply"], self_pause_p=0.3,
-       short_release_p=0.2,
-       bite={"stale_at_gateway": 5, "faults": 10}),
+    # late_request (issue 28): acquire or release statements that reach
+    # PostgreSQL after their caller gave up; listed twice (here, in
+    # network and in seams) so that a 40 s run lands ≥ 2 of them (runs
+    # measured with one listing landed 2–5; with two, ≈ 1 % would not).
+    sc("backend-crash-pg", backend="postgres",
+       nemesis=["kill_backend", "pause_backend", "late_reply", "late_request", "late_request"],
+       self_pause_p=0.3, late_request_aims=["acquire", "release"],
+       interval=(1.5, 3.5), bite={"stale_at_gateway": 3, "faults": 4, "late_requests": 2}),
+    sc("network", nemesis=["net_lock", "net_gateway", "net_storage", "late_reply", "late_request", "late_request"],
+       self_pause_p=0.3, short_release_p=0.2,
+       bite={"stale_at_gateway": 5, "faults": 10, "late_requests": 2}),
     sc("expire", nemesis=["expire"], self_pause_p=0.3, interval=(0.2, 0.8),
        bite={"stale_at_gateway": 5, "faults": 20}),
     sc("client-timeouts", backend="postgres", nemesis=["slow_storage"], client_timeout_ms=1500,
@@ -231,9 +239,38 @@ FAMILIES += [
 # the PR tier.
 SEAMS = sc("seams", backend="mysql", ttl_ms=1500, think_ms=[50, 400], self_pause_p=0.0, interval=(0.2, 0.6),
            short_release_p=1.0, short_release_ms=250, duration_s=40, late_reply_aims=["acquire", "release"],
-           nemesis=["late_reply", "late_reply", "late_reply", "slow_preregistration"],
-           bite={"late_replies": 4, "releases_given_up": 1, "expired_before_answer": 1, "acked": 60})
+           late_request_aims=["acquire", "release"],
+           nemesis=["late_reply", "late_reply", "late_reply", "slow_preregistration", "late_request", "late_request"],
+           bite={"late_replies": 4, "releases_given_up": 1, "expired_before_answer": 1, "acked": 60,
+                 "late_requests": 2})
 FAMILIES += [SEAMS]
+# Redis that may evict lock entries (issue 28, PITFALLS 14;
+# harness/eviction.py): a single Redis with maxmemory 8 MB, started with an
+# evicting policy chosen per run (allkeys-lru or volatile-lru) — the
+# sidecars must not answer one acquire "held" until the nemesis sets
+# noeviction (E1) — then the evicting policy set live for 2.5–4 s with
+# memory filled at once (Redis evicts before the sidecars' next check,
+# 500 ms: the window `eviction_policy` names that), and memory filled under
+# noeviction (OOM: acquires refused). No pauses: M1 holds outside the
+# windows. In the PR tier, 24 s.
+EVICTION = sc("redis-eviction", redis_eviction=True, redis_aof=False, self_pause_p=0.0, duration_s=24,
+              quiet_s=4, interval=(0.5, 1.5), nemesis=["evict_policy", "evict_policy", "evict_fill"],
+              bite={"eviction_flips": 2, "refused_unsafe": 10, "evicted_keys": 1, "acked": 60})
+FAMILIES += [EVICTION]
+# A sidecar restarted with its wall clock stepped (issue 28 item 3;
+# harness/clock_restarts.py): kill -9 of a sidecar holding a proxied
+# worker's lease, restarted on its ports and state dir under libfaketime
+# 2–60 s back or forward from before; the worker renews until the new
+# process adopts its lease and writes on under it. S1 and A1 (no request
+# under an adopted lease refused stale_sequence) must hold; M1 too (no
+# pauses, no window). TTL 1.5 s (a restart takes 0.03–0.2 s here), workers
+# think 300–800 ms (most kills land on a holder), 4 of 5 workers through
+# their sidecar's proxy. In the PR tier, 16 s.
+CLOCK_RESTARTS = sc("sidecar-clock-restart", nemesis=["kill_sidecar_stepped"], sidecar_state_dir=True,
+                    adopt_after_restart=True, ttl_ms=1500, think_ms=[300, 800], direct_workers=1, self_pause_p=0.0,
+                    duration_s=16, quiet_s=3, interval=(0.8, 2.0),
+                    bite={"clock_stepped_restarts": 2, "adopted_writes": 1, "acked": 30})
+FAMILIES += [CLOCK_RESTARTS]
 SENTINEL_FAMILIES = [f for f in FAMILIES if f["backend"] == "redis-sentinel"]
 CLUSTER_FAMILIES = [f for f in FAMILIES if f["backend"] == "redis-cluster"]
 REDLOCK_FAMILIES = [f for f in FAMILIES if f["backend"] == "redlock"]
@@ -242,6 +279,7 @@ MYSQL_FAMILIES = [f for f in FAMILIES if f["backend"] == "mysql" and f is not SE
 # Families bound to the topology they fail: never re-targeted by --backend.
 TOPOLOGY_FAMILIES = (SENTINEL_FAMILIES + CLUSTER_FAMILIES + REDLOCK_FAMILIES + ZOOKEEPER_FAMILIES
                      + MYSQL_FAMILIES)
+TOPOLOGY_FAMILIES += [EVICTION]  # a single Redis's memory policy
 
 # No faults: the throughput the fault runs are compared with.
 BASELINE = sc("baseline", nemesis=[], self_pause_p=0.0)
@@ -339,6 +377,14 @@ SEAM_MUTANTS = {
                                mutants={"sidecar": ["release_in_request"]}),
 }
 
+# The eviction check switched off, on the redis-eviction schedule: the
+# sidecars use the evicting Redis at start-up and after every live change
+# (E1), and evicted entries give second holders (M1). `--mutant` only (the
+# PR tier runs its directed tests).
+EVICTION_MUTANTS = {
+    "eviction_unchecked": dict(name="m-eviction-unchecked", bite={}, mutants={"sidecar": ["eviction_unchecked"]}),
+}
+
 # Configuration mutants on a sentinel set: a scenario whose settings switch
 # a mechanism off (no FENCER_MUTANT). counter_tokens is FAULT-SUITE's M4,
 # "Redis-minted token, no WAIT, async failover": plain INCR tokens and no
@@ -415,6 +461,12 @@ DIRECTED_MUTANTS = {
                       ("seams", "postgres_a_late_first_reply_does_not_release_the_lease_its_retry_handed_out")],
     "answer_after_deadline": ("seams", "an_acquire_whose_lease_ran_out_before_the_answer_is_not_answered_held"),
     "release_in_request": ("seams", "a_release_whose_client_disconnects_never_leaves_the_lease_held_here"),
+    # Issue 28: the eviction check switched off — a Redis that may evict
+    # is used at start-up (1.6 s with the mutant; the live-change test,
+    # a_live_policy_change_is_noticed_within_the_check_interval, kills it
+    # too, 20/20, in 5 s: --mutant runs the redis-eviction schedule, which
+    # changes the policy live).
+    "eviction_unchecked": ("redis_policies", "a_single_redis_that_may_evict_is_not_ready_and_refuses_acquires"),
 }
 
 
@@ -697,6 +749,8 @@ def main():
             if m in ZOOKEEPER_MUTANTS and a.mutant:  # the PR tier runs its directed test only
                 base = next(f for f in FAMILIES if f["name"] == "zk-session")
                 later("FAIL", run_scenario, dict(base, **ZOOKEEPER_MUTANTS[m]), s_seed, a.bin, a.out, a.keep)
+            if m in EVICTION_MUTANTS and a.mutant:  # the PR tier runs its directed tests only
+                later("FAIL", run_scenario, dict(EVICTION, **EVICTION_MUTANTS[m]), s_seed, a.bin, a.out, a.keep)
             if m in MYSQL_MUTANTS and a.mutant:  # not in the PR tier
                 base = next(f for f in FAMILIES if f["name"] == "mysql-cut")
                 later("FAIL", run_scenario, dict(base, **MYSQL_MUTANTS[m]), s_seed, a.bin, a.out, a.keep)

@@ -430,6 +430,26 @@ enum Answer {
 
 /// `INFO memory`, else `CONFIG GET maxmemory-policy maxmemory`.
 async fn read_policy(target: &mut Target, timeout: Duration) -> Answer {
+    let answer = ask_policy(target, timeout).await;
+    if crate::mutants::active("eviction_unchecked") {
+        // The check switched off: whatever the server said, it "said"
+        // noeviction (no answer at all stays no answer).
+        return match answer {
+            Answer::Read(p) => Answer::Read(Policy {
+                name: SAFE_POLICY.into(),
+                ..p
+            }),
+            Answer::Unreadable(_) => Answer::Read(Policy {
+                name: SAFE_POLICY.into(),
+                maxmemory: 0,
+            }),
+            failed => failed,
+        };
+    }
+    answer
+}
+
+async fn ask_policy(target: &mut Target, timeout: Duration) -> Answer {
     let mut info = redis::cmd("INFO");
     info.arg("memory");
     let info_error = match tokio::time::timeout(timeout, target.command::<String>(&info)).await {

@@ -122,7 +122,13 @@ def check(events, commits, injections, marks, nemesis, cfg, observed=None):
         w = excusing_window(a, b, windows)
         if w is not None:
             excused[w["cause"]] += 1
-        elif a["by_ttl"] and a["end"] - b["start"] <= slack_ns:
+        elif a["start"] + a["left_ms"] * 1_000_000 - b["start"] <= slack_ns:
+            # Within the last slack of a's reported time left, whether a
+            # ran to it or released just before: an answer read late
+            # overstates the time left either way (issue 28: a
+            # redis-eviction run on a loaded machine, a span ended by a
+            # release 103 ms before its reported end, the next grant 121 ms
+            # after the holder's deadline in the sidecars' own logs).
             excused["transit"] += 1
         else:
             unexplained.append((a, b))
@@ -496,6 +502,8 @@ FAILOVER_KINDS = ("failover", "lossy_failover", "shard_failover")
 UNAVAILABILITY_KINDS = FAILOVER_KINDS + ("kill_zk_leader", "kill_mysql")
 # Nemesis events that report rather than inflict.
 NOT_FAULTS = ("heal", "cluster_healthy", "zk_healthy", "zk_leader_elected", "admits_overlap", "late_reply_fired")
+# The proxy's and the probes' records of late_request (late_requests.py).
+NOT_FAULTS += ("late_request_fired", "late_request_delivered", "late_request_probe")
 
 
 def unavailability(events, nemesis):

@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 
+from . import eviction
 from .faultproxy import FaultProxy
 from .zookeeper import ZooKeeperEnsemble
 from .procs import (Fencer, MariaDB, Postgres, Proc, Redis, RedisClusterSet, RedisSentinelSet, RedLockMasters, free_port,
@@ -53,6 +54,7 @@ class Cluster:
         self.workers, self.sidecars, self.gateways = [], [], []
         self.storage = self.pg = None
         self.redis = self.rset = self.rcluster = self.lockp = self.redlock = self.zk = self.my = None
+        self.eviction = None
         try:
             self._build()
         except BaseException:
@@ -101,7 +103,9 @@ class Cluster:
             self.rset = RedisSentinelSet(self.run_dir, node_args=sc.get("redis_node_args", ()),
                                          down_after_ms=sc.get("sentinel_down_after_ms", 1000)).start()
         elif sc["backend"] == "redis":
-            self.redis = Redis(self.run_dir, aof=sc.get("redis_aof", True))
+            self.redis = Redis(self.run_dir, aof=sc.get("redis_aof", True), args=eviction.redis_args(sc, self.seed))
+            if eviction.enabled(sc):
+                self.eviction = eviction.Eviction(self)
             self.lockp = self.proxy("lock-backend", self.redis.port)
             lock_url = self.redis.url(self.lockp.port)
         else:
@@ -172,9 +176,16 @@ class Cluster:
                 settings["backend.redis.url"] = lock_url
                 settings["backend.redis.token_mode"] = sc.get("token_mode", "hybrid_clock")
                 settings["backend.redis.request_timeout_ms"] = 500
+                settings.update(eviction.sidecar_settings(sc))
             else:
                 settings["backend.postgres.url"] = lock_url
                 settings["backend.postgres.request_timeout_ms"] = 1000
+            if sc.get("sidecar_state_dir"):
+                # Write-sequence reservations survive a restart here
+                # (clock_restarts.py).
+                state = os.path.join(self.run_dir, f"sidecar-{i}", "state")
+                os.makedirs(state, exist_ok=True)
+                settings["sidecar.state_dir"] = state
             # Extra settings a scenario asks for (e.g. an override a
             # configuration mutant needs to be allowed to start).
             settings.update(sc.get("sidecar_settings", {}))
@@ -182,7 +193,7 @@ class Cluster:
             # one sidecar's only (the others keep the real clock).
             faketime = sc.get("sidecar_faketime") or (sc.get("first_sidecar_faketime") if i == 0 else None)
             s = Fencer(self.run_dir, f"sidecar-{i}", "sidecar", self.binary, settings,
-                       self.mutants("sidecar"), faketime=faketime)
+                       self.mutants("sidecar"), faketime=faketime, ready=self.eviction is None)
             s.gateway_proxy = gwp
             s.zk_proxies = zkp if self.zk else []
             s.mysql_proxy = myp if self.my else None
@@ -405,6 +416,7 @@ class Cluster:
             "history": os.path.join(wdir, "history.jsonl"), "pause_file": os.path.join(wdir, "pause.req"),
             "replay_p": sc.get("replay_p", 0), "forge_p": sc.get("forge_p", 0),
             "short_release_p": sc.get("short_release_p", 0), "short_release_ms": sc.get("short_release_ms", 200),
+            "adopt_after_restart": sc.get("adopt_after_restart", False),
         }
         with open(os.path.join(wdir, "config.json"), "w") as f:
             json.dump(cfg, f)
@@ -479,6 +491,8 @@ class Cluster:
             g.proc.resume()
         if self.redis:
             self.redis.proc.resume()
+        if self.eviction:
+            self.eviction.heal()
         if self.my:
             # Running (a fault that failed half-way may have left it down),
             # unpaused, on the real clock.

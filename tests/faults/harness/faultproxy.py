@@ -17,6 +17,14 @@ Each proxy forwards bytes both ways until the nemesis sets a mode:
                   it is held `ms`, then delivered; then back to `pass`. The
                   request reaches the server and is applied; only its *reply*
                   comes late (past the caller's timeout: PITFALLS 11)
+  late_request    once: the next request chunk (markers as for late_reply)
+                  is held `ms` before it is forwarded — with every later
+                  chunk of its connection queued behind it, as TCP keeps
+                  their order — then delivered (its reply follows when the
+                  server gives one); then back to `pass`. The statement
+                  reaches the server after its caller gave up (issue 28):
+                  delivered even if the caller closed the connection
+                  meanwhile, as a kernel delivers bytes sent before a FIN
 and `reset_all()` closes every open connection with a TCP RST (bytes a
 held connection was holding are dropped, never delivered later).
 
@@ -26,6 +34,7 @@ import asyncio
 import socket
 import struct
 import threading
+import time
 
 from .procs import free_port
 
@@ -145,6 +154,42 @@ class FaultProxy:
         # What the held reply answers, for the record (printable bytes).
         conn["late_req"] = "".join(chr(b) if 32 <= b < 127 else "." for b in chunk[:120])
 
+    def _late_request_hold(self, chunk):
+        """late_request: how long to hold this request chunk (0: not the
+        one). Disarms the proxy (back to `pass`) when it fires."""
+        m = self.mode
+        if m["mode"] != "late_request":
+            return 0
+        markers = m.get("marker") or []
+        if isinstance(markers, str):
+            markers = [markers]
+        if any(x.encode() not in chunk for x in markers):
+            return 0
+        if any(x.encode() in chunk for x in m.get("unless") or []):
+            return 0
+        self.mode = {"mode": "pass"}
+        return m.get("ms", 0)
+
+    async def _deliver_late(self, ms, chunk, writer, conn):
+        """Holds a late request `ms`, then forwards it; records both ends
+        (`late_request_fired`, `late_request_delivered`, with the request's
+        printable bytes: the nemesis finds its key there)."""
+        text = "".join(chr(b) if 32 <= b < 127 else "." for b in chunk[:600])
+        t_fired = time.monotonic_ns()
+        if self.events:
+            self.events(kind="late_request_fired", proxy=self.name, ms=ms, request=text[:160])
+        await asyncio.sleep(ms / 1000)
+        if conn.get("dead"):
+            return False
+        try:
+            writer.write(chunk)
+            await writer.drain()
+        except (ConnectionError, OSError):
+            return False
+        if self.events:
+            self.events(kind="late_request_delivered", proxy=self.name, ms=ms, fired=t_fired, request=text)
+        return True
+
     async def _pump(self, reader, writer, conn, up):
         while True:
             try:
@@ -162,6 +207,11 @@ class FaultProxy:
                 if b"EVAL" in u or b"SCRIPT" in u:
                     conn["scripted"] = True
                 self._arm_late_reply(conn, chunk)
+                late = self._late_request_hold(chunk)
+                if late:
+                    if not await self._deliver_late(late, chunk, writer, conn):
+                        return
+                    continue
             while self._held(conn) and not conn.get("dead"):
                 await asyncio.sleep(0.005)
             if conn.get("dead"):

@@ -11,6 +11,9 @@ to the histories. Families:
   pause_gateway   one gateway replica
   pause_backend   the lock backend (Redis or PostgreSQL)
   kill_sidecar    kill -9 a sidecar, start it again
+  kill_sidecar_stepped  the same, restarted under libfaketime with its
+                  wall clock stepped 2–60 s back or forward from before
+                  (clock_restarts.py)
   kill_gateway    kill -9 a gateway replica, start it again
   kill_backend    kill -9 Redis (AOF) / crash PostgreSQL (immediate), restart
   net_lock        the sidecars' link to the lock backend: delay, blackhole,
@@ -29,6 +32,16 @@ to the histories. Families:
                   out and retries (PITFALLS 11: an undo that a retry can
                   share); every backend with a proxied link (Redis,
                   PostgreSQL, MySQL, ZooKeeper, RedLock masters)
+  late_request    the mirror of late_reply: the next *request* naming a
+                  scenario key (or aimed at an acquire or a release) is held
+                  1.1–1.5× the request timeout, then delivered — a
+                  statement that lands after its caller gave up
+                  (late_requests.py; Redis, PostgreSQL, MySQL)
+  evict_policy    Redis (a `redis_eviction` run: small maxmemory, started
+                  with an evicting policy): CONFIG SET noeviction, or the
+                  run's evicting policy live for 2.5–4 s with memory filled
+                  at once, and back (eviction.py)
+  evict_fill      Redis: big keys with a TTL until OOM or eviction
   slow_preregistration  one sidecar's link to its gateway delays every
                   answer 1.2–2× the TTL for a while: an acquire's token
                   pre-registration ends after its lease did (PITFALLS 12:
@@ -108,6 +121,7 @@ import subprocess
 import threading
 import time
 
+from . import clock_restarts, eviction, late_requests
 from .procs import lock_key
 from .zkclient import ZkClient, key_dir, sequence
 
@@ -116,12 +130,14 @@ from .zkclient import ZkClient, key_dir, sequence
 # sentinel set, or a cluster, by backend.
 NEEDS_SINGLE_BACKEND = {"net_lock", "pause_backend", "kill_backend"}
 # A proxied link to the lock backend (none on the sentinel set or the cluster).
-NEEDS_LOCK_LINK = {"late_reply"}
+NEEDS_LOCK_LINK = {"late_reply", "late_request"}
 NEEDS_SENTINELS = {"failover", "lossy_failover"}
 NEEDS_CLUSTER = {"shard_failover"}
 NEEDS_REDLOCK = {"kill_master_empty", "kill_masters_empty", "pause_master"}
 NEEDS_ZOOKEEPER = {"kill_zk_leader", "partition_zk", "pause_sidecar_long"}
 NEEDS_MYSQL = {"kill_mysql", "cut_mysql", "clock_mysql"}
+# A single Redis started by a `redis_eviction` scenario (harness/eviction.py).
+NEEDS_REDIS_EVICTION = {"evict_policy", "evict_fill"}
 MULTI_NODE_BACKENDS = {"redis-sentinel", "redis-cluster"}
 # Nemesis time one failover takes: promotion (~2.3–3.4 s after the kill),
 # the old node back 1–3 s later, and margin. One that could not finish
@@ -162,6 +178,8 @@ def key_marker(keys):
 
 
 def available(family, backend):
+    if family in NEEDS_REDIS_EVICTION:
+        return backend == "redis"
     if family in NEEDS_LOCK_LINK:
         return backend not in MULTI_NODE_BACKENDS
     if family in NEEDS_MYSQL:
@@ -313,6 +331,12 @@ class Nemesis:
         s.crash_restart()
         self.c.event(kind="restarted", target=s.name)
 
+    def kill_sidecar_stepped(self):
+        """kill -9 a sidecar (one holding a proxied worker's lease if any)
+        and start it again on its ports and state dir with its wall clock
+        stepped 2–60 s back or forward (harness/clock_restarts.py)."""
+        clock_restarts.kill_stepped(self)
+
     def kill_gateway(self):
         g = self.rng.choice(self.c.gateways)
         self.c.event(kind="kill", target=g.name)
@@ -446,6 +470,27 @@ class Nemesis:
             # The held reply is still on its way: let it land before the
             # next fault (one on the same connection would queue behind it).
             time.sleep(ms / 1000)
+
+    def late_request(self):
+        """Holds the next request that names a scenario key (or, aimed,
+        an acquire or a release: `late_request_aims`) on one lock-backend
+        link 1.1–1.5× the sidecars' request timeout, then delivers it: the
+        statement lands after its caller gave up (harness/late_requests.py,
+        which also reads the key's entry twice after it landed: O1)."""
+        late_requests.fire(self)
+
+    def evict_policy(self):
+        """Redis's maxmemory-policy: from the unsafe start to noeviction;
+        later the run's evicting policy set live (and memory filled at
+        once), held 2.5–4 s, and back (harness/eviction.py; window
+        `eviction_policy` for the sidecars' check interval)."""
+        eviction.flip(self)
+
+    def evict_fill(self):
+        """Redis's memory filled with big keys with a TTL: evictions under
+        an evicting policy, OOM refusals under noeviction
+        (harness/eviction.py)."""
+        eviction.fill(self)
 
     def slow_preregistration(self):
         """One sidecar's link to its gateway delays every answer 1.2–2× the

@@ -178,13 +178,14 @@ class Proc:
 
 
 class Redis:
-    def __init__(self, run_dir, name="redis", aof=True):
+    def __init__(self, run_dir, name="redis", aof=True, args=()):
         self.dir = os.path.join(run_dir, name)
         os.makedirs(self.dir, exist_ok=True)
         self.port = free_port()
         argv = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
                 "--dir", self.dir, "--logfile", os.path.join(self.dir, "redis.log")]
         argv += ["--appendonly", "yes", "--appendfsync", "always"] if aof else ["--appendonly", "no"]
+        argv += list(args)  # e.g. maxmemory and its policy (harness/eviction.py)
         self.proc = Proc(name, argv, dict(os.environ), os.path.join(self.dir, "stdout.log"))
         self.start()
 
@@ -1263,7 +1264,7 @@ class MariaDB:
 class Fencer:
     """A fencer process (sidecar or gateway) of the binary under test."""
 
-    def __init__(self, run_dir, name, role, binary, settings, mutants=(), faketime=None):
+    def __init__(self, run_dir, name, role, binary, settings, mutants=(), faketime=None, ready=True):
         self.name, self.role = name, role
         self.dir = os.path.join(run_dir, name)
         os.makedirs(self.dir, exist_ok=True)
@@ -1286,7 +1287,9 @@ class Fencer:
         if faketime:
             env.update(faketime_env(faketime))
         self.proc = Proc(name, [binary, role], env, os.path.join(self.dir, "fencer.log"))
-        self.start()
+        # ready=False: a sidecar that must start unready (on a Redis that
+        # may evict, harness/eviction.py) is waited for until healthy only.
+        self.start(ready)
 
     @property
     def api(self):

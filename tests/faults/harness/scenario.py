@@ -7,7 +7,7 @@ import shutil
 import time
 import urllib.request
 
-from . import checker
+from . import checker, clock_restarts, eviction, late_requests
 from . import observer as observer_mod
 from .cluster import Cluster
 from .nemesis import Nemesis
@@ -99,6 +99,13 @@ def run(sc, seed, binary, out_dir, keep=False):
         if observer:
             report.bites["observer_samples"] = observer.samples
         report.bites.update(seam_counts(s.log_events() for s in cluster.sidecars))
+        # Statements that reached the backend late (O1, issue 28).
+        late_requests.check(report, events, cluster.nemesis_events)
+        # Sidecars restarted with their clock stepped (A1, issue 28).
+        clock_restarts.check(report, events, cluster.nemesis_events)
+        if cluster.eviction:
+            # Held while Redis may evict (E1, issue 28).
+            eviction.check(report, events, cluster.nemesis_events, sc, cluster)
         failover_metrics = cluster.failover_metrics() if (cluster.rset or cluster.rcluster) else None
         redlock_rounds = cluster.redlock_rounds() if cluster.redlock else None
         zk_metrics = cluster.zookeeper_metrics() if cluster.zk else None

@@ -142,6 +142,8 @@ class Worker:
         h, base = headers()
         r = self.call("read", "GET", base + storage_path, h, seq=self.seq, **ctx)
         if not r or r[0] not in (200, 404):
+            if self.sidecar_gone(r) and self.adopt(lock, lease_id, ctx):
+                self.write_adopted(storage_path, ctx)
             self.release(lock, lease_id, ctx)
             return
         balance = r[1].get("balance", 0) if r[0] == 200 else 0
@@ -156,6 +158,8 @@ class Worker:
         body = {"balance": balance + 1, "op_id": op_id, "prev": balance}
         w = self.call("write", "PUT", base + storage_path, h, body, seq=self.seq, op_id=op_id,
                       prev=balance, new=balance + 1, **ctx)
+        if self.sidecar_gone(w) and self.adopt(lock, lease_id, ctx):
+            self.write_adopted(storage_path, ctx)
         if (w and w[0] == 200 and cfg["mode"] == "direct"
                 and rng.random() < cfg.get("replay_p", 0)):
             # A delayed duplicate of this lease's earlier read request: the
@@ -168,6 +172,50 @@ class Worker:
         if rng.random() < cfg.get("forge_p", 0):
             self.forge(base, storage_path, wire, key)
         self.release(lock, lease_id, ctx)
+
+    # ------------------------------------------------------------ adoption
+    # With `adopt_after_restart` (proxy mode), a worker whose sidecar went
+    # away under its lease (a write refused at the connection, or 428
+    # lock_not_held from a sidecar restarted without its memory) renews
+    # the lease until the restarted sidecar adopts it, then reads and
+    # writes once more under it: the adopted lease's writes must go on
+    # with increasing Fencing-Seq whatever the sidecar's clock did across
+    # the restart (issue 27 item 7, issue 28; harness/clock_restarts.py).
+
+    def sidecar_gone(self, r):
+        return (self.cfg.get("adopt_after_restart") and self.cfg["mode"] == "proxy"
+                and (r is None or (r[0] == 428 and (r[1] or {}).get("error") == "lock_not_held")))
+
+    def adopt(self, lock, lease_id, ctx):
+        """Renews the lease (1 s per try) until a sidecar answers it:
+        True once adopted (200), False when it is lost (409) or after
+        `adopt_within_ms`."""
+        cfg = self.cfg
+        end = time.monotonic() + cfg.get("adopt_within_ms", 6000) / 1000
+        while time.monotonic() < end:
+            r = self.call("renew", "POST", f"{cfg['api']}/v1/locks/{lock}/renew",
+                          body={"lease_id": lease_id, "ttl_ms": cfg["ttl_ms"]}, timeout=1.0, adopting=True, **ctx)
+            if r and r[0] == 200:
+                return True
+            if r and r[0] == 409:
+                return False
+            time.sleep(0.1)
+        return False
+
+    def write_adopted(self, storage_path, ctx):
+        """One read-modify-write under an adopted lease (its lines say
+        `adopted`)."""
+        cfg, h = self.cfg, {"Fencing-Lease": ctx["lease"]}
+        ctx = dict(ctx, adopted=True)
+        r = self.call("read", "GET", cfg["proxy"] + storage_path, h, **ctx)
+        if not r or r[0] not in (200, 404):
+            return
+        balance = r[1].get("balance", 0) if r[0] == 200 else 0
+        self.ops += 1
+        op_id = f"{self.wid}-{self.ops}"
+        body = {"balance": balance + 1, "op_id": op_id, "prev": balance}
+        self.call("write", "PUT", cfg["proxy"] + storage_path, h, body, op_id=op_id, prev=balance,
+                  new=balance + 1, **ctx)
 
     def forge(self, base, path, wire, key):
         """A write with an inflated token: refused unless the gateway stopped

@@ -406,6 +406,12 @@ DIRECTED_MUTANTS = {
                       ("seams", "postgres_a_late_first_reply_does_not_release_the_lease_its_retry_handed_out")],
     "answer_after_deadline": ("seams", "an_acquire_whose_lease_ran_out_before_the_answer_is_not_answered_held"),
     "release_in_request": ("seams", "a_release_whose_client_disconnects_never_leaves_the_lease_held_here"),
+    # Issue 26 items 7 and 9, put back (issue 28): each must fail the
+    # gateway's test and the proxy's.
+    "unknown_methods_passed": [("gateway_allowlists", "methods_outside_the_read_list_need_a_token"),
+                               ("gateway_allowlists", "the_proxy_treats_every_method_outside_its_read_list_as_a_write")],
+    "duplicate_header_first_wins": [("gateway_allowlists", "duplicate_fencing_headers_are_refused_at_the_gateway"),
+                                    ("gateway_allowlists", "duplicate_fencing_headers_are_refused_at_the_proxy")],
 }
 
 

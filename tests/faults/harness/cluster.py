@@ -129,7 +129,13 @@ class Cluster:
                 "gateway.postgres_request_timeout_ms": 1000,
             }
             settings.update(sc.get("gateway_settings", {}))
-            g = Fencer(self.run_dir, name, "gateway", self.binary, settings, self.mutants("gateway"))
+            # gateway_routes: [(path pattern, key template)] binding storage
+            # paths to the one key whose token may write them (the fuzzer's
+            # families: without routes any token may write any path).
+            routes = "".join(f'[[gateway.routes]]\npath = "{p}"\nkey = "{k}"\n'
+                             for p, k in sc.get("gateway_routes", []))
+            g = Fencer(self.run_dir, name, "gateway", self.binary, settings, self.mutants("gateway"),
+                       config_text=routes or None)
             g.storage_proxy = stp
             self.gateways.append(g)
         # Sidecars and workers.

@@ -225,6 +225,19 @@ SEAMS = sc("seams", backend="mysql", ttl_ms=1500, think_ms=[50, 400], self_pause
            nemesis=["late_reply", "late_reply", "late_reply", "slow_preregistration"],
            bite={"late_replies": 4, "releases_given_up": 1, "expired_before_answer": 1, "acked": 60})
 FAMILIES += [SEAMS]
+# The gateway fuzzer (issue 28, harness/fuzzer.py): random requests at
+# both gateways and through the sidecars' proxies — methods, path forms,
+# body framings, duplicated Fencing-* headers, real workers' tokens
+# replayed, inflated or moved to another key, tokens of look-alike keys —
+# against a lenient storage (harness/storage.py). F1: each one the storage
+# applied was fenced for exactly the object it landed on. Keys without
+# `:` so one route binds `/kv/{id}` to key `{id}` (without routes any
+# token may write any path: README). Worker pauses make stale tokens to
+# replay. 25 s; in the PR tier.
+FUZZ = sc("gateway-fuzz", keys=["acct-0", "acct-1"], duration_s=25, nemesis=["pause_worker"], self_pause_p=0.2,
+          interval=(1.0, 2.5), gateway_routes=[("/kv/{id}", "{id}")], fuzz={},
+          bite={"fuzz_requests": 150, "fuzz_refused": 100, "fuzz_applied": 1})
+FAMILIES += [FUZZ]
 SENTINEL_FAMILIES = [f for f in FAMILIES if f["backend"] == "redis-sentinel"]
 CLUSTER_FAMILIES = [f for f in FAMILIES if f["backend"] == "redis-cluster"]
 REDLOCK_FAMILIES = [f for f in FAMILIES if f["backend"] == "redlock"]
@@ -328,6 +341,18 @@ SEAM_MUTANTS = {
     "release_in_request": dict(name="m-release-in-request", nemesis=["late_reply"], interval=(0.2, 0.6),
                                short_release_p=1.0, duration_s=25, bite={}, late_reply_aims=["release"],
                                mutants={"sidecar": ["release_in_request"]}),
+}
+
+# Issue 26 items 7 and 9 put back, on the fuzzer's schedule (both the
+# gateways' and the sidecars' proxies run the mutant). `--mutant` only: the
+# PR tier kills them with their directed tests (DIRECTED_MUTANTS).
+FUZZ_MUTANTS = {
+    "unknown_methods_passed": dict(name="m-unknown-methods-passed", bite={},
+                                   mutants={"gateway": ["unknown_methods_passed"],
+                                            "sidecar": ["unknown_methods_passed"]}),
+    "duplicate_header_first_wins": dict(name="m-duplicate-header-first-wins", bite={},
+                                        mutants={"gateway": ["duplicate_header_first_wins"],
+                                                 "sidecar": ["duplicate_header_first_wins"]}),
 }
 
 # Configuration mutants on a sentinel set: a scenario whose settings switch
@@ -636,6 +661,8 @@ def main():
                 if a.backend and a.mutant:
                     s["backend"] = a.backend
                 record(scenario.run(s, s_seed, a.bin, a.out, a.keep), "FAIL")
+            if m in FUZZ_MUTANTS and a.mutant:
+                record(scenario.run(dict(FUZZ, **FUZZ_MUTANTS[m]), s_seed, a.bin, a.out, a.keep), "FAIL")
             if m in RANDOM_MUTANTS:
                 overrides, roles = RANDOM_MUTANTS[m]
                 base = next((f for f in FAMILIES if f["name"] == "pause-short"), BASE)

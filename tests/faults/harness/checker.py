@@ -474,7 +474,7 @@ def check_fuzz(r, events, fuzz_events, commits):
     own pairs are S1's in check()."""
     issued = fuzz_issued(events, fuzz_events)
     marks = {}  # key -> (token, lease, seq, commit)
-    bad = []
+    bad, after = [], []
     for c in commits:
         fz = bool(c.get("fuzz")) or str(c.get("op_id") or "").startswith("fz-")
         m = marks.get(c["key"])
@@ -487,29 +487,37 @@ def check_fuzz(r, events, fuzz_events, commits):
             above = seq is None or (seq > m[2])
         else:
             above = False
+        what = f"fuzz write {c['op_id']} ({str(c.get('method'))[:20]} {str(c.get('raw_path'))[:80]})"
         if fz:
             raw = c.get("raw_token")
             if not raw:
-                bad.append((f"{c['key']}: fuzz write {c['op_id']} ({c.get('method')} {c.get('raw_path')}) "
-                            f"applied without a token", [c]))
+                bad.append((f"{c['key']}: {what} applied without a token", [c]))
             elif raw not in issued:
-                bad.append((f"{c['key']}: fuzz write {c['op_id']} ({c.get('method')} {c.get('raw_path')}) "
-                            f"applied with a token no sidecar issued", [c]))
+                bad.append((f"{c['key']}: {what} applied with a token no sidecar issued", [c]))
             elif issued[raw] != c["key"]:
-                bad.append((f"{c['key']}: fuzz write {c['op_id']} ({c.get('method')} {c.get('raw_path')}) "
-                            f"applied with a token issued for {issued[raw]!r}", [c]))
+                bad.append((f"{c['key']}: {what} applied with a token issued for {issued[raw]!r}", [c]))
             elif not above:
-                bad.append((f"{c['key']}: fuzz write {c['op_id']} applied with (token, seq) ({tok}, {seq}) "
+                bad.append((f"{c['key']}: {what} applied with (token, seq) ({tok}, {seq}) "
                             f"not above ({m[0]}, {m[2]})", [m[3], c]))
-        elif not above and m is not None and m[3].get("fuzz") and tok is not None:
-            r.violate("S1", f"{c['key']}: commit {c['commit_seq']} with (token, seq) ({tok}, {seq}) after "
-                            f"fuzz write {m[3]['op_id']} ({m[0]}, {m[2]})", [m[3], c])
+            else:
+                marks[c["key"]] = (tok, lease, (seq or 0) if m is None or tok > m[0] else max(m[2], seq or 0), c)
+            # A fuzz write that broke F1 moves no mark here: the writes
+            # after it are judged against the fenced history, and the one
+            # violation is reported once.
+            continue
+        if not above and m is not None and m[3].get("fuzz") and tok is not None:
+            after.append((f"{c['key']}: commit {c['commit_seq']} with (token, seq) ({tok}, {seq}) after "
+                          f"fuzz write {m[3]['op_id']} ({m[0]}, {m[2]})", [m[3], c]))
         if tok is not None and (m is None or tok > m[0]):
             marks[c["key"]] = (tok, lease, seq or 0, c)
         elif m is not None and tok == m[0] and lease == m[1]:
-            marks[c["key"]] = (tok, lease, max(m[2], seq or 0), m[3] if not fz else c)
+            marks[c["key"]] = (tok, lease, max(m[2], seq or 0), m[3])
     for msg, ev in bad[:5]:
         r.violate("F1", msg, ev)
     if len(bad) > 5:
         r.violate("F1", f"{len(bad) - 5} more fuzz writes applied unfenced")
+    for msg, ev in after[:3]:
+        r.violate("S1", msg, ev)
+    if len(after) > 3:
+        r.violate("S1", f"{len(after) - 3} more commits below a fuzz write's (token, seq)")
     return len(bad)

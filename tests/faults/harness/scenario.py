@@ -105,6 +105,14 @@ def run(sc, seed, binary, out_dir, keep=False):
             fz_bites, fuzz_refused_by = fuzz_stats(fuzz.events, commits)
             report.bites.update(fz_bites)
         report.bites.update(seam_counts(s.log_events() for s in cluster.sidecars))
+        # late_reply_gateway: replies held on sidecar→gateway links (the
+        # proxies' own record), by what they answered.
+        gw_late = [n for n in cluster.nemesis_events
+                   if n.get("kind") == "late_reply_fired" and "->gateway" in str(n.get("proxy"))]
+        if any(n.get("kind") == "late_reply" and "->gateway" in str(n.get("proxy")) for n in cluster.nemesis_events):
+            report.bites["late_replies_gateway"] = len(gw_late)
+            report.bites["late_replies_preregister"] = sum(1 for n in gw_late
+                                                           if "/_fencer/" in str(n.get("request")))
         failover_metrics = cluster.failover_metrics() if (cluster.rset or cluster.rcluster) else None
         redlock_rounds = cluster.redlock_rounds() if cluster.redlock else None
         zk_metrics = cluster.zookeeper_metrics() if cluster.zk else None

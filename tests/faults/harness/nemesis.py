@@ -459,9 +459,12 @@ class Nemesis:
         not be refused by a mark the late one set wrongly. Skipped when
         less nemesis time is left than the reply is held. One reply per
         fault (armed ≤ 3 s; `late_reply_fired` names the request)."""
-        s = self.rng.choice(self.c.sidecars)
-        p = s.gateway_proxy
         aim = self.rng.choice(self.c.sc.get("late_reply_gateway_aims", ["preregister", "write"]))
+        # Only the proxied workers' sidecars send writes to their gateway
+        # (the direct workers carry their tokens themselves).
+        proxied = [w.sidecar for w in self.c.workers if w.mode == "proxy"]
+        s = self.rng.choice(proxied if aim == "write" and proxied else self.c.sidecars)
+        p = s.gateway_proxy
         timeout = self.c.gateway_call_timeout_ms(aim)
         ms = int(self.rng.uniform(*self.c.sc.get("late_reply_factor", (1.1, 1.5))) * timeout)
         if time.monotonic() + ms / 1000 + 1 > (self.end or float("inf")):

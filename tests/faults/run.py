@@ -67,8 +67,13 @@ FAMILIES = [
        self_pause_ttl=[1.5, 4.0], bite={"stale_at_gateway": 8, "expiries_while_paused": 6}),
     sc("pause-sidecar", nemesis=["pause_sidecar", "pause_worker"], self_pause_p=0.3,
        bite={"stale_at_gateway": 5, "pauses": 10}),
+    # With the request fuzzer (issue 28, below: FUZZ) at the gateways
+    # while they are paused, killed and slow, so keys without `:` and a
+    # route binding `/kv/{id}` to key `{id}`.
     sc("gateways", nemesis=["pause_gateway", "kill_gateway", "slow_preregistration", "late_reply_gateway"],
-       self_pause_p=0.3, bite={"stale_at_gateway": 5, "faults": 8, "late_replies_gateway": 1}),
+       self_pause_p=0.3, keys=["acct-0", "acct-1"], gateway_routes=[("/kv/{id}", "{id}")], fuzz={},
+       bite={"stale_at_gateway": 5, "faults": 8, "late_replies_gateway": 1, "fuzz_requests": 150,
+             "fuzz_refused": 100, "fuzz_applied": 1}),
     sc("backend-crash", nemesis=["kill_backend", "pause_backend"], self_pause_p=0.3, interval=(1.0, 3.0),
        bite={"stale_at_gateway": 5, "faults": 5}),
     sc("backend-crash-pg", backend="postgres", nemesis=["kill_backend", "pause_backend", "late_reply"],
@@ -233,11 +238,13 @@ FAMILIES += [SEAMS]
 # applied was fenced for exactly the object it landed on. Keys without
 # `:` so one route binds `/kv/{id}` to key `{id}` (without routes any
 # token may write any path: README). Worker pauses make stale tokens to
-# replay. 20 s (the fuzzer runs the first 14); in the PR tier. Bites: enough
-# requests and refusals, and at least one fuzz write that was fenced and
-# applied (the fuzzer reaches the storage, not only the gateways' refusals).
+# replay. 20 s (the fuzzer runs the first 14). Bites: enough requests and
+# refusals, and at least one fuzz write that was fenced and applied (the
+# fuzzer reaches the storage, not only the gateways' refusals). Not in the
+# PR tier, where the fuzzer runs inside `gateways` (no added time); the
+# schedule of the fuzzer's mutants (FUZZ_MUTANTS) and `--only`.
 FUZZ = sc("gateway-fuzz", keys=["acct-0", "acct-1"], duration_s=20, nemesis=["pause_worker"], self_pause_p=0.2,
-          interval=(1.0, 2.5), gateway_routes=[("/kv/{id}", "{id}")], fuzz={},
+          interval=(1.0, 2.5), gateway_routes=[("/kv/{id}", "{id}")], fuzz={}, long_only=True,
           bite={"fuzz_requests": 100, "fuzz_refused": 60, "fuzz_applied": 1})
 FAMILIES += [FUZZ]
 SENTINEL_FAMILIES = [f for f in FAMILIES if f["backend"] == "redis-sentinel"]
@@ -255,7 +262,7 @@ BASELINE = sc("baseline", nemesis=[], self_pause_p=0.0)
 MIXED = sc("mixed", nemesis=PAUSES + ["pause_sidecar", "pause_gateway", "kill_gateway", "kill_sidecar",
                                       "kill_backend", "pause_backend", "net_lock", "net_gateway",
                                       "net_storage", "expire", "slow_storage", "late_reply",
-                                      "slow_preregistration"],
+                                      "slow_preregistration", "late_reply_gateway"],
            self_pause_p=0.35, forge_p=0.05, replay_p=0.1, client_timeout_ms=2500, short_release_p=0.1,
            bite={"stale_at_gateway": 30, "expiries_while_paused": 10})
 

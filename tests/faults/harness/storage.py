@@ -149,7 +149,7 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/_control":
             STATE.update(json.loads(self.body() or b"{}"))
             return self.reply(200, STATE)
-        self.reply(404, {"error": "not_found"})
+        self.do_PUT()
 
     def __getattr__(self, name):
         # Every other method (MOVE, PROPPATCH, `put`, BREW...) is a write
@@ -178,14 +178,20 @@ class Handler(BaseHTTPRequestHandler):
         return data
 
     def do_PUT(self):
+        # The body is read first, whatever the answer: a body left unread
+        # would be parsed as the next request on this keep-alive connection.
+        try:
+            raw = self.raw_body()
+        except Exception:  # a malformed chunk, a bad gzip stream, a cut body
+            self.close_connection = True
+            return self.reply(400, {"error": "bad_body"})
         key = canonical_key(self.path)
         if key is None:
             return self.reply(404, {"error": "not_found"})
         try:
-            raw = self.raw_body()
             req = json.loads(raw)
             new = int(req["balance"])
-        except (ValueError, KeyError, TypeError, OSError, EOFError):
+        except (ValueError, KeyError, TypeError):
             return self.reply(400, {"error": "bad_body"})
         raw_token = last_header(self.headers, "fencing-token")
         token, lease = parse_token(raw_token)

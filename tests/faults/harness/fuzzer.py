@@ -84,6 +84,8 @@ def path_variants(key):
         ("query", f"/kv/{k}?x=1&key={q(key)}"),
         ("encoded_slash", f"/kv/{q(head)}%2F..%2F{q(key)}" if head else f"/kv/%2F{k}"),
         ("backslash", f"/kv/x\\..\\{k}"),
+        ("absolute_form", f"http://storage/kv/{k}"),
+        ("absolute_form_params", f"http://storage/kv/{k};x"),
     ]
 
 

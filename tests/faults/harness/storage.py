@@ -62,6 +62,8 @@ def canonical_key(raw_path):
     """The object a lenient storage reads `raw_path` (`/kv/<key>...`) as,
     or None if it names no object under /kv/."""
     path = raw_path.split("?", 1)[0].split("#", 1)[0]
+    if "://" in path:  # an absolute-form request target
+        path = "/" + path.split("://", 1)[1].partition("/")[2]
     path = "/".join(seg.split(";", 1)[0] for seg in path.split("/"))
     for _ in range(2):  # double decoding: `%252D` is `-`
         path = urllib.parse.unquote(path)

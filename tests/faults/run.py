@@ -442,8 +442,9 @@ DIRECTED_MUTANTS = {
     "release_in_request": ("seams", "a_release_whose_client_disconnects_never_leaves_the_lease_held_here"),
     # Issue 26 items 7 and 9, put back (issue 28): each must fail the
     # gateway's test and the proxy's.
-    "unknown_methods_passed": [("gateway_allowlists", "methods_outside_the_read_list_need_a_token"),
-                               ("gateway_allowlists", "the_proxy_treats_every_method_outside_its_read_list_as_a_write")],
+    "unknown_methods_passed": [
+        ("gateway_allowlists", "methods_outside_the_read_list_need_a_token"),
+        ("gateway_allowlists", "the_proxy_treats_every_method_outside_its_read_list_as_a_write")],
     "duplicate_header_first_wins": [("gateway_allowlists", "duplicate_fencing_headers_are_refused_at_the_gateway"),
                                     ("gateway_allowlists", "duplicate_fencing_headers_are_refused_at_the_proxy")],
 }

@@ -422,7 +422,8 @@ class Fuzzer:
         if framing in ("chunked", "gzip_chunked"):
             h.append(("Transfer-Encoding", "chunked"))
             cut = self.rng.randrange(1, len(body))
-            payload = b"".join(f"{len(p):x}\r\n".encode() + p + b"\r\n" for p in (body[:cut], body[cut:])) + b"0\r\n\r\n"
+            parts = (body[:cut], body[cut:])
+            payload = b"".join(f"{len(p):x}\r\n".encode() + p + b"\r\n" for p in parts) + b"0\r\n\r\n"
         elif framing == "cl_short":
             h.append(("Content-Length", str(len(body) - 5)))
             payload = body

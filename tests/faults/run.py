@@ -22,6 +22,8 @@ M1 (docs/faults.md).
   python3 tests/faults/run.py --mutant no_enforcement --backend mysql --skip-directed
   python3 tests/faults/run.py --only seams --seed 7 --keep       # issue 26's seams (M1)
   python3 tests/faults/run.py --mutant undo_by_lease --repeat 5  # must FAIL (M1)
+  python3 tests/faults/run.py --only gateway-fuzz --seed 7 --keep   # the request fuzzer (F1)
+  python3 tests/faults/run.py --mutant duplicate_header_first_wins --repeat 5   # must FAIL (F1)
 
 Exit status 0 when every safety run is PASS and every mutant run FAILs.
 Histories, logs and the report of every run that is not a clean PASS are

@@ -46,7 +46,7 @@ impl Gateway {
     fn kind(&self, req: &Request<Incoming>) -> &'static str {
         if req.uri().path().starts_with(&self.fence_prefix) {
             "preregister"
-        } else if self.read_methods.contains(req.method()) {
+        } else if headers::is_read(&self.read_methods, req.method()) {
             "read"
         } else {
             "write"

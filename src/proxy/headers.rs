@@ -36,6 +36,11 @@ pub fn methods(names: &[String]) -> Vec<Method> {
 
 /// The first `Fencing-*` header that appears more than once, if any.
 pub fn duplicated(headers: &HeaderMap) -> Option<HeaderName> {
+    if crate::mutants::active("duplicate_header_first_wins") {
+        // As before issue 26: nothing is refused, `get` reads the first
+        // value and the forward carries every value.
+        return None;
+    }
     headers
         .keys()
         .filter(|n| n.as_str().starts_with(PREFIX))
@@ -52,6 +57,20 @@ pub fn duplicate_error(name: &HeaderName) -> ApiError {
         format!("`{name}` appears more than once; send each Fencing-* header once"),
     )
     .with("header", name.as_str())
+}
+
+/// The methods that were writes before issue 26 (`write_methods`'s old
+/// default): with the `unknown_methods_passed` mutant, every other method
+/// outside the read list is a read again.
+const OLD_WRITE_METHODS: [Method; 4] = [Method::PUT, Method::POST, Method::PATCH, Method::DELETE];
+
+/// Whether `method` is a read: one of `read_methods` (compared exactly;
+/// every other method, whatever its case, is a write — PITFALLS 13).
+pub fn is_read(read_methods: &[Method], method: &Method) -> bool {
+    if read_methods.contains(method) {
+        return true;
+    }
+    crate::mutants::active("unknown_methods_passed") && !OLD_WRITE_METHODS.contains(method)
 }
 
 /// Removes every `Fencing-*` header except those named in `keep`.

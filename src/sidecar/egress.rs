@@ -114,7 +114,7 @@ impl Egress {
             headers.remove(name);
         }
 
-        let is_write = !self.read_methods.contains(req.method());
+        let is_write = !crate::proxy::headers::is_read(&self.read_methods, req.method());
         let named = lock.is_some() || lease.is_some() || !self.routes.is_empty();
         if named || is_write {
             if let Err(e) = normalize_uri(&mut req) {

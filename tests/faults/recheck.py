@@ -22,6 +22,8 @@ from harness import checker, clock_restarts, eviction, late_requests  # noqa: E4
 from harness.scenario import load_history, seam_counts  # noqa: E402
 
 COLS = ["commit_seq", "key", "token", "seq", "lease", "prev", "new", "op_id", "claimed_prev", "t_ns", "method"]
+# Columns the storage has recorded since issue 28 (the gateway fuzzer).
+FUZZ_COLS = ["raw_token", "raw_path", "fuzz"]
 
 
 def scenario_of(report):
@@ -37,7 +39,8 @@ def scenario_of(report):
     for base, mutants in (("zk-session", suite.ZOOKEEPER_MUTANTS), ("redlock-majority-restarts",
                                                                      suite.REDLOCK_MUTANTS),
                             ("mysql-cut", suite.MYSQL_MUTANTS), ("seams", suite.SEAM_MUTANTS),
-                            ("redis-eviction", suite.EVICTION_MUTANTS)):
+                            ("redis-eviction", suite.EVICTION_MUTANTS),
+                            ("gateway-fuzz", suite.FUZZ_MUTANTS)):
         for m in mutants.values():
             if m["name"] == name:
                 return dict(next(f for f in suite.FAMILIES if f["name"] == base), **m)
@@ -78,9 +81,17 @@ def recheck(run_dir):
     for h in sorted(glob.glob(os.path.join(run_dir, "worker-*", "history.jsonl"))):
         events += load_history(h)
     db = sqlite3.connect(os.path.join(run_dir, "storage.db"))
-    commits = [dict(zip(COLS, r)) for r in db.execute(f"SELECT {', '.join(COLS)} FROM log ORDER BY commit_seq")]
+    cols = COLS + [c for c in FUZZ_COLS if c in {r[1] for r in db.execute("PRAGMA table_info(log)")}]
+    commits = [dict(zip(cols, r)) for r in db.execute(f"SELECT {', '.join(cols)} FROM log ORDER BY commit_seq")]
     nemesis = load_history(os.path.join(run_dir, "nemesis.jsonl"))
-    r = checker.check(events, commits, injections(run_dir), [], nemesis, sc)
+    # The gateway fuzzer's writes (issue 28) are F1's, not the ledger's.
+    r = checker.check(events, [c for c in commits if not c.get("fuzz")], injections(run_dir), [], nemesis, sc)
+    fuzz_path = os.path.join(run_dir, "fuzz.jsonl")
+    if os.path.exists(fuzz_path):
+        from harness.fuzzer import stats as fuzz_stats
+        fuzz_events = load_history(fuzz_path)
+        checker.check_fuzz(r, events, fuzz_events, commits)
+        r.bites.update(fuzz_stats(fuzz_events, commits)[0])
     r.bites.update(seam_counts(lines for _, lines in sidecar_logs(run_dir)))
     # Issue 28's checks (O1, A1, E1), as scenario.run makes them.
     late_requests.check(r, events, nemesis)

@@ -25,6 +25,8 @@ M1 (docs/faults.md).
   python3 tests/faults/run.py --only redis-eviction --seed 7     # Redis that may evict (E1, M1)
   python3 tests/faults/run.py --mutant eviction_unchecked --skip-directed --repeat 5   # must FAIL (E1)
   python3 tests/faults/run.py --only sidecar-clock-restart --seed 7   # adopted leases write on (A1, S1)
+  python3 tests/faults/run.py --only gateway-fuzz --seed 7 --keep   # the request fuzzer (F1)
+  python3 tests/faults/run.py --mutant duplicate_header_first_wins --repeat 5   # must FAIL (F1)
 
 Exit status 0 when every safety run is PASS and every mutant run FAILs.
 Histories, logs and the report of every run that is not a clean PASS are
@@ -79,8 +81,13 @@ FAMILIES = [
        self_pause_ttl=[1.5, 4.0], bite={"stale_at_gateway": 8, "expiries_while_paused": 6}),
     sc("pause-sidecar", nemesis=["pause_sidecar", "pause_worker"], self_pause_p=0.3,
        bite={"stale_at_gateway": 5, "pauses": 10}),
-    sc("gateways", nemesis=["pause_gateway", "kill_gateway", "slow_preregistration"], self_pause_p=0.3,
-       bite={"stale_at_gateway": 5, "faults": 8}),
+    # With the request fuzzer (issue 28, below: FUZZ) at the gateways
+    # while they are paused, killed and slow, so keys without `:` and a
+    # route binding `/kv/{id}` to key `{id}`.
+    sc("gateways", nemesis=["pause_gateway", "kill_gateway", "slow_preregistration", "late_reply_gateway"],
+       self_pause_p=0.3, keys=["acct-0", "acct-1"], gateway_routes=[("/kv/{id}", "{id}")], fuzz={},
+       bite={"stale_at_gateway": 5, "faults": 8, "late_replies_gateway": 1, "fuzz_requests": 150,
+             "fuzz_refused": 100, "fuzz_applied": 1}),
     sc("backend-crash", nemesis=["kill_backend", "pause_backend"], self_pause_p=0.3, interval=(1.0, 3.0),
        bite={"stale_at_gateway": 5, "faults": 5}),
     # late_request (issue 28): acquire or release statements that reach
@@ -271,6 +278,23 @@ CLOCK_RESTARTS = sc("sidecar-clock-restart", nemesis=["kill_sidecar_stepped"], s
                     duration_s=16, quiet_s=3, interval=(0.8, 2.0),
                     bite={"clock_stepped_restarts": 2, "adopted_writes": 1, "acked": 30})
 FAMILIES += [CLOCK_RESTARTS]
+# The gateway fuzzer (issue 28, harness/fuzzer.py): random requests at
+# both gateways and through the sidecars' proxies — methods, path forms,
+# body framings, duplicated Fencing-* headers, real workers' tokens
+# replayed, inflated or moved to another key, tokens of look-alike keys —
+# against a lenient storage (harness/storage.py). F1: each one the storage
+# applied was fenced for exactly the object it landed on. Keys without
+# `:` so one route binds `/kv/{id}` to key `{id}` (without routes any
+# token may write any path: README). Worker pauses make stale tokens to
+# replay. 20 s (the fuzzer runs the first 14). Bites: enough requests and
+# refusals, and at least one fuzz write that was fenced and applied (the
+# fuzzer reaches the storage, not only the gateways' refusals). Not in the
+# PR tier, where the fuzzer runs inside `gateways` (no added time); the
+# schedule of the fuzzer's mutants (FUZZ_MUTANTS) and `--only`.
+FUZZ = sc("gateway-fuzz", keys=["acct-0", "acct-1"], duration_s=20, nemesis=["pause_worker"], self_pause_p=0.2,
+          interval=(1.0, 2.5), gateway_routes=[("/kv/{id}", "{id}")], fuzz={}, long_only=True,
+          bite={"fuzz_requests": 100, "fuzz_refused": 60, "fuzz_applied": 1})
+FAMILIES += [FUZZ]
 SENTINEL_FAMILIES = [f for f in FAMILIES if f["backend"] == "redis-sentinel"]
 CLUSTER_FAMILIES = [f for f in FAMILIES if f["backend"] == "redis-cluster"]
 REDLOCK_FAMILIES = [f for f in FAMILIES if f["backend"] == "redlock"]
@@ -287,7 +311,7 @@ BASELINE = sc("baseline", nemesis=[], self_pause_p=0.0)
 MIXED = sc("mixed", nemesis=PAUSES + ["pause_sidecar", "pause_gateway", "kill_gateway", "kill_sidecar",
                                       "kill_backend", "pause_backend", "net_lock", "net_gateway",
                                       "net_storage", "expire", "slow_storage", "late_reply",
-                                      "slow_preregistration"],
+                                      "slow_preregistration", "late_reply_gateway"],
            self_pause_p=0.35, forge_p=0.05, replay_p=0.1, client_timeout_ms=2500, short_release_p=0.1,
            bite={"stale_at_gateway": 30, "expiries_while_paused": 10})
 
@@ -385,6 +409,18 @@ EVICTION_MUTANTS = {
     "eviction_unchecked": dict(name="m-eviction-unchecked", bite={}, mutants={"sidecar": ["eviction_unchecked"]}),
 }
 
+# Issue 26 items 7 and 9 put back, on the fuzzer's schedule (both the
+# gateways' and the sidecars' proxies run the mutant). `--mutant` only: the
+# PR tier kills them with their directed tests (DIRECTED_MUTANTS).
+FUZZ_MUTANTS = {
+    "unknown_methods_passed": dict(name="m-unknown-methods-passed", bite={},
+                                   mutants={"gateway": ["unknown_methods_passed"],
+                                            "sidecar": ["unknown_methods_passed"]}),
+    "duplicate_header_first_wins": dict(name="m-duplicate-header-first-wins", bite={},
+                                        mutants={"gateway": ["duplicate_header_first_wins"],
+                                                 "sidecar": ["duplicate_header_first_wins"]}),
+}
+
 # Configuration mutants on a sentinel set: a scenario whose settings switch
 # a mechanism off (no FENCER_MUTANT). counter_tokens is FAULT-SUITE's M4,
 # "Redis-minted token, no WAIT, async failover": plain INCR tokens and no
@@ -467,6 +503,13 @@ DIRECTED_MUTANTS = {
     # too, 20/20, in 5 s: --mutant runs the redis-eviction schedule, which
     # changes the policy live).
     "eviction_unchecked": ("redis_policies", "a_single_redis_that_may_evict_is_not_ready_and_refuses_acquires"),
+    # Issue 26 items 7 and 9, put back (issue 28): each must fail the
+    # gateway's test and the proxy's.
+    "unknown_methods_passed": [
+        ("gateway_allowlists", "methods_outside_the_read_list_need_a_token"),
+        ("gateway_allowlists", "the_proxy_treats_every_method_outside_its_read_list_as_a_write")],
+    "duplicate_header_first_wins": [("gateway_allowlists", "duplicate_fencing_headers_are_refused_at_the_gateway"),
+                                    ("gateway_allowlists", "duplicate_fencing_headers_are_refused_at_the_proxy")],
 }
 
 
@@ -762,6 +805,8 @@ def main():
                 if a.backend and a.mutant:
                     s["backend"] = a.backend
                 later("FAIL", run_scenario, s, s_seed, a.bin, a.out, a.keep)
+            if m in FUZZ_MUTANTS and a.mutant:
+                later("FAIL", run_scenario, dict(FUZZ, **FUZZ_MUTANTS[m]), s_seed, a.bin, a.out, a.keep)
             if m in RANDOM_MUTANTS:
                 overrides, roles = RANDOM_MUTANTS[m]
                 base = next((f for f in FAMILIES if f["name"] == "pause-short"), BASE)

@@ -539,3 +539,83 @@ def spread(values):
     if not vals:
         return None
     return {"min": min(vals), "median": round(statistics.median(vals)), "max": max(vals), "n": len(vals)}
+
+
+# ---------------------------------------------------------------- F1
+# The gateway fuzzer's property (issue 28, harness/fuzzer.py). Kept apart
+# from check(): the fuzzer's writes are not the workers' ledger (S3, S4
+# and S6 see the workers' commits only), but the order of applied writes
+# per key (S1) is one order, so it is checked here over every commit.
+
+
+def fuzz_issued(events, fuzz_events):
+    """Every signed token a sidecar handed out, as its exact wire form →
+    the key it was issued for (workers' acquire answers, and the fuzzer's
+    own acquires of look-alike keys)."""
+    out = {}
+    for e in list(events) + list(fuzz_events):
+        if e.get("f") == "acquire" and e.get("kind") == "ok":
+            resp = e.get("resp") or {}
+            if resp.get("fencing_token"):
+                out[resp["fencing_token"]] = e["key"]
+    return out
+
+
+def check_fuzz(r, events, fuzz_events, commits):
+    """F1: every fuzz write the storage applied was fenced for exactly the
+    object the storage applied it to: it carried (as the storage read it —
+    the last value of a repeated header) a token a sidecar issued for that
+    key (the storage's own reading of the path: `canonical_key`), with a
+    (token, seq) the gateway's rule (fence_store::decide) puts above the
+    key's previous applied write. A worker write applied below a fuzz
+    write is counted here too (S1 over the one commit order); the workers'
+    own pairs are S1's in check()."""
+    issued = fuzz_issued(events, fuzz_events)
+    marks = {}  # key -> (token, lease, seq, commit)
+    bad, after = [], []
+    for c in commits:
+        fz = bool(c.get("fuzz")) or str(c.get("op_id") or "").startswith("fz-")
+        m = marks.get(c["key"])
+        tok, lease, seq = c["token"], c["lease"], c["seq"]
+        if tok is None:
+            above = False
+        elif m is None or tok > m[0]:
+            above = True
+        elif tok == m[0] and lease == m[1]:
+            above = seq is None or (seq > m[2])
+        else:
+            above = False
+        what = f"fuzz write {c['op_id']} ({str(c.get('method'))[:20]} {str(c.get('raw_path'))[:80]})"
+        if fz:
+            raw = c.get("raw_token")
+            if not raw:
+                bad.append((f"{c['key']}: {what} applied without a token", [c]))
+            elif raw not in issued:
+                bad.append((f"{c['key']}: {what} applied with a token no sidecar issued", [c]))
+            elif issued[raw] != c["key"]:
+                bad.append((f"{c['key']}: {what} applied with a token issued for {issued[raw]!r}", [c]))
+            elif not above:
+                bad.append((f"{c['key']}: {what} applied with (token, seq) ({tok}, {seq}) "
+                            f"not above ({m[0]}, {m[2]})", [m[3], c]))
+            else:
+                marks[c["key"]] = (tok, lease, (seq or 0) if m is None or tok > m[0] else max(m[2], seq or 0), c)
+            # A fuzz write that broke F1 moves no mark here: the writes
+            # after it are judged against the fenced history, and the one
+            # violation is reported once.
+            continue
+        if not above and m is not None and m[3].get("fuzz") and tok is not None:
+            after.append((f"{c['key']}: commit {c['commit_seq']} with (token, seq) ({tok}, {seq}) after "
+                          f"fuzz write {m[3]['op_id']} ({m[0]}, {m[2]})", [m[3], c]))
+        if tok is not None and (m is None or tok > m[0]):
+            marks[c["key"]] = (tok, lease, seq or 0, c)
+        elif m is not None and tok == m[0] and lease == m[1]:
+            marks[c["key"]] = (tok, lease, max(m[2], seq or 0), m[3])
+    for msg, ev in bad[:5]:
+        r.violate("F1", msg, ev)
+    if len(bad) > 5:
+        r.violate("F1", f"{len(bad) - 5} more fuzz writes applied unfenced")
+    for msg, ev in after[:3]:
+        r.violate("S1", msg, ev)
+    if len(after) > 3:
+        r.violate("S1", f"{len(after) - 3} more commits below a fuzz write's (token, seq)")
+    return len(bad)

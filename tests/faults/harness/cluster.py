@@ -133,7 +133,13 @@ class Cluster:
                 "gateway.postgres_request_timeout_ms": 1000,
             }
             settings.update(sc.get("gateway_settings", {}))
-            g = Fencer(self.run_dir, name, "gateway", self.binary, settings, self.mutants("gateway"))
+            # gateway_routes: [(path pattern, key template)] binding storage
+            # paths to the one key whose token may write them (the fuzzer's
+            # families: without routes any token may write any path).
+            routes = "".join(f'[[gateway.routes]]\npath = "{p}"\nkey = "{k}"\n'
+                             for p, k in sc.get("gateway_routes", []))
+            g = Fencer(self.run_dir, name, "gateway", self.binary, settings, self.mutants("gateway"),
+                       config_text=routes or None)
             g.storage_proxy = stp
             self.gateways.append(g)
         # Sidecars and workers.
@@ -148,12 +154,12 @@ class Cluster:
                 "sidecar.default_ttl_ms": sc["ttl_ms"],
                 "sidecar.safety_margin_ms": 20,
                 "proxy.upstream": f"http://127.0.0.1:{gwp.port}",
-                "proxy.upstream_timeout_ms": 8000,
+                "proxy.upstream_timeout_ms": sc.get("proxy_upstream_timeout_ms", 8000),
                 "proxy.connect_timeout_ms": 500,
                 "gateway.serialize_timeout_ms": sc.get("serialize_timeout_ms", 3000),
                 "gateway.upstream_timeout_ms": sc.get("gw_upstream_timeout_ms", 3000),
                 "gateway.connect_timeout_ms": 1000,
-                "sidecar.preregister_timeout_ms": 5000,
+                "sidecar.preregister_timeout_ms": sc.get("preregister_timeout_ms", 5000),
                 "sidecar.lost_lease_retention_ms": 60000,
             }
             if sc.get("preregister", True):
@@ -291,6 +297,15 @@ class Cluster:
         if b == "redlock":
             return 50  # backend.redlock.request_timeout_ms's default
         return 500
+
+    def gateway_call_timeout_ms(self, aim):
+        """The sidecars' bound on one call to their gateway (the settings
+        above): a pre-registration's (`sidecar.preregister_timeout_ms`) or
+        a proxied request's (`proxy.upstream_timeout_ms`). A reply held
+        longer comes after its caller gave up (late_reply_gateway)."""
+        if aim == "preregister":
+            return self.sc.get("preregister_timeout_ms", 5000)
+        return self.sc.get("proxy_upstream_timeout_ms", 8000)
 
     def lock_links(self):
         """The proxied links from sidecars to the lock backend, in groups

@@ -491,6 +491,44 @@ class Nemesis:
         an evicting policy, OOM refusals under noeviction
         (harness/eviction.py)."""
         eviction.fill(self)
+    def late_reply_gateway(self):
+        """late_reply on one sidecar's link to its gateway (issue 28 item
+        2): only the reply to the next pre-registration (`aim`
+        "preregister") or proxied write ("write") is held, 1.1–1.5× the
+        sidecar's timeout for that call (`late_reply_factor`), then
+        delivered; the request reaches the gateway at once, so the mark
+        moves (or the storage applies the write) while the sidecar has
+        given up on it. The acquire must not be answered "held" past its
+        lease, nor the write reported applied; a second holder's token must
+        not be refused by a mark the late one set wrongly. Skipped when
+        less nemesis time is left than the reply is held. One reply per
+        fault (armed ≤ 3 s; `late_reply_fired` names the request)."""
+        aim = self.rng.choice(self.c.sc.get("late_reply_gateway_aims", ["preregister", "write"]))
+        # Only the proxied workers' sidecars send writes to their gateway
+        # (the direct workers carry their tokens themselves).
+        proxied = [w.sidecar for w in self.c.workers if w.mode == "proxy"]
+        s = self.rng.choice(proxied if aim == "write" and proxied else self.c.sidecars)
+        p = s.gateway_proxy
+        timeout = self.c.gateway_call_timeout_ms(aim)
+        ms = int(self.rng.uniform(*self.c.sc.get("late_reply_factor", (1.1, 1.5))) * timeout)
+        if time.monotonic() + ms / 1000 + 1 > (self.end or float("inf")):
+            self.c.event(kind="skipped", family="late_reply_gateway", why="held reply would outlast the faults")
+            return
+        marker = ["/_fencer/v1/fences/"] if aim == "preregister" else ["/kv/"]
+        marker.append(key_marker(self.c.sc["keys"]))
+        unless = [] if aim == "preregister" else ["GET ", "HEAD "]
+        self.c.event(kind="late_reply", proxy=p.name, ms=ms, marker=marker, unless=unless, aim=aim,
+                     timeout_ms=timeout, target=s.name)
+        p.set("late_reply", ms=ms, marker=marker, unless=unless)
+        armed_until = time.monotonic() + 3.0
+        while time.monotonic() < armed_until and p.mode["mode"] == "late_reply":
+            time.sleep(0.01)
+        if p.mode["mode"] == "late_reply":
+            p.set("pass")
+        else:
+            # The held reply is still on its way: let it land before the
+            # next fault on this link.
+            time.sleep(ms / 1000)
 
     def slow_preregistration(self):
         """One sidecar's link to its gateway delays every answer 1.2–2× the

@@ -1264,7 +1264,8 @@ class MariaDB:
 class Fencer:
     """A fencer process (sidecar or gateway) of the binary under test."""
 
-    def __init__(self, run_dir, name, role, binary, settings, mutants=(), faketime=None, ready=True):
+    def __init__(self, run_dir, name, role, binary, settings, mutants=(), faketime=None, ready=True,
+                 config_text=None):
         self.name, self.role = name, role
         self.dir = os.path.join(run_dir, name)
         os.makedirs(self.dir, exist_ok=True)
@@ -1284,6 +1285,13 @@ class Fencer:
             env["FENCER__" + k.replace(".", "__").upper()] = str(v)
         if mutants:
             env["FENCER_MUTANT"] = ",".join(mutants)
+        if config_text:
+            # Settings the environment cannot spell (lists of tables, e.g.
+            # gateway.routes): a config file of this process's own.
+            path = os.path.join(self.dir, "fencer.toml")
+            with open(path, "w") as f:
+                f.write(config_text)
+            env["FENCER_CONFIG"] = path
         if faketime:
             env.update(faketime_env(faketime))
         self.proc = Proc(name, [binary, role], env, os.path.join(self.dir, "fencer.log"))

@@ -80,6 +80,12 @@ def run(sc, seed, binary, out_dir, keep=False):
         cluster.start_workers()
         cluster.event(kind="start")
         nem = Nemesis(cluster, sc["nemesis"], seed, sc["ttl_ms"], tuple(sc.get("interval", (0.3, 1.5))))
+        fuzz = None
+        if sc.get("fuzz") is not None:
+            # The gateway fuzzer (issue 28) runs while the faults do.
+            from .fuzzer import Fuzzer
+            fuzz = Fuzzer(cluster, seed, sc["fuzz"])
+            fuzz.start(max(1, sc["duration_s"] - quiet))
         if sc["nemesis"]:
             nem.run_for(max(1, sc["duration_s"] - quiet))
         else:
@@ -88,16 +94,27 @@ def run(sc, seed, binary, out_dir, keep=False):
         nem.join()
         if observer:
             observer.stop()
+        if fuzz:
+            fuzz.stop()
         events = []
         for w in cluster.workers:
             events += load_history(w.cfg["history"])
         with urllib.request.urlopen(f"http://127.0.0.1:{cluster.storage_port}/_log", timeout=30) as r:
             commits = json.load(r)["log"]
         inj = injections(cluster.sidecars)
+        # The fuzzer's writes are not the workers' ledger: F1 checks them
+        # (and S1 across both), S3/S4/S6 the workers' own.
+        ledger = [c for c in commits if not c.get("fuzz")]
         observed = observer_mod.load(observer.path) if observer else None
-        report = checker.check(events, commits, inj, cluster.marks, cluster.nemesis_events, sc, observed)
+        report = checker.check(events, ledger, inj, cluster.marks, cluster.nemesis_events, sc, observed)
         if observer:
             report.bites["observer_samples"] = observer.samples
+        fuzz_refused_by = None
+        if fuzz:
+            from .fuzzer import stats as fuzz_stats
+            checker.check_fuzz(report, events, fuzz.events, commits)
+            fz_bites, fuzz_refused_by = fuzz_stats(fuzz.events, commits)
+            report.bites.update(fz_bites)
         report.bites.update(seam_counts(s.log_events() for s in cluster.sidecars))
         # Statements that reached the backend late (O1, issue 28).
         late_requests.check(report, events, cluster.nemesis_events)
@@ -106,6 +123,14 @@ def run(sc, seed, binary, out_dir, keep=False):
         if cluster.eviction:
             # Held while Redis may evict (E1, issue 28).
             eviction.check(report, events, cluster.nemesis_events, sc, cluster)
+        # late_reply_gateway: replies held on sidecar→gateway links (the
+        # proxies' own record), by what they answered.
+        gw_late = [n for n in cluster.nemesis_events
+                   if n.get("kind") == "late_reply_fired" and "->gateway" in str(n.get("proxy"))]
+        if any(n.get("kind") == "late_reply" and "->gateway" in str(n.get("proxy")) for n in cluster.nemesis_events):
+            report.bites["late_replies_gateway"] = len(gw_late)
+            report.bites["late_replies_preregister"] = sum(1 for n in gw_late
+                                                           if "/_fencer/" in str(n.get("request")))
         failover_metrics = cluster.failover_metrics() if (cluster.rset or cluster.rcluster) else None
         redlock_rounds = cluster.redlock_rounds() if cluster.redlock else None
         zk_metrics = cluster.zookeeper_metrics() if cluster.zk else None
@@ -148,6 +173,7 @@ def run(sc, seed, binary, out_dir, keep=False):
         "mutants": sc.get("mutants", {}), "verdict": verdict,
         "violations": report.violations, "bites": report.bites, "below_threshold": short,
         "m1_excused": report.stats.get("m1_excused", {}),
+        "fuzz_refused_by": fuzz_refused_by,
         "seconds": round(time.monotonic() - started, 1), "dir": run_dir,
     }
     if any(n.get("kind") in checker.UNAVAILABILITY_KINDS for n in cluster.nemesis_events):

@@ -36,9 +36,10 @@ use crate::settings::limits::{MAX_OWNER_BYTES, MAX_TTL_MS};
 /// Dapr's two lock routes, for [`super::api::router`] to serve beside the
 /// lock API.
 pub fn routes() -> axum::Router<Arc<ApiState>> {
+    use axum::routing::post;
     axum::Router::new()
-        .route("/v1.0-alpha1/lock/{store}", axum::routing::post(lock))
-        .route("/v1.0-alpha1/unlock/{store}", axum::routing::post(unlock))
+        .route("/v1.0-alpha1/lock/{store}", post(lock))
+        .route("/v1.0-alpha1/unlock/{store}", post(unlock))
 }
 
 /// A Dapr-shaped error: Dapr's `errorCode` beside fencer's fields.

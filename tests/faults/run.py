@@ -409,6 +409,55 @@ DIRECTED_MUTANTS = {
 }
 
 
+# Renewals, holds and clients that walk away (issue 28; worker.py
+# `clients`, checker.py `m1_clients`): a third of the acquire cycles renew
+# halfway through their think time, a quarter of the cycles take the lock
+# through a hold stream (heartbeats every TTL/3), and 15 % walk away from
+# one step — acquire (queued or not, or during pre-registration), renew,
+# release or hold — then probe their sidecar. Every renewal, grant,
+# heartbeat and probe answer is a "held" span for M1; a lease kept past
+# its client (+ its TTL) fails M1 too. Enabled in four PR-tier families
+# (Redis, MySQL twice, ZooKeeper) with a bite per step; the families keep
+# their length. The mutant runs of other schedules keep the workload they
+# were measured with (no `clients`).
+CLIENTS = {"renew_p": 0.35, "hold_p": 0.25, "disconnect_p": 0.15, "disconnect_ms": [0, 30], "probe_delay_ms": 100}
+CLIENT_BITES = {"renewals": 1, "holds": 1, "hold_heartbeats": 1, "disconnects_acquire": 1, "disconnects_renew": 1,
+                "disconnects_release": 1, "disconnects_hold": 1}
+CLIENT_FAMILIES = ("network", "seams", "zk-session", "mysql-cut")
+
+
+def with_clients(family, clients=None, bite=True):
+    """`family` (in place) with the clients' workload and its bites."""
+    family["clients"] = dict(CLIENTS, **(clients or {}))
+    family["sidecar_settings"] = dict(family.get("sidecar_settings", {}),
+                                      **{"sidecar.hold_heartbeat_ms": max(10, family["ttl_ms"] // 3)})
+    if bite:
+        family["bite"] = dict(family.get("bite", {}), **CLIENT_BITES)
+    return family
+
+
+for _f in FAMILIES:
+    if _f["name"] in CLIENT_FAMILIES:
+        with_clients(_f)
+for _m in list(SEAM_MUTANTS.values()) + list(ZOOKEEPER_MUTANTS.values()) + list(MYSQL_MUTANTS.values()):
+    _m.setdefault("clients", {})
+
+# The clients' schedule for mutants (`--mutant clients:<mutant>`, not in
+# the PR tier): MySQL, no pauses and no clock faults (no window: M1 must
+# hold outright), a third of the cycles walking away, late replies aimed
+# at releases (a release still on its way when its client leaves) and
+# slow pre-registrations (an acquire or hold left during one).
+CLIENTS_MUTANT_BASE = with_clients(
+    sc("m-clients", backend="mysql", ttl_ms=1500, think_ms=[50, 400], self_pause_p=0.0, interval=(0.2, 0.6),
+       duration_s=25, late_reply_aims=["release", "acquire"],
+       nemesis=["late_reply", "late_reply", "slow_preregistration"]),
+    {"disconnect_p": 0.35}, bite=False)
+CLIENT_MUTANTS = {
+    "clients:release_in_request": {"sidecar": ["release_in_request"]},
+    "clients:keep_orphans": {"sidecar": ["keep_orphans"]},
+}
+
+
 def with_mutants(base, overrides, mutants):
     d = dict(base)
     d.update(overrides)
@@ -628,6 +677,12 @@ def main():
             if m in SEAM_MUTANTS and a.mutant:
                 s = dict(SEAMS, **SEAM_MUTANTS[m])
                 if a.backend and a.mutant:
+                    s["backend"] = a.backend
+                record(scenario.run(s, s_seed, a.bin, a.out, a.keep), "FAIL")
+            if m in CLIENT_MUTANTS:  # `--mutant clients:<name>` only
+                s = dict(CLIENTS_MUTANT_BASE, name="m-" + m.replace(":", "-").replace("_", "-"),
+                         mutants=CLIENT_MUTANTS[m])
+                if a.backend:
                     s["backend"] = a.backend
                 record(scenario.run(s, s_seed, a.bin, a.out, a.keep), "FAIL")
             if m in RANDOM_MUTANTS:

@@ -412,7 +412,8 @@ DIRECTED_MUTANTS = {
 # Renewals, holds and clients that walk away (issue 28; worker.py
 # `clients`, checker.py `m1_clients`): a third of the acquire cycles renew
 # halfway through their think time, a quarter of the cycles take the lock
-# through a hold stream (heartbeats every TTL/3), and 15 % walk away from
+# through a hold stream (heartbeats every TTL/3; they think 0.2–1.2 TTL, so
+# their sidecar renews them), and 15 % walk away from
 # one step — acquire (queued or not, or during pre-registration), renew,
 # release or hold — then probe their sidecar. Every renewal, grant,
 # heartbeat and probe answer is a "held" span for M1; a lease kept past
@@ -420,7 +421,8 @@ DIRECTED_MUTANTS = {
 # (Redis, MySQL twice, ZooKeeper) with a bite per step; the families keep
 # their length. The mutant runs of other schedules keep the workload they
 # were measured with (no `clients`).
-CLIENTS = {"renew_p": 0.35, "hold_p": 0.25, "disconnect_p": 0.15, "disconnect_ms": [0, 30], "probe_delay_ms": 100}
+CLIENTS = {"renew_p": 0.35, "hold_p": 0.25, "hold_think_ttl": [0.2, 1.2], "disconnect_p": 0.15,
+           "disconnect_ms": [0, 30], "probe_delay_ms": 100}
 CLIENT_BITES = {"renewals": 1, "holds": 1, "hold_heartbeats": 1, "disconnects_acquire": 1, "disconnects_renew": 1,
                 "disconnects_release": 1, "disconnects_hold": 1}
 CLIENT_FAMILIES = ("network", "seams", "zk-session", "mysql-cut")

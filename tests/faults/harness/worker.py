@@ -14,7 +14,7 @@ With the scenario's `clients` options (issue 28; all off by default):
 is another "held" span; lease_lost or any other refusal ends the cycle
 without the write), `hold_p` takes the lock through `POST …/hold` instead
 (an NDJSON stream: the grant, then heartbeats with the time left; closing
-the stream is the release), and `disconnect_p` makes the client walk away
+the stream is the release; such a cycle thinks `hold_think_ttl` × TTL), and `disconnect_p` makes the client walk away
 from one step of the cycle — acquire, renew, release or hold — after
 sending only the headers, half the body, or all of it and 0–30 ms (see
 `abandon`); it then asks its sidecar what it holds (`get`, probe).
@@ -188,6 +188,10 @@ class Worker:
             return
         balance = r[1].get("balance", 0) if r[0] == 200 else 0
         think = rng.uniform(*cfg["think_ms"])
+        if hold and cl.get("hold_think_ttl"):
+            # Holds that last long enough to be renewed by the sidecar and
+            # to carry heartbeats.
+            think = rng.uniform(*cl["hold_think_ttl"]) * cfg["ttl_ms"]
         if not hold and (drop == "renew" or rng.random() < cl.get("renew_p", 0)):
             # Halfway through the think time: a client making sure of its
             # lease before it writes.
@@ -360,8 +364,11 @@ def walk_away(url, body, how, delay_s, timeout):
             s.sendall(head + data)
         if delay_s > 0:
             time.sleep(delay_s)
+        # A socket with a timeout waits for data before a recv, whatever
+        # the flags: look without waiting.
+        s.setblocking(False)
         try:
-            peek = s.recv(16, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            peek = s.recv(16, socket.MSG_PEEK)
         except OSError:
             peek = b""
         return int(peek[9:12]) if peek.startswith(b"HTTP/1.1 ") and peek[9:12].isdigit() else None

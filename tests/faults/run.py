@@ -444,19 +444,40 @@ for _f in FAMILIES:
 for _m in list(SEAM_MUTANTS.values()) + list(ZOOKEEPER_MUTANTS.values()) + list(MYSQL_MUTANTS.values()):
     _m.setdefault("clients", {})
 
-# The clients' schedule for mutants (`--mutant clients:<mutant>`, not in
-# the PR tier): MySQL, no pauses and no clock faults (no window: M1 must
-# hold outright), a third of the cycles walking away, late replies aimed
-# at releases (a release still on its way when its client leaves) and
-# slow pre-registrations (an acquire or hold left during one).
-CLIENTS_MUTANT_BASE = with_clients(
-    sc("m-clients", backend="mysql", ttl_ms=1500, think_ms=[50, 400], self_pause_p=0.0, interval=(0.2, 0.6),
-       duration_s=25, late_reply_aims=["release", "acquire"],
-       nemesis=["late_reply", "late_reply", "slow_preregistration"]),
-    {"disconnect_p": 0.35}, bite=False)
+# Family `clients` (`--only clients`, not in the PR tier) and the schedule
+# of the clients' mutants (`--mutant clients:<mutant>`): MySQL, no pauses
+# and no clock faults (no window: M1 must hold outright), a third of the
+# cycles walking away, late replies aimed at releases and acquires (a
+# release or an acquire still on its way when its client leaves) and slow
+# pre-registrations (an acquire or hold left during one). `--backend`
+# re-targets it.
+CLIENTS_FAMILY = with_clients(
+    sc("clients", backend="mysql", ttl_ms=1500, think_ms=[50, 400], self_pause_p=0.0, interval=(0.2, 0.6),
+       duration_s=25, late_reply_aims=["release", "acquire"], long_only=True,
+       nemesis=["late_reply", "late_reply", "slow_preregistration"], bite={"late_replies": 2, "acked": 30}),
+    {"disconnect_p": 0.35})
+FAMILIES += [CLIENTS_FAMILY]
+CLIENTS_MUTANT_BASE = dict(CLIENTS_FAMILY, bite={})
+# Each on the clients' schedule with the step and the fault that open its
+# seam, more often (as SEAM_MUTANTS): mutant → (scenario overrides,
+# `clients` overrides).
 CLIENT_MUTANTS = {
-    "clients:release_in_request": {"sidecar": ["release_in_request"]},
-    "clients:keep_orphans": {"sidecar": ["keep_orphans"]},
+    # A release walked away from while its reply is held back: the mutant's
+    # release lives in the request future, so the record stays "held"
+    # while the backend freed the key (the probe says so; M1).
+    "clients:release_in_request": (
+        dict(nemesis=["late_reply"], late_reply_aims=["release"], mutants={"sidecar": ["release_in_request"]}),
+        {"disconnect_p": 0.5, "disconnect_steps": ["release"], "disconnect_how": ["at_once", "delay"]}),
+    # A hold (or acquire) walked away from during a slow pre-registration,
+    # 20–600 ms after it was sent (a client with a short timeout): the
+    # mutant gives nothing back, and a hold's lease is renewed for nobody
+    # (M1: kept past its client). 4 keys: most acquires find theirs free
+    # and reach the pre-registration at once.
+    "clients:keep_orphans": (
+        dict(nemesis=["slow_preregistration"], keys=["acct:0", "acct:1", "acct:2", "acct:3"],
+             mutants={"sidecar": ["keep_orphans"]}),
+        {"disconnect_p": 0.5, "disconnect_steps": ["hold", "acquire"], "disconnect_how": ["delay"],
+         "disconnect_ms": [20, 600]}),
 }
 
 
@@ -682,8 +703,9 @@ def main():
                     s["backend"] = a.backend
                 record(scenario.run(s, s_seed, a.bin, a.out, a.keep), "FAIL")
             if m in CLIENT_MUTANTS:  # `--mutant clients:<name>` only
-                s = dict(CLIENTS_MUTANT_BASE, name="m-" + m.replace(":", "-").replace("_", "-"),
-                         mutants=CLIENT_MUTANTS[m])
+                overrides, clients = CLIENT_MUTANTS[m]
+                s = dict(CLIENTS_MUTANT_BASE, name="m-" + m.replace(":", "-").replace("_", "-"), **overrides)
+                s["clients"] = dict(s["clients"], **clients)
                 if a.backend:
                     s["backend"] = a.backend
                 record(scenario.run(s, s_seed, a.bin, a.out, a.keep), "FAIL")

@@ -139,10 +139,12 @@ class Worker:
         lock = urllib.parse.quote(key, safe="")
         # The step of this cycle the client walks away from, if any; a hold
         # disconnect makes this a hold cycle, the others an acquire cycle.
+        # (No draws when an option is off: a schedule without `clients`
+        # runs the workload it always ran.)
         drop = None
-        if rng.random() < cl.get("disconnect_p", 0):
+        if cl.get("disconnect_p") and rng.random() < cl["disconnect_p"]:
             drop = rng.choice(cl.get("disconnect_steps", DISCONNECT_STEPS))
-        use_hold = drop == "hold" or (drop is None and rng.random() < cl.get("hold_p", 0))
+        use_hold = drop == "hold" or (drop is None and bool(cl.get("hold_p")) and rng.random() < cl["hold_p"])
         body = {"ttl_ms": cfg["ttl_ms"], "wait_ms": cfg["wait_ms"], "owner": self.wid}
         if drop in ("acquire", "hold"):
             self.abandon(drop, f"{cfg['api']}/v1/locks/{lock}/{drop}", body, lock, key=key)
@@ -192,7 +194,7 @@ class Worker:
             # Holds that last long enough to be renewed by the sidecar and
             # to carry heartbeats.
             think = rng.uniform(*cl["hold_think_ttl"]) * cfg["ttl_ms"]
-        if not hold and (drop == "renew" or rng.random() < cl.get("renew_p", 0)):
+        if not hold and (drop == "renew" or (cl.get("renew_p") and rng.random() < cl["renew_p"])):
             # Halfway through the think time: a client making sure of its
             # lease before it writes.
             time.sleep(think / 2000)

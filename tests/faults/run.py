@@ -468,15 +468,17 @@ CLIENT_MUTANTS = {
     "clients:release_in_request": (
         dict(nemesis=["late_reply"], late_reply_aims=["release"], mutants={"sidecar": ["release_in_request"]}),
         {"disconnect_p": 0.5, "disconnect_steps": ["release"], "disconnect_how": ["at_once", "delay"]}),
-    # A hold (or acquire) walked away from during a slow pre-registration,
-    # 20–600 ms after it was sent (a client with a short timeout): the
-    # mutant gives nothing back, and a hold's lease is renewed for nobody
-    # (M1: kept past its client). 4 keys: most acquires find theirs free
-    # and reach the pre-registration at once.
+    # A hold walked away from during a slow pre-registration, 20–600 ms
+    # after it was sent (a client with a short timeout): the mutant gives
+    # nothing back, and the hold's lease is renewed for nobody (M1: kept
+    # past its client). An acquire's orphan is not renewed: it blocks the
+    # key for a TTL at most, which M1 does not see (liveness only; the
+    # directed test sees it). 4 keys: most holds find theirs free and
+    # reach the pre-registration at once.
     "clients:keep_orphans": (
         dict(nemesis=["slow_preregistration"], keys=["acct:0", "acct:1", "acct:2", "acct:3"],
              mutants={"sidecar": ["keep_orphans"]}),
-        {"disconnect_p": 0.5, "disconnect_steps": ["hold", "acquire"], "disconnect_how": ["delay"],
+        {"disconnect_p": 0.6, "disconnect_steps": ["hold"], "disconnect_how": ["delay"],
          "disconnect_ms": [20, 600]}),
 }
 

@@ -202,6 +202,7 @@ class ClientChecks(unittest.TestCase):
         b = h.check().bites
         self.assertEqual([b.get("disconnects_" + s) for s in ("acquire", "renew", "release", "hold")], [1, 1, 1, 1])
         self.assertEqual(b["disconnects_unanswered"], 4)
+        self.assertNotIn("holds", b)  # nothing of it happened: not printed
 
     def test_a_hold_grant_is_an_issued_token(self):
         # S6: a write applied with a hold's token was issued.

@@ -14,10 +14,11 @@ With the scenario's `clients` options (issue 28; all off by default):
 is another "held" span; lease_lost or any other refusal ends the cycle
 without the write), `hold_p` takes the lock through `POST …/hold` instead
 (an NDJSON stream: the grant, then heartbeats with the time left; closing
-the stream is the release; such a cycle thinks `hold_think_ttl` × TTL), and `disconnect_p` makes the client walk away
-from one step of the cycle — acquire, renew, release or hold — after
-sending only the headers, half the body, or all of it and 0–30 ms (see
-`abandon`); it then asks its sidecar what it holds (`get`, probe).
+the stream is the release; such a cycle thinks `hold_think_ttl` × TTL),
+and `disconnect_p` makes the client walk away from one step of the cycle
+— acquire, renew, release or hold — after sending only the headers, half
+the body, or all of it and 0–30 ms (see `abandon`); it then asks its
+sidecar what it holds (`get`, probe).
 
 Run as: python3 -m harness.worker CONFIG.json
 """

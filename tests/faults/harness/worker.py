@@ -144,7 +144,7 @@ class Worker:
         # runs the workload it always ran.)
         drop = None
         if cl.get("disconnect_p") and rng.random() < cl["disconnect_p"]:
-            drop = rng.choice(cl.get("disconnect_steps", DISCONNECT_STEPS))
+            drop = self.next_step()
         use_hold = drop == "hold" or (drop is None and bool(cl.get("hold_p")) and rng.random() < cl["hold_p"])
         body = {"ttl_ms": cfg["ttl_ms"], "wait_ms": cfg["wait_ms"], "owner": self.wid}
         if drop in ("acquire", "hold"):
@@ -234,6 +234,15 @@ class Worker:
         if rng.random() < cfg.get("forge_p", 0):
             self.forge(base, storage_path, wire, key)
         end()
+
+    def next_step(self):
+        """The step to walk away from next: drawn from a shuffled deck of
+        `disconnect_steps`, refilled when empty, so that a run with few
+        walk-aways still covers every step (each is a bite)."""
+        if not getattr(self, "deck", None):
+            self.deck = list(self.clients.get("disconnect_steps", DISCONNECT_STEPS))
+            self.rng.shuffle(self.deck)
+        return self.deck.pop()
 
     def renew(self, lock, lease_id, ctx, abandon=False):
         """Renews the lease; True if the client may go on (a 200 answer —

@@ -462,7 +462,7 @@ for _m in list(SEAM_MUTANTS.values()) + list(ZOOKEEPER_MUTANTS.values()) + list(
 CLIENTS_FAMILY = with_clients(
     sc("clients", backend="mysql", ttl_ms=1500, think_ms=[50, 400], self_pause_p=0.0, interval=(0.2, 0.6),
        duration_s=25, late_reply_aims=["release", "acquire"], long_only=True,
-       nemesis=["late_reply", "late_reply", "slow_preregistration"], bite={"late_replies": 2, "acked": 30}),
+       nemesis=["late_reply", "late_reply", "slow_preregistration"], bite={"late_replies": 1, "acked": 30}),
     {"disconnect_p": 0.35})
 FAMILIES += [CLIENTS_FAMILY]
 CLIENTS_MUTANT_BASE = dict(CLIENTS_FAMILY, bite={})

@@ -69,4 +69,7 @@ timed "tests (cargo test)" bash -c 'set -o pipefail; python3 tests/run_binaries.
 # debug binary the tests above built. Two runs at a time: a run keeps a
 # quarter of a core busy (most of it waits on its schedule), so two fit on
 # two cores with room for their bursts; every family still runs every time.
+# The fault checker's own unit tests (tiny synthetic histories: each
+# check fails on the history it must refuse).
+timed "fault checker unit tests" python3 -m unittest discover -s tests/faults -p 'test_*.py'
 timed "fault suite (PR tier)" bash -c 'set -o pipefail; python3 tests/faults/run.py --tier pr --jobs "${FENCER_FAULT_JOBS:-2}" 2>&1 | tee "$FENCER_CI_DIR/faults.log"'

@@ -513,6 +513,88 @@ DIRECTED_MUTANTS = {
 }
 
 
+# Renewals, holds and clients that walk away (issue 28; worker.py
+# `clients`, checker.py `m1_clients`): a third of the acquire cycles renew
+# halfway through their think time, a quarter of the cycles take the lock
+# through a hold stream (heartbeats every TTL/3; they think 0.2–1.2 TTL, so
+# their sidecar renews them), and 15 % walk away from
+# one step — acquire (queued or not, or during pre-registration), renew,
+# release or hold — then probe their sidecar. Every renewal, grant,
+# heartbeat and probe answer is a "held" span for M1; a lease kept past
+# its client (+ its TTL) fails M1 too. Enabled in four PR-tier families
+# (Redis, MySQL twice, ZooKeeper) with a bite per step; the families keep
+# their length. The mutant runs of other schedules keep the workload they
+# were measured with (no `clients`).
+CLIENTS = {"renew_p": 0.35, "hold_p": 0.25, "hold_think_ttl": [0.2, 1.2], "disconnect_p": 0.15,
+           "disconnect_ms": [0, 30], "probe_delay_ms": 100}
+CLIENT_BITES = {"renewals": 1, "holds": 1, "hold_heartbeats": 1, "disconnects_acquire": 1, "disconnects_renew": 1,
+                "disconnects_release": 1, "disconnects_hold": 1}
+# Family → its `clients` overrides. `seams` renews and walks away (10 %)
+# but does not hold: its own bite `releases_given_up` needs releases its
+# clients wait 250 ms for while a late reply aimed at releases is armed,
+# and hold cycles (long, ended by a close) left it at 0 of 1 in 2 of 8
+# runs; so no hold bites there.
+CLIENT_FAMILIES = {"network": {}, "seams": {"hold_p": 0, "disconnect_p": 0.1}, "zk-session": {},
+                   "mysql-cut": {}}
+
+
+def with_clients(family, clients=None, bite=True):
+    """`family` (in place) with the clients' workload and its bites."""
+    family["clients"] = dict(CLIENTS, **(clients or {}))
+    family["sidecar_settings"] = dict(family.get("sidecar_settings", {}),
+                                      **{"sidecar.hold_heartbeat_ms": max(10, family["ttl_ms"] // 3)})
+    if bite:
+        bites = {k: v for k, v in CLIENT_BITES.items()
+                 if family["clients"].get("hold_p") or k not in ("holds", "hold_heartbeats")}
+        family["bite"] = dict(family.get("bite", {}), **bites)
+    return family
+
+
+for _f in FAMILIES:
+    if _f["name"] in CLIENT_FAMILIES:
+        with_clients(_f, CLIENT_FAMILIES[_f["name"]])
+for _m in list(SEAM_MUTANTS.values()) + list(ZOOKEEPER_MUTANTS.values()) + list(MYSQL_MUTANTS.values()):
+    _m.setdefault("clients", {})
+
+# Family `clients` (`--only clients`, not in the PR tier) and the schedule
+# of the clients' mutants (`--mutant clients:<mutant>`): MySQL, no pauses
+# and no clock faults (no window: M1 must hold outright), a third of the
+# cycles walking away, late replies aimed at releases and acquires (a
+# release or an acquire still on its way when its client leaves) and slow
+# pre-registrations (an acquire or hold left during one). `--backend`
+# re-targets it.
+CLIENTS_FAMILY = with_clients(
+    sc("clients", backend="mysql", ttl_ms=1500, think_ms=[50, 400], self_pause_p=0.0, interval=(0.2, 0.6),
+       duration_s=25, late_reply_aims=["release", "acquire"], long_only=True,
+       nemesis=["late_reply", "late_reply", "slow_preregistration"], bite={"late_replies": 1, "acked": 30}),
+    {"disconnect_p": 0.35})
+FAMILIES += [CLIENTS_FAMILY]
+CLIENTS_MUTANT_BASE = dict(CLIENTS_FAMILY, bite={})
+# Each on the clients' schedule with the step and the fault that open its
+# seam, more often (as SEAM_MUTANTS): mutant → (scenario overrides,
+# `clients` overrides).
+CLIENT_MUTANTS = {
+    # A release walked away from while its reply is held back: the mutant's
+    # release lives in the request future, so the record stays "held"
+    # while the backend freed the key (the probe says so; M1).
+    "clients:release_in_request": (
+        dict(nemesis=["late_reply"], late_reply_aims=["release"], mutants={"sidecar": ["release_in_request"]}),
+        {"disconnect_p": 0.5, "disconnect_steps": ["release"], "disconnect_how": ["at_once", "delay"]}),
+    # A hold walked away from during a slow pre-registration, 20–600 ms
+    # after it was sent (a client with a short timeout): the mutant gives
+    # nothing back, and the hold's lease is renewed for nobody (M1: kept
+    # past its client). An acquire's orphan is not renewed: it blocks the
+    # key for a TTL at most, which M1 does not see (liveness only; the
+    # directed test sees it). 4 keys: most holds find theirs free and
+    # reach the pre-registration at once.
+    "clients:keep_orphans": (
+        dict(nemesis=["slow_preregistration"], keys=["acct:0", "acct:1", "acct:2", "acct:3"],
+             mutants={"sidecar": ["keep_orphans"]}),
+        {"disconnect_p": 0.6, "disconnect_steps": ["hold"], "disconnect_how": ["delay"],
+         "disconnect_ms": [20, 600]}),
+}
+
+
 def with_mutants(base, overrides, mutants):
     d = dict(base)
     d.update(overrides)
@@ -807,6 +889,13 @@ def main():
                 later("FAIL", run_scenario, s, s_seed, a.bin, a.out, a.keep)
             if m in FUZZ_MUTANTS and a.mutant:
                 later("FAIL", run_scenario, dict(FUZZ, **FUZZ_MUTANTS[m]), s_seed, a.bin, a.out, a.keep)
+            if m in CLIENT_MUTANTS:  # `--mutant clients:<name>` only
+                overrides, clients = CLIENT_MUTANTS[m]
+                s = dict(CLIENTS_MUTANT_BASE, name="m-" + m.replace(":", "-").replace("_", "-"), **overrides)
+                s["clients"] = dict(s["clients"], **clients)
+                if a.backend:
+                    s["backend"] = a.backend
+                later("FAIL", run_scenario, s, s_seed, a.bin, a.out, a.keep)
             if m in RANDOM_MUTANTS:
                 overrides, roles = RANDOM_MUTANTS[m]
                 base = next((f for f in FAMILIES if f["name"] == "pause-short"), BASE)

@@ -35,10 +35,9 @@ def check(events, commits, injections, marks, nemesis, cfg, observed=None):
     writes_fail = {e["op_id"] for e in events if e["f"] == "write" and e["kind"] == "fail"}
     invoked = {e["op_id"] for e in events if e["f"] == "write" and e["kind"] == "invoke"}
     issued = defaultdict(dict)  # key -> token -> set(lease ids)
-    for e in events:
-        if e["f"] == "acquire" and e["kind"] == "ok":
-            resp = e["resp"]
-            issued[e["key"]].setdefault(resp["token"], set()).add(resp["lease_id"])
+    for e in grants(events):
+        resp = e["resp"]
+        issued[e["key"]].setdefault(resp["token"], set()).add(resp["lease_id"])
 
     # S1: per key, in commit order, (token, seq) never goes back.
     last = {}
@@ -139,6 +138,11 @@ def check(events, commits, injections, marks, nemesis, cfg, observed=None):
                   [a, b])
     if len(unexplained) > 3:
         r.violate("M1", f"{len(unexplained) - 3} more overlapping pairs no nemesis admits")
+    # M1 for clients that leave (issue 28): leases kept past their client,
+    # leases used without having been told about them.
+    client_violations, client_bites = m1_clients(events, cfg)
+    for prop, msg, evidence in client_violations:
+        r.violate(prop, msg, evidence)
 
     # M1, the backend as witness: no client is told "held, N ms left" when
     # the backend's own entry for that lease ends sooner (observer.py).
@@ -215,6 +219,7 @@ def check(events, commits, injections, marks, nemesis, cfg, observed=None):
         "expired_before_answer": sum(1 for e in events if e["f"] == "acquire" and e["kind"] == "fail"
                                      and e.get("error") == "lease_expired_before_answer"),
     }
+    r.bites.update(client_bites)
     if (any(n.get("kind") in FAILOVER_KINDS for n in nemesis)
             or cfg.get("backend") in ("redis-sentinel", "redis-cluster")):
         # FAULT-SUITE: "failovers that actually lost state" — a promotion
@@ -244,7 +249,7 @@ def check(events, commits, injections, marks, nemesis, cfg, observed=None):
         r.bites["mysql_rows_expired"] = sum(1 for n in nemesis if n.get("kind") == "expire" and n.get("deleted"))
     tags = {lease_tag(l) for toks in issued.values() for ls in toks.values() for l in ls}
     r.stats = {"leases": len(tags), "unavailability_ms": unavailability(events, nemesis),
-               "m1_excused": dict(excused)}
+               "m1_excused": dict(excused), "m1_spans": span_counts(events)}
     return r
 
 
@@ -350,33 +355,63 @@ def overlaps(events):
 M1_TRANSIT_SLACK_MS = 200
 
 
+def grants(events):
+    """The answers that handed a lease to a client, in order: acquires
+    answered 200 and holds whose first line was the grant (`resp` carries
+    the lease: lease_id, token)."""
+    return [e for e in events if e["kind"] == "ok" and e["f"] in ("acquire", "hold")]
+
+
+# The client's own end of a lease: the release it sent (answered or not,
+# walked away from or not) or the close of its hold stream.
+ENDS = ("release", "hold_close")
+
+
+def told_and_ended(events):
+    """Per client, the tags of the leases it was told it holds (from
+    `grants`), and per (client, tag) the times it ended that lease itself
+    (`ENDS` invokes)."""
+    told = defaultdict(set)
+    ends = defaultdict(list)
+    for e in events:
+        if e["kind"] == "ok" and e["f"] in ("acquire", "hold"):
+            told[e["proc"]].add(lease_tag(e["resp"]["lease_id"]))
+        elif e["f"] in ENDS and e["kind"] == "invoke" and e.get("tag"):
+            ends[(e["proc"], e["tag"])].append(e["t"])
+    return told, ends
+
+
 def held_spans(events):
     """Per key, the spans in which a sidecar told a client "held", each a
-    dict (start, end, proc, key, tag, token, what):
+    dict (start, end, proc, key, tag, token, what, left_ms, by_ttl, told),
+    from every answer that says so:
 
     - an acquire answered 200 at t with `ttl_ms` (the time left at the
-      answer): [t, t + ttl_ms], ended at the client's release of that lease
-      if it sent one sooner (its hold ends when it lets go);
+      answer): [t, t + ttl_ms];
+    - a renewal answered 200 at t with `remaining_ms`: [t, t + remaining_ms];
+    - a hold's first line (the grant, `remaining_ms`) and each heartbeat
+      line after it (`remaining_ms`), read at t: [t, t + remaining_ms];
     - a `GET /v1/locks/{key}` answered "held" at t with `remaining_ms`:
-      [t, t + remaining_ms], ended at a release of that lease sent after
-      the question was asked. A question asked after the client released
-      (the probe after a release it gave up on) is not ended by that
-      release: the sidecar says the lease is still held.
+      [t, t + remaining_ms].
+
+    Each is ended at the client's own end of that lease (its release, or
+    the close of its hold stream) if that came sooner — for a `get`, an
+    end sent after the question was asked: a question asked after the
+    client let go (the probe after a release given up on or walked away
+    from) is not ended by it, since the sidecar says the lease is still
+    held. `told`: the lease was handed to this client (a `get` may show one
+    it never received: an acquire or hold it walked away from); only told
+    spans make M1 violations (nobody can use an untold lease: its id was
+    never read).
 
     Times are the client's (monotonic, taken as the answer was read): the
     sidecar's reckoning is its own deadline, `sidecar.safety_margin_ms`
     and the clock-drift share of the TTL before the backend's expiry.
-    `by_ttl`: the span ends at its reported time left (else at a release)."""
-    tag_of = {}
-    releases = defaultdict(list)  # (proc, tag) -> [t of release invokes]
-    for e in events:
-        if e["f"] == "acquire" and e["kind"] == "ok":
-            tag_of[e["resp"]["lease_id"]] = lease_tag(e["resp"]["lease_id"])
-        elif e["f"] == "release" and e["kind"] == "invoke" and e.get("tag"):
-            releases[(e["proc"], e["tag"])].append(e["t"])
+    `by_ttl`: the span ends at its reported time left (else at an end)."""
+    told, ends = told_and_ended(events)
 
-    def released_after(proc, tag, t):
-        ts = [x for x in releases.get((proc, tag), []) if x >= t]
+    def ended_after(proc, tag, t):
+        ts = [x for x in ends.get((proc, tag), []) if x >= t]
         return min(ts) if ts else None
 
     spans = defaultdict(list)
@@ -387,9 +422,15 @@ def held_spans(events):
         if e["kind"] != "ok":
             continue
         resp = e.get("resp") or {}
+        since = e["t"]
         if e["f"] == "acquire":
-            tag = tag_of[resp["lease_id"]]
-            left, since = resp.get("ttl_ms"), e["t"]
+            tag, left = lease_tag(resp["lease_id"]), resp.get("ttl_ms")
+        elif e["f"] == "hold":
+            tag, left = lease_tag(resp["lease_id"]), resp.get("remaining_ms")
+        elif e["f"] == "hold_line" and resp.get("type") == "heartbeat":
+            tag, left = e.get("tag"), resp.get("remaining_ms")
+        elif e["f"] == "renew":
+            tag, left = e.get("tag"), resp.get("remaining_ms")
         elif e["f"] == "get" and resp.get("state") == "held":
             tag = resp.get("lease_tag")
             left, since = resp.get("remaining_ms"), asked.get(e["proc"], e["t"])
@@ -398,19 +439,29 @@ def held_spans(events):
         if left is None or tag is None:
             continue
         end = by_ttl = e["t"] + left * 1_000_000
-        rel = released_after(e["proc"], tag, since)
+        rel = ended_after(e["proc"], tag, since)
         if rel is not None:
             end = min(end, rel)
         if end > e["t"]:
             spans[e["key"]].append({"start": e["t"], "end": end, "proc": e["proc"], "key": e["key"], "tag": tag,
                                     "token": resp.get("token"), "what": e["f"], "left_ms": left,
-                                    "by_ttl": end == by_ttl})
+                                    "by_ttl": end == by_ttl, "told": tag in told[e["proc"]]})
     return spans
 
 
-def m1_pairs(events):
+def span_counts(events):
+    """How many "held" spans each kind of answer gave (report.json)."""
+    out = defaultdict(int)
+    for ss in held_spans(events).values():
+        for x in ss:
+            out[x["what"] if x["told"] else x["what"] + "_untold"] += 1
+    return dict(out)
+
+
+def m1_pairs(events, untold=False):
     """Pairs of overlapping "held" spans of one key for different leases,
-    each pair as (earlier start, later start)."""
+    each pair as (earlier start, later start): both told (the M1 check),
+    or (`untold`) at least one untold (counted, not a violation)."""
     out = []
     for ss in held_spans(events).values():
         ss.sort(key=lambda x: x["start"])
@@ -418,7 +469,7 @@ def m1_pairs(events):
             for b in ss[i + 1:]:
                 if b["start"] >= a["end"]:
                     break
-                if a["tag"] != b["tag"]:
+                if a["tag"] != b["tag"] and (a["told"] and b["told"]) != untold:
                     out.append((a, b))
     return out
 
@@ -466,8 +517,8 @@ def late_answers(events, observed, windows, slack_ns):
     for spans in held_spans(events).values():
         for a in spans:
             bound = ends.get((a["key"], a["tag"]))
-            if bound is None:
-                continue
+            if bound is None or not a.get("told", True):
+                continue  # not seen live, or shown to a client that had left (counted, not used)
             counts["checked"] += 1
             if a["end"] <= bound + slack_ns:
                 continue
@@ -477,6 +528,97 @@ def late_answers(events, observed, windows, slack_ns):
                 continue
             out.append((a, bound))
     return out, counts
+
+
+# How far past "its client left + its TTL" a sidecar may still report a
+# lease held: the answer's transit (M1_TRANSIT_SLACK_MS) and the client's
+# own close reaching the sidecar.
+M1_KEPT_SLACK_MS = 300
+
+
+def m1_clients(events, cfg):
+    """M1 for clients that leave (issue 28: `disconnect_p`, holds, short
+    releases). Returns (violations as (property, message, evidence),
+    bites). A sidecar must not keep a lease, or report it held, past the
+    moment its client left plus the lease's TTL (invariant 5: a lock never
+    outlives its holder by more than its TTL):
+
+    - a lease the client had (told) and ended itself at c (release sent,
+      hold closed): a `get` asked after c that says "held" with R left at
+      t must have t + R ≤ c + TTL (+ slack) — renewing it after the client
+      let go, or forgetting that it let go, shows as a deadline past that;
+    - a lease the client was never told about (a `get` shows it after an
+      acquire or hold it walked away from): its life so far plus its time
+      left, `held_ms + remaining_ms`, is at most its TTL unless someone
+      renewed it — and nobody may: its client is gone. The request that
+      left it is the client's last acquire or hold of the key sent before
+      the lease began (t − held_ms); t + R must be ≤ that request's end +
+      TTL (+ slack);
+    - a client never reads or writes under a lease it was not told about.
+
+    Bites: `disconnects_<step>` (requests walked away from, by step),
+    `disconnects_unanswered` (of those, closed before any answer came),
+    `renewals` (answered 200), `holds` (granted), `hold_heartbeats`,
+    `probes_untold` (`get` answers "held" for a lease the client never
+    received) and `m1_untold_overlaps` (their spans overlapping another
+    lease's: reported, not a violation)."""
+    slack = cfg.get("m1_kept_slack_ms", M1_KEPT_SLACK_MS) * 1_000_000
+    told, ends = told_and_ended(events)
+    told_at = {}
+    out = []
+    bites = defaultdict(int)
+    left_by = defaultdict(list)  # (proc, key) -> [(invoke t, end t)] of acquires/holds not granted
+    open_req, asked = {}, {}
+    for e in events:
+        proc, f, kind = e["proc"], e["f"], e["kind"]
+        if f in ("acquire", "hold"):
+            if kind == "invoke":
+                open_req[proc] = e["t"]
+            else:
+                t0 = open_req.pop(proc, e["t"])
+                if kind == "ok":
+                    told_at[(proc, lease_tag(e["resp"]["lease_id"]))] = e["t"]
+                else:
+                    left_by[(proc, e.get("key"))].append((t0, e["t"]))
+        if e.get("disconnect") and kind == "info":
+            bites["disconnects_" + e["disconnect"]] += 1
+            bites["disconnects_unanswered"] += e.get("answered") is None
+        if kind == "ok":
+            bites["renewals"] += f == "renew"
+            bites["holds"] += f == "hold"
+            bites["hold_heartbeats"] += f == "hold_line" and (e.get("resp") or {}).get("type") == "heartbeat"
+        if f in ("read", "write") and kind == "invoke" and e.get("tag") and not e.get("forged"):
+            if told_at.get((proc, e["tag"]), e["t"] + 1) > e["t"]:
+                out.append(("M1", f"{proc} sent a {f} under lease {e['tag'][:8]}, which it was never told it "
+                                  f"holds", [e]))
+        if f == "get" and kind == "invoke":
+            asked[proc] = e["t"]
+        if f != "get" or kind != "ok" or (e.get("resp") or {}).get("state") != "held":
+            continue
+        resp = e["resp"]
+        tag, t = resp.get("lease_tag"), e["t"]
+        left, held, ttl = resp.get("remaining_ms", 0), resp.get("held_ms", 0), resp.get("ttl_ms", cfg["ttl_ms"])
+        until = t + left * 1_000_000
+        if tag in told[proc]:
+            gone = [c for c in ends.get((proc, tag), []) if c <= asked.get(proc, t)]
+            if gone and until > max(gone) + ttl * 1_000_000 + slack:
+                out.append(("M1", f"{proc}'s sidecar says lease {tag[:8]} of {e['key']} is held for "
+                                  f"{(until - max(gone)) / 1e6:.0f} ms after its client let go of it "
+                                  f"(TTL {ttl} ms): kept past its client", [e]))
+            continue
+        bites["probes_untold"] += 1
+        began = t - held * 1_000_000
+        reqs = [r for r in left_by.get((proc, e["key"]), []) if r[0] <= began + slack]
+        if not reqs:
+            out.append(("M1", f"{proc}'s sidecar says lease {tag[:8]} of {e['key']} is held, and no request of "
+                              f"that client explains it", [e]))
+        elif until > reqs[-1][1] + ttl * 1_000_000 + slack:
+            out.append(("M1", f"{proc}'s sidecar says lease {tag[:8]} of {e['key']}, which its client never "
+                              f"received, is held {(until - reqs[-1][1]) / 1e6:.0f} ms after that client left "
+                              f"(TTL {ttl} ms, held {held} ms so far): renewed for nobody", [e]))
+    bites["m1_untold_overlaps"] = len(m1_pairs(events, untold=True))
+    # Only what happened: runs without the clients' workload print as before.
+    return out, {k: v for k, v in bites.items() if v}
 
 
 def excusing_window(a, b, windows):

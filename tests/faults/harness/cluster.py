@@ -432,6 +432,8 @@ class Cluster:
             "replay_p": sc.get("replay_p", 0), "forge_p": sc.get("forge_p", 0),
             "short_release_p": sc.get("short_release_p", 0), "short_release_ms": sc.get("short_release_ms", 200),
             "adopt_after_restart": sc.get("adopt_after_restart", False),
+            # Renewals, holds and clients that walk away (worker.py, issue 28).
+            "clients": sc.get("clients", {}),
         }
         with open(os.path.join(wdir, "config.json"), "w") as f:
             json.dump(cfg, f)

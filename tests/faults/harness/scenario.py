@@ -57,6 +57,12 @@ def seam_counts(logs):
                 out[k] = out.get(k, 0) + 1
             elif msg.startswith("lease ran out before the acquire could answer"):
                 out["expired_before_answer_logged"] += 1
+            elif msg == "released a lease nobody holds":
+                # An acquire whose client left (or a renewal reply too
+                # late) left a lease the sidecar gave back (issue 28).
+                out["orphans_released"] = out.get("orphans_released", 0) + 1
+            elif msg == "hold connection closed":
+                out["holds_closed"] = out.get("holds_closed", 0) + 1
     return out
 
 

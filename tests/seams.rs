@@ -25,33 +25,58 @@ const LATE_REPLY: Duration = Duration::from_millis(1_500);
 /// its reply comes after the caller's timeout; try 2 (same lease id) is
 /// answered "held" and the client is told 200; then try 1's reply arrives
 /// and its compensation must not release the lease try 2 handed out.
+///
+/// This is the counterexample the model of the lease protocol prints for
+/// the mutant `undo_by_lease` (`cargo test --test model undo_by_lease`,
+/// docs/model.md); each step below names the model's action.
 async fn late_first_reply_keeps_the_retried_lease(a: &Fencer, b: &Fencer, relay: &TcpFault) {
-    const KEY: &str = "seam-item1-key";
+    let other = late_first_reply(a, b, relay).await;
+    assert_eq!(
+        (other.status, other.code()),
+        (409, "lock_held"),
+        "a second sidecar acquired a key the first still holds (token {}): {}",
+        other.body["token"],
+        other.body
+    );
+}
+
+const ITEM1_KEY: &str = "seam-item1-key";
+
+/// The steps of the model's `undo_by_lease` trace against real processes;
+/// returns the other sidecar's answer to an acquire made once try 1's
+/// undo has had its chance (409 when safe, 200 = two holders).
+async fn late_first_reply(a: &Fencer, b: &Fencer, relay: &TcpFault) -> Resp {
+    const KEY: &str = ITEM1_KEY;
+    // (model: "deliver backend→sidecar0 L1 try 1" comes late) The relay
+    // holds back the reply to try 1, past the backend's request timeout.
     relay.set(Mode::DelayReplyTo {
         marker: KEY.as_bytes(),
         delay: LATE_REPLY,
     });
     let started = Instant::now();
+    // 1. client0: acquire — 2. deliver acquire(L1, try 1): the row is L1's;
+    // its reply is held back. 3. sidecar0: timeout of try 1 (the runner's
+    // undo is sent, or with the mutant, waits for the late answer) —
+    // 4. deliver acquire(L1, try 2): confirmed, the row carries try 2 —
+    // 5. deliver its reply (+ pre-registration): client0 told "held".
     let got = a.acquire(KEY, 30_000, 0).await;
     assert_eq!(got.status, 200, "{}", got.body);
     assert!(
         a.metric("fencer_acquire_retries_total", &[]).await >= 1.0,
         "the first try was not retried (the relay did not hold its reply?)"
     );
-    // Let try 1's late reply arrive and its compensation run.
+    // 6. deliver try 1's late reply, and the undo (void_attempt(L1, try 1),
+    // or the mutant's release(L1)) reaches the backend.
     tokio::time::sleep((started + LATE_REPLY + Duration::from_millis(700)) - Instant::now()).await;
+    // 7. client1: acquire on sidecar1 — held by another unless the undo
+    // released the lease client0 holds.
     let other = b.acquire(KEY, 10_000, 0).await;
-    assert_eq!(
-        (other.status, other.code()),
-        (409, "lock_held"),
-        "a second sidecar acquired a key the first still holds (token {} vs {}): {}",
-        other.body["token"],
-        got.token(),
-        other.body
-    );
-    // The lease the client was given still renews: it is live.
-    let renewed = a.renew(KEY, &got.lease(), 30_000).await;
-    assert_eq!(renewed.status, 200, "{}", renewed.body);
+    if other.status == 409 {
+        // The lease the client was given still renews: it is live.
+        let renewed = a.renew(KEY, &got.lease(), 30_000).await;
+        assert_eq!(renewed.status, 200, "{}", renewed.body);
+    }
+    other
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -84,6 +109,115 @@ async fn postgres_a_late_first_reply_does_not_release_the_lease_its_retry_handed
     let b = Fencer::sidecar(Backend::Postgres, Some(&pg.url()), &[]);
     b.wait_ready();
     late_first_reply_keeps_the_retried_lease(&a, &b, &relay).await;
+}
+
+/// The same trace with the real mutant `undo_by_lease` switched on: the
+/// test above must see two holders then (it checks the mechanism, not a
+/// schedule that never happens).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_undo_by_lease_mutant_makes_two_holders_on_the_model_trace() {
+    let pg = PgServer::start();
+    let relay = TcpFault::start(pg.port);
+    let via_relay = format!("postgres://postgres@127.0.0.1:{}/postgres", relay.port);
+    let a = Fencer::sidecar_env(
+        Backend::Postgres,
+        Some(&via_relay),
+        &[("backend.postgres.request_timeout_ms", "1000")],
+        &[("FENCER_MUTANT", "undo_by_lease")],
+    );
+    a.wait_ready();
+    let b = Fencer::sidecar(Backend::Postgres, Some(&pg.url()), &[]);
+    b.wait_ready();
+    let other = late_first_reply(&a, &b, &relay).await;
+    assert_eq!(
+        other.status, 200,
+        "with undo_by_lease the late undo should have released the lease client0 holds: {}",
+        other.body
+    );
+}
+
+/// Found by the model (docs/model.md, `orphan_held`): an acquire whose
+/// client goes away during pre-registration has already recorded its lease
+/// as held; its clean-up releases the lease in the backend, and until that
+/// release's reply came back the sidecar still answered `GET` with "held"
+/// — while another sidecar could take the key. Each step names the
+/// model's action.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_abandoned_during_preregistration_is_never_shown_held() {
+    const KEY: &str = "seam:orphan";
+    let redis = RedisServer::start(Persistence::Off);
+    let backend_relay = TcpFault::start(redis.port);
+    let storage = Fencer::storage(&[]);
+    let gateway = Fencer::gateway(&storage.api, &[]);
+    let gateway_relay = TcpFault::start(gateway.api_port);
+    let pre = format!("http://127.0.0.1:{}/_fencer/v1/fences/", gateway_relay.port);
+    let a = Fencer::sidecar(
+        Backend::Redis,
+        Some(&backend_relay.redis_url()),
+        &[
+            ("sidecar.preregister_url", pre.as_str()),
+            ("sidecar.preregister_timeout_ms", "6000"),
+        ],
+    );
+    a.wait_ready();
+    let b = Fencer::sidecar(Backend::Redis, Some(&redis.url()), &[]);
+    b.wait_ready();
+
+    // (model: the pre-registration's reply comes late)
+    gateway_relay.set(Mode::DelayReplies(Duration::from_millis(3_000)));
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(1_000))
+        .build()
+        .unwrap();
+    let url = format!("{}{}", a.api, Fencer::path(KEY, "acquire"));
+    // 1. client0: acquire — 2. deliver acquire(L1, try 1) — 3. deliver
+    // its reply: the lease is recorded held; pre-registration on its way.
+    let abandoned = tokio::spawn(async move {
+        impatient
+            .post(url)
+            .header("content-type", "application/json")
+            .body(json!({"ttl_ms": 30_000, "wait_ms": 0}).to_string())
+            .send()
+            .await
+    });
+    let recorded = Instant::now();
+    loop {
+        let view = a.get(&Fencer::path(KEY, "")).await;
+        if view.body["state"] == "held" {
+            break;
+        }
+        assert!(
+            recorded.elapsed() < Duration::from_millis(900),
+            "the grant was never recorded: {}",
+            view.body
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The clean-up's release will be applied by Redis, its reply held back.
+    backend_relay.set(Mode::DelayReplyTo {
+        marker: KEY.as_bytes(),
+        delay: Duration::from_millis(3_000),
+    });
+    // 4. client0: disconnects mid-call (its 1 s timeout).
+    assert!(abandoned.await.unwrap().is_err(), "the acquire answered");
+    // 5. deliver release(L1): the key is free in Redis. 7–9. client1:
+    // acquire on the other sidecar gets it.
+    let started = Instant::now();
+    let other = loop {
+        let r = b.acquire(KEY, 30_000, 0).await;
+        if r.status == 200 || started.elapsed() > Duration::from_secs(2) {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(other.status, 200, "{}", other.body);
+    // 6. client0: GET — must not answer "held" now.
+    let view = a.get(&Fencer::path(KEY, "")).await;
+    assert_ne!(
+        view.body["state"], "held",
+        "two holders: sidecar b handed out token {} while sidecar a still shows its abandoned lease held: {}",
+        other.body["token"], view.body
+    );
 }
 
 /// A sidecar on Redis whose token pre-registration goes through a relay in

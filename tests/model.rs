@@ -49,9 +49,9 @@ use lease_model::LeaseModel;
 /// The depth CI checks the fixed protocol to: every path of this many
 /// steps (actions) from the start. (stateright's `target_max_depth` counts
 /// the initial state as depth 1 and does not check states at the target.)
-const CI_DEPTH: usize = 14;
+const CI_DEPTH: usize = 12;
 /// The depth within which each mutant's counterexample must be found.
-const MUTANT_DEPTH: usize = 12;
+const MUTANT_DEPTH: usize = 11;
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -78,14 +78,13 @@ fn report(what: &str, r: &Run) {
     );
 }
 
-#[test]
-fn fixed_protocol_holds_every_property_to_the_stated_depth() {
-    let cfg = Config::from_env();
-    let depth = env_usize("FENCER_MODEL_DEPTH", CI_DEPTH);
-    println!("model config: {cfg:?}, depth {depth}");
+/// Checks the fixed protocol in `cfg` to `depth` steps: every property in
+/// every state.
+fn check_fixed(what: &str, cfg: Config, depth: usize) {
+    println!("model config ({what}): {cfg:?}, depth {depth}");
     let started = Instant::now();
     let mut model = LeaseModel::new(cfg);
-    model.symmetric = std::env::var("FENCER_MODEL_SYMMETRY").map_or(false, |v| v == "1");
+    model.symmetric = std::env::var("FENCER_MODEL_SYMMETRY").is_ok_and(|v| v == "1");
     let checker = model
         .checker()
         .threads(threads())
@@ -98,7 +97,7 @@ fn fixed_protocol_holds_every_property_to_the_stated_depth() {
         depth,
         secs: started.elapsed().as_secs_f64(),
     };
-    report("fixed", &run);
+    report(what, &run);
     for name in [
         properties::MUTUAL_EXCLUSION,
         properties::TOKENS_INCREASE,
@@ -112,6 +111,28 @@ fn fixed_protocol_holds_every_property_to_the_stated_depth() {
         }
     }
     assert!(checker.is_done(), "the check did not finish");
+}
+
+/// Everything on: pre-registration, renewals, writes through the gateway.
+#[test]
+fn fixed_protocol_holds_every_property_to_the_stated_depth() {
+    let depth = env_usize("FENCER_MODEL_DEPTH", CI_DEPTH);
+    check_fixed("fixed", Config::from_env(), depth);
+}
+
+/// The configurations the mutants are found in, fixed: no counterexample
+/// at the depth where each mutant's is found.
+#[test]
+fn fixed_protocol_holds_where_the_mutants_fail() {
+    let depth = env_usize("FENCER_MODEL_MUTANT_DEPTH", MUTANT_DEPTH);
+    check_fixed(
+        "fixed, mutants' configuration",
+        Config::from_env().small(),
+        depth,
+    );
+    let mut with_prereg = Config::from_env().small();
+    with_prereg.preregister = true;
+    check_fixed("fixed, orphan_held's configuration", with_prereg, depth);
 }
 
 /// Runs the model with `mutant` put back; returns the counterexample to
@@ -140,7 +161,10 @@ fn must_find(mutant: Mutant) -> String {
         depth,
         secs: started.elapsed().as_secs_f64(),
     };
-    report(mutant.name(), &run);
+    println!(
+        "model {}: breadth-first up to {depth} steps, stopped at the first counterexample: {} states explored, {} unique, {:.1} s",
+        mutant.name(), run.states, run.unique, run.secs
+    );
     let Some(p) = checker.discovery(properties::MUTUAL_EXCLUSION) else {
         panic!(
             "mutant {}: no two holders found within depth {depth}: the model does not see the defect",
@@ -205,9 +229,14 @@ fn a_free_key_is_granted_under_fairness() {
     };
     report("liveness", &run);
     if let Some(p) = checker.discovery(properties::LIVENESS) {
+        let mut log = Some(Vec::new());
+        let m = checker.model();
+        properties::fair_run(m, p.last_state(), properties::fair_steps(m), &mut log);
         panic!(
-            "from this state a fair schedule grants nobody:\n{}",
-            trace::path(checker.model(), &p)
+            "from this state a fair schedule grants nobody:\n{}\nthe fair schedule then: {}\n{}",
+            trace::path(m, &p),
+            log.unwrap().join("; "),
+            trace::state_at(p.last_state(), 0)
         );
     }
 }
@@ -216,4 +245,3 @@ fn a_free_key_is_granted_under_fairness() {
 fn the_mapping_table_names_real_functions() {
     table::check();
 }
-

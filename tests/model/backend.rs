@@ -108,5 +108,4 @@ impl Backend {
             _ => unreachable!("not a backend message: {m:?}"),
         }
     }
-
 }

@@ -29,7 +29,7 @@ pub fn actions(cfg: &Config, st: &State, c: ClientId, out: &mut Vec<ClientAction
     let s = st.sidecar_of(c);
     let now = st.clocks.sidecar(s);
     match cl.phase {
-        ClientPhase::Idle if cl.believes_until.is_none() => {
+        ClientPhase::Idle if cl.belief.is_none() => {
             if cl.acquires < cfg.max_acquires {
                 out.push(ClientAction::Acquire);
             }
@@ -57,13 +57,17 @@ pub fn actions(cfg: &Config, st: &State, c: ClientId, out: &mut Vec<ClientAction
 pub fn told(st: &mut State, c: ClientId, answer: Answer) {
     let cl = &mut st.clients[c as usize];
     match answer {
-        Answer::Held { lease, token, until } => {
+        Answer::Held {
+            lease,
+            token,
+            until,
+        } => {
             cl.phase = ClientPhase::Holding {
                 lease,
                 token,
                 wrote: false,
             };
-            cl.believes_until = Some(until);
+            cl.belief = Some((lease, until));
             // Tokens told with "held" must increase from lease to lease.
             if let Some((t, l)) = st.last_told {
                 if l != lease && token <= t {
@@ -73,21 +77,36 @@ pub fn told(st: &mut State, c: ClientId, answer: Answer) {
             st.last_told = Some((token, lease));
         }
         Answer::Renewed { until } => {
-            if let ClientPhase::Renewing { lease, token, wrote } = cl.phase {
-                cl.phase = ClientPhase::Holding { lease, token, wrote };
-                cl.believes_until = Some(until);
+            if let ClientPhase::Renewing {
+                lease,
+                token,
+                wrote,
+            } = cl.phase
+            {
+                cl.phase = ClientPhase::Holding {
+                    lease,
+                    token,
+                    wrote,
+                };
+                cl.belief = Some((lease, until));
             }
         }
         Answer::Lost => {
             cl.phase = ClientPhase::Idle;
-            cl.believes_until = None;
+            cl.belief = None;
         }
         Answer::Failed => {
             // A failed renewal leaves the earlier answer standing.
             cl.phase = match cl.phase {
-                ClientPhase::Renewing { lease, token, wrote } => {
-                    ClientPhase::Holding { lease, token, wrote }
-                }
+                ClientPhase::Renewing {
+                    lease,
+                    token,
+                    wrote,
+                } => ClientPhase::Holding {
+                    lease,
+                    token,
+                    wrote,
+                },
                 _ => ClientPhase::Idle,
             };
         }

@@ -52,7 +52,7 @@ impl LeaseModel {
             clients: vec![
                 Client {
                     phase: ClientPhase::Idle,
-                    believes_until: None,
+                    belief: None,
                     acquires: 0,
                 };
                 self.cfg.clients
@@ -81,7 +81,10 @@ impl LeaseModel {
     fn deliver(&self, st: &mut State, m: &Msg) {
         let cfg = &self.cfg;
         match m {
-            Msg::Acquire { .. } | Msg::VoidAttempt { .. } | Msg::Release { .. } | Msg::Renew { .. } => {
+            Msg::Acquire { .. }
+            | Msg::VoidAttempt { .. }
+            | Msg::Release { .. }
+            | Msg::Renew { .. } => {
                 let now = st.clocks.backend();
                 if let Some(reply) = st.backend.apply(cfg, now, m) {
                     st.network.send(reply);
@@ -126,12 +129,21 @@ impl LeaseModel {
                 cl.phase = ClientPhase::Acquiring;
                 sc.start_acquire(now, s, c, lease, &mut fx);
             }
-            ClientAction::Get => cl.believes_until = sc.get(now),
+            ClientAction::Get => cl.belief = sc.get(now),
             ClientAction::Renew => {
-                let ClientPhase::Holding { lease, token, wrote } = cl.phase else {
+                let ClientPhase::Holding {
+                    lease,
+                    token,
+                    wrote,
+                } = cl.phase
+                else {
                     unreachable!()
                 };
-                cl.phase = ClientPhase::Renewing { lease, token, wrote };
+                cl.phase = ClientPhase::Renewing {
+                    lease,
+                    token,
+                    wrote,
+                };
                 sc.start_renew(now, s, c, lease, &mut fx);
             }
             ClientAction::Release => {
@@ -139,7 +151,7 @@ impl LeaseModel {
                     unreachable!()
                 };
                 cl.phase = ClientPhase::Releasing;
-                cl.believes_until = None;
+                cl.belief = None;
                 sc.start_release(cfg, s, c, lease, &mut fx);
             }
             ClientAction::Write => {
@@ -156,9 +168,15 @@ impl LeaseModel {
             }
             ClientAction::Disconnect => {
                 cl.phase = match cl.phase {
-                    ClientPhase::Renewing { lease, token, wrote } => {
-                        ClientPhase::Holding { lease, token, wrote }
-                    }
+                    ClientPhase::Renewing {
+                        lease,
+                        token,
+                        wrote,
+                    } => ClientPhase::Holding {
+                        lease,
+                        token,
+                        wrote,
+                    },
                     _ => ClientPhase::Idle,
                 };
                 sc.disconnect(cfg, now, s, c, &mut fx);

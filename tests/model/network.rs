@@ -20,21 +20,64 @@ pub enum AcqReply {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Msg {
     // sidecar -> backend
-    Acquire { s: SidecarId, lease: LeaseId, attempt: AttemptNo },
+    Acquire {
+        s: SidecarId,
+        lease: LeaseId,
+        attempt: AttemptNo,
+    },
     /// The undo of an abandoned try (`sql::VOID_ATTEMPT`).
-    VoidAttempt { s: SidecarId, lease: LeaseId, attempt: AttemptNo },
-    Release { s: SidecarId, lease: LeaseId },
-    Renew { s: SidecarId, lease: LeaseId, sent: Time },
+    VoidAttempt {
+        s: SidecarId,
+        lease: LeaseId,
+        attempt: AttemptNo,
+    },
+    Release {
+        s: SidecarId,
+        lease: LeaseId,
+    },
+    Renew {
+        s: SidecarId,
+        lease: LeaseId,
+        sent: Time,
+    },
     // backend -> sidecar
-    AcquireReply { s: SidecarId, lease: LeaseId, attempt: AttemptNo, reply: AcqReply },
-    ReleaseReply { s: SidecarId, lease: LeaseId, owned: bool },
-    RenewReply { s: SidecarId, lease: LeaseId, sent: Time, owned: bool },
+    AcquireReply {
+        s: SidecarId,
+        lease: LeaseId,
+        attempt: AttemptNo,
+        reply: AcqReply,
+    },
+    ReleaseReply {
+        s: SidecarId,
+        lease: LeaseId,
+        owned: bool,
+    },
+    RenewReply {
+        s: SidecarId,
+        lease: LeaseId,
+        sent: Time,
+        owned: bool,
+    },
     // sidecar -> gateway and back
-    Prereg { s: SidecarId, lease: LeaseId, token: Token },
-    PreregReply { s: SidecarId, lease: LeaseId, ok: bool },
+    Prereg {
+        s: SidecarId,
+        lease: LeaseId,
+        token: Token,
+    },
+    PreregReply {
+        s: SidecarId,
+        lease: LeaseId,
+        ok: bool,
+    },
     // proxy -> gateway -> storage
-    Write { c: ClientId, lease: LeaseId, token: Token },
-    Forward { token: Token },
+    Write {
+        c: ClientId,
+        lease: LeaseId,
+        token: Token,
+    },
+    Forward {
+        token: Token,
+    },
 }
 
 impl Msg {

@@ -58,14 +58,23 @@ pub enum CleanupWait {
 pub enum Task {
     /// An acquire request of client `c` (`LockManager::acquire`): one
     /// lease id, tries numbered from 1, deadline from the first send.
-    Acquire { c: ClientId, lease: LeaseId, first_sent: Time, wait: AcqWait },
+    Acquire {
+        c: ClientId,
+        lease: LeaseId,
+        first_sent: Time,
+        wait: AcqWait,
+    },
     /// `release_orphans`: what an acquire that did not hand its lease over
     /// leaves behind.
     Cleanup { lease: LeaseId, wait: CleanupWait },
     /// `release_task`; `c` while the client still waits for it.
     Release { c: Option<ClientId>, lease: LeaseId },
     /// `renew_known`, sent at `sent`.
-    Renew { c: ClientId, lease: LeaseId, sent: Time },
+    Renew {
+        c: ClientId,
+        lease: LeaseId,
+        sent: Time,
+    },
     /// Mutant `undo_by_lease`: the runner waits for the late answer of the
     /// abandoned try, then runs `RELEASE` by lease id.
     LateUndo { lease: LeaseId, attempt: AttemptNo },
@@ -97,7 +106,11 @@ pub struct Sidecar {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Answer {
     /// "held" with this token, until this deadline (sidecar clock).
-    Held { lease: LeaseId, token: Token, until: Time },
+    Held {
+        lease: LeaseId,
+        token: Token,
+        until: Time,
+    },
     /// Renewed: held until.
     Renewed { until: Time },
     /// `lease_lost`: the client no longer holds.
@@ -182,7 +195,14 @@ impl Sidecar {
 
     /// The runner gave up on try `attempt` of `lease` (`statement_task`'s
     /// abandoned branch): the undo, or the mutant's late undo.
-    fn undo(&mut self, cfg: &Config, s: SidecarId, lease: LeaseId, attempt: AttemptNo, fx: &mut Effects) {
+    fn undo(
+        &mut self,
+        cfg: &Config,
+        s: SidecarId,
+        lease: LeaseId,
+        attempt: AttemptNo,
+        fx: &mut Effects,
+    ) {
         if cfg.mutant(Mutant::UndoByLease) {
             self.tasks.push(Task::LateUndo { lease, attempt });
         } else {
@@ -192,7 +212,14 @@ impl Sidecar {
 
     /// `Attempts::drop` → `release_orphans`: release `lease` once the try
     /// in flight (if any) has ended.
-    fn clean_up(&mut self, cfg: &Config, s: SidecarId, lease: LeaseId, pending: Option<AttemptNo>, fx: &mut Effects) {
+    fn clean_up(
+        &mut self,
+        cfg: &Config,
+        s: SidecarId,
+        lease: LeaseId,
+        pending: Option<AttemptNo>,
+        fx: &mut Effects,
+    ) {
         // `release::stop_holding`: not held here from now on.
         if !cfg.mutant(Mutant::OrphanHeld) {
             self.mark(lease, RecState::Releasing);
@@ -213,19 +240,43 @@ impl Sidecar {
     }
 
     /// `LockManager::acquire` → `try_once`: the first try.
-    pub fn start_acquire(&mut self, now: Time, s: SidecarId, c: ClientId, lease: LeaseId, fx: &mut Effects) {
+    pub fn start_acquire(
+        &mut self,
+        now: Time,
+        s: SidecarId,
+        c: ClientId,
+        lease: LeaseId,
+        fx: &mut Effects,
+    ) {
         self.tasks.push(Task::Acquire {
             c,
             lease,
             first_sent: now,
             wait: AcqWait::Backend(1),
         });
-        fx.send.push(Msg::Acquire { s, lease, attempt: 1 });
+        fx.send.push(Msg::Acquire {
+            s,
+            lease,
+            attempt: 1,
+        });
     }
 
     /// `try_once`'s retry after an unknown outcome, or the acquire's end.
-    fn retry_or_fail(&mut self, cfg: &Config, s: SidecarId, task: Task, attempt: AttemptNo, fx: &mut Effects) {
-        let Task::Acquire { c, lease, first_sent, .. } = task else {
+    fn retry_or_fail(
+        &mut self,
+        cfg: &Config,
+        s: SidecarId,
+        task: Task,
+        attempt: AttemptNo,
+        fx: &mut Effects,
+    ) {
+        let Task::Acquire {
+            c,
+            lease,
+            first_sent,
+            ..
+        } = task
+        else {
             unreachable!()
         };
         if attempt < cfg.max_tries {
@@ -247,7 +298,15 @@ impl Sidecar {
     }
 
     /// `held_at_answer`: the lease as it stands at the answer.
-    fn answer_acquire(&mut self, cfg: &Config, now: Time, s: SidecarId, c: ClientId, lease: LeaseId, fx: &mut Effects) {
+    fn answer_acquire(
+        &mut self,
+        cfg: &Config,
+        now: Time,
+        s: SidecarId,
+        c: ClientId,
+        lease: LeaseId,
+        fx: &mut Effects,
+    ) {
         let rec = self.record.as_ref().filter(|r| r.lease == lease);
         match rec {
             Some(r) if r.held(now) => {
@@ -280,7 +339,14 @@ impl Sidecar {
     }
 
     /// `LockManager::release`: the application's release.
-    pub fn start_release(&mut self, cfg: &Config, s: SidecarId, c: ClientId, lease: LeaseId, fx: &mut Effects) {
+    pub fn start_release(
+        &mut self,
+        cfg: &Config,
+        s: SidecarId,
+        c: ClientId,
+        lease: LeaseId,
+        fx: &mut Effects,
+    ) {
         if !cfg.mutant(Mutant::ReleaseInRequest) {
             if let Some(r) = self.record.as_mut().filter(|r| r.lease == lease) {
                 if r.state == RecState::Held {
@@ -293,11 +359,26 @@ impl Sidecar {
     }
 
     /// `LockManager::renew` → `renew_known`.
-    pub fn start_renew(&mut self, now: Time, s: SidecarId, c: ClientId, lease: LeaseId, fx: &mut Effects) {
+    pub fn start_renew(
+        &mut self,
+        now: Time,
+        s: SidecarId,
+        c: ClientId,
+        lease: LeaseId,
+        fx: &mut Effects,
+    ) {
         match &self.record {
             Some(r) if r.lease == lease && r.held(now) => {
-                self.tasks.push(Task::Renew { c, lease, sent: now });
-                fx.send.push(Msg::Renew { s, lease, sent: now });
+                self.tasks.push(Task::Renew {
+                    c,
+                    lease,
+                    sent: now,
+                });
+                fx.send.push(Msg::Renew {
+                    s,
+                    lease,
+                    sent: now,
+                });
             }
             _ => fx.answer = Some((c, Answer::Lost)),
         }
@@ -311,16 +392,24 @@ impl Sidecar {
             .map(|r| r.token)
     }
 
-    /// `LockManager::get`: "held, until" if the record is held now.
-    pub fn get(&self, now: Time) -> Option<Time> {
+    /// `LockManager::get`: "lease (tag) held, until" if the record is held
+    /// now.
+    pub fn get(&self, now: Time) -> Option<(LeaseId, Time)> {
         self.record
             .as_ref()
             .filter(|r| r.held(now))
-            .map(|r| r.deadline)
+            .map(|r| (r.lease, r.deadline))
     }
 
     /// The client went away: its request future is dropped at its await.
-    pub fn disconnect(&mut self, cfg: &Config, now: Time, s: SidecarId, c: ClientId, fx: &mut Effects) {
+    pub fn disconnect(
+        &mut self,
+        cfg: &Config,
+        now: Time,
+        s: SidecarId,
+        c: ClientId,
+        fx: &mut Effects,
+    ) {
         let Some(task) = self.tasks.iter().find(|t| t.client() == Some(c)).cloned() else {
             return;
         };
@@ -334,12 +423,10 @@ impl Sidecar {
                 };
                 self.clean_up(cfg, s, lease, pending, fx);
             }
-            Task::Release { lease, .. } => {
-                if !cfg.mutant(Mutant::ReleaseInRequest) {
-                    // Its own task: it runs on without the client.
-                    self.tasks.push(Task::Release { c: None, lease });
-                }
-                // Mutant: the release is cut short where it stands.
+            // Its own task: it runs on without the client. (Mutant
+            // `release_in_request`: cut short where it stands.)
+            Task::Release { lease, .. } if !cfg.mutant(Mutant::ReleaseInRequest) => {
+                self.tasks.push(Task::Release { c: None, lease });
             }
             // `RenewalInFlight::drop` → `renewal_unknown`.
             Task::Renew { lease, sent, .. } => self.renewal_unknown(cfg, lease, sent),
@@ -350,29 +437,55 @@ impl Sidecar {
 
     /// `LeaseTable::renewal_unknown`.
     fn renewal_unknown(&mut self, cfg: &Config, lease: LeaseId, sent: Time) {
-        if let Some(r) = self.record.as_mut().filter(|r| r.lease == lease && r.state == RecState::Held) {
+        if let Some(r) = self
+            .record
+            .as_mut()
+            .filter(|r| r.lease == lease && r.state == RecState::Held)
+        {
             r.deadline = r.deadline.min(cfg.deadline(sent));
         }
     }
 
     /// A task gave up waiting (the runner's or the caller's timeout).
-    pub fn time_out(&mut self, cfg: &Config, now: Time, s: SidecarId, task: &Task, fx: &mut Effects) {
+    pub fn time_out(
+        &mut self,
+        cfg: &Config,
+        now: Time,
+        s: SidecarId,
+        task: &Task,
+        fx: &mut Effects,
+    ) {
         let task = self.take_task(task);
         match task {
-            Task::Acquire { wait: AcqWait::Backend(a), lease, .. } => {
+            Task::Acquire {
+                wait: AcqWait::Backend(a),
+                lease,
+                ..
+            } => {
                 self.undo(cfg, s, lease, a, fx);
                 self.retry_or_fail(cfg, s, task, a, fx);
             }
             // `preregister_or_repair`: Failed → release the lease.
-            Task::Acquire { c, lease, wait: AcqWait::Prereg(_), .. } => {
+            Task::Acquire {
+                c,
+                lease,
+                wait: AcqWait::Prereg(_),
+                ..
+            } => {
                 fx.answer = Some((c, Answer::Failed));
                 self.start_release_detached(s, lease, fx);
             }
-            Task::Cleanup { lease, wait: CleanupWait::Attempt(a) } => {
+            Task::Cleanup {
+                lease,
+                wait: CleanupWait::Attempt(a),
+            } => {
                 self.undo(cfg, s, lease, a, fx);
                 self.clean_up(cfg, s, lease, None, fx);
             }
-            Task::Cleanup { lease, wait: CleanupWait::Release } => self.forget(lease),
+            Task::Cleanup {
+                lease,
+                wait: CleanupWait::Release,
+            } => self.forget(lease),
             // The first answer is "unknown"; the record stays as it is.
             Task::Release { c, .. } => {
                 if let Some(c) = c {
@@ -403,9 +516,12 @@ impl Sidecar {
     /// A reply reached this sidecar.
     pub fn receive(&mut self, cfg: &Config, now: Time, s: SidecarId, m: &Msg, fx: &mut Effects) {
         match *m {
-            Msg::AcquireReply { lease, attempt, reply, .. } => {
-                self.acquire_reply(cfg, now, s, lease, attempt, reply, fx)
-            }
+            Msg::AcquireReply {
+                lease,
+                attempt,
+                reply,
+                ..
+            } => self.acquire_reply(cfg, now, s, lease, attempt, reply, fx),
             Msg::PreregReply { lease, ok, .. } => {
                 let Some(task) = self
                     .tasks
@@ -416,7 +532,9 @@ impl Sidecar {
                     return;
                 };
                 self.take_task(&task);
-                let Task::Acquire { c, .. } = task else { unreachable!() };
+                let Task::Acquire { c, .. } = task else {
+                    unreachable!()
+                };
                 if ok {
                     self.answer_acquire(cfg, now, s, c, lease, fx);
                 } else {
@@ -430,7 +548,10 @@ impl Sidecar {
                     .iter()
                     .find(|t| match t {
                         Task::Release { lease: l, .. } => *l == lease,
-                        Task::Cleanup { lease: l, wait: CleanupWait::Release } => *l == lease,
+                        Task::Cleanup {
+                            lease: l,
+                            wait: CleanupWait::Release,
+                        } => *l == lease,
                         _ => false,
                     })
                     .cloned()
@@ -440,10 +561,19 @@ impl Sidecar {
                 self.take_task(&task);
                 self.forget(lease);
                 if let Task::Release { c: Some(c), .. } = task {
-                    fx.answer = Some((c, if owned { Answer::Released } else { Answer::Lost }));
+                    fx.answer = Some((
+                        c,
+                        if owned {
+                            Answer::Released
+                        } else {
+                            Answer::Lost
+                        },
+                    ));
                 }
             }
-            Msg::RenewReply { lease, sent, owned, .. } => {
+            Msg::RenewReply {
+                lease, sent, owned, ..
+            } => {
                 let Some(task) = self
                     .tasks
                     .iter()
@@ -453,7 +583,9 @@ impl Sidecar {
                     return;
                 };
                 self.take_task(&task);
-                let Task::Renew { c, .. } = task else { unreachable!() };
+                let Task::Renew { c, .. } = task else {
+                    unreachable!()
+                };
                 if !owned {
                     self.mark_lost(lease);
                     fx.answer = Some((c, Answer::Lost));
@@ -483,11 +615,30 @@ impl Sidecar {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn acquire_reply(&mut self, cfg: &Config, now: Time, s: SidecarId, lease: LeaseId, attempt: AttemptNo, reply: AcqReply, fx: &mut Effects) {
+    fn acquire_reply(
+        &mut self,
+        cfg: &Config,
+        now: Time,
+        s: SidecarId,
+        lease: LeaseId,
+        attempt: AttemptNo,
+        reply: AcqReply,
+        fx: &mut Effects,
+    ) {
         let waiting = self.tasks.iter().find(|t| match t {
-            Task::Acquire { lease: l, wait: AcqWait::Backend(a), .. } => *l == lease && *a == attempt,
-            Task::Cleanup { lease: l, wait: CleanupWait::Attempt(a) } => *l == lease && *a == attempt,
-            Task::LateUndo { lease: l, attempt: a } => *l == lease && *a == attempt,
+            Task::Acquire {
+                lease: l,
+                wait: AcqWait::Backend(a),
+                ..
+            } => *l == lease && *a == attempt,
+            Task::Cleanup {
+                lease: l,
+                wait: CleanupWait::Attempt(a),
+            } => *l == lease && *a == attempt,
+            Task::LateUndo {
+                lease: l,
+                attempt: a,
+            } => *l == lease && *a == attempt,
             _ => false,
         });
         let Some(task) = waiting.cloned() else {

@@ -21,9 +21,17 @@ pub enum ClientPhase {
     /// Waiting for its sidecar's answer to an acquire.
     Acquiring,
     /// Told "held": may renew, write, release.
-    Holding { lease: LeaseId, token: Token, wrote: bool },
+    Holding {
+        lease: LeaseId,
+        token: Token,
+        wrote: bool,
+    },
     /// Waiting for the answer to a renewal of `lease`.
-    Renewing { lease: LeaseId, token: Token, wrote: bool },
+    Renewing {
+        lease: LeaseId,
+        token: Token,
+        wrote: bool,
+    },
     /// Waiting for the answer to a release.
     Releasing,
 }
@@ -31,10 +39,12 @@ pub enum ClientPhase {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Client {
     pub phase: ClientPhase,
-    /// Until when (on its sidecar's clock) the client believes it holds
-    /// the key: the deadline its last "held" answer reported
-    /// (`remaining_ms` after the answer).
-    pub believes_until: Option<Time>,
+    /// The lease the client was last told holds the key, and until when
+    /// (on its sidecar's clock): the deadline that "held" answer reported
+    /// (`remaining_ms`). An acquire or renewal answer names the client's
+    /// own lease; a `GET` answer names whichever lease the sidecar shows
+    /// (by its tag), which may be another local client's.
+    pub belief: Option<(LeaseId, Time)>,
     pub acquires: u8,
 }
 
@@ -68,8 +78,8 @@ impl State {
     pub fn believes(&self, c: ClientId) -> bool {
         let s = self.sidecar_of(c);
         self.clients[c as usize]
-            .believes_until
-            .is_some_and(|d| self.clocks.sidecar(s) < d)
+            .belief
+            .is_some_and(|(_, d)| self.clocks.sidecar(s) < d)
     }
 
     /// One tick of true time: every timestamp ages by what its clock
@@ -78,7 +88,7 @@ impl State {
         let (side, back) = self.clocks.tick(t);
         let floor = -(cfg.ttl as i8) - 1;
         for c in &mut self.clients {
-            if let Some(u) = c.believes_until.as_mut() {
+            if let Some((_, u)) = c.belief.as_mut() {
                 super::clock::age(u, side, floor);
             }
         }
@@ -94,7 +104,7 @@ impl State {
     pub fn normalize(&mut self) {
         for c in 0..self.clients.len() {
             if !self.believes(c as ClientId) {
-                self.clients[c].believes_until = None;
+                self.clients[c].belief = None;
                 // Its time is up: a holder whose lease ran out is idle.
                 if matches!(self.clients[c].phase, ClientPhase::Holding { .. }) {
                     self.clients[c].phase = ClientPhase::Idle;

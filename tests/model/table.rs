@@ -41,6 +41,13 @@ pub fn check() {
             checked += 1;
         }
     }
-    assert!(missing.is_empty(), "docs/model.md names code that is not there:\n{}", missing.join("\n"));
-    assert!(checked >= 20, "only {checked} functions named in docs/model.md's table");
+    assert!(
+        missing.is_empty(),
+        "docs/model.md names code that is not there:\n{}",
+        missing.join("\n")
+    );
+    assert!(
+        checked >= 20,
+        "only {checked} functions named in docs/model.md's table"
+    );
 }

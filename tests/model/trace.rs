@@ -34,11 +34,20 @@ pub fn action(_st: &State, a: &Action) -> String {
 
 fn msg(m: &Msg) -> String {
     match m {
-        Msg::Acquire { s, lease, attempt } => format!("sidecar{s}→backend acquire(L{lease}, try {attempt})"),
-        Msg::VoidAttempt { s, lease, attempt } => format!("sidecar{s}→backend void_attempt(L{lease}, try {attempt})"),
+        Msg::Acquire { s, lease, attempt } => {
+            format!("sidecar{s}→backend acquire(L{lease}, try {attempt})")
+        }
+        Msg::VoidAttempt { s, lease, attempt } => {
+            format!("sidecar{s}→backend void_attempt(L{lease}, try {attempt})")
+        }
         Msg::Release { s, lease } => format!("sidecar{s}→backend release(L{lease})"),
         Msg::Renew { s, lease, sent } => format!("sidecar{s}→backend renew(L{lease}, sent {sent})"),
-        Msg::AcquireReply { s, lease, attempt, reply } => {
+        Msg::AcquireReply {
+            s,
+            lease,
+            attempt,
+            reply,
+        } => {
             let r = match reply {
                 AcqReply::Acquired(t) => format!("acquired token {t}"),
                 AcqReply::Held => "held by another".into(),
@@ -46,21 +55,52 @@ fn msg(m: &Msg) -> String {
             };
             format!("backend→sidecar{s} L{lease} try {attempt}: {r}")
         }
-        Msg::ReleaseReply { s, lease, owned } => format!("backend→sidecar{s} release(L{lease}): {}", if *owned { "released" } else { "not held" }),
-        Msg::RenewReply { s, lease, owned, .. } => format!("backend→sidecar{s} renew(L{lease}): {}", if *owned { "renewed" } else { "not held" }),
-        Msg::Prereg { s, lease, token } => format!("sidecar{s}→gateway preregister(token {token}, L{lease})"),
-        Msg::PreregReply { s, lease, ok } => format!("gateway→sidecar{s} preregister(L{lease}): {}", if *ok { "ok" } else { "stale" }),
-        Msg::Write { c, lease, token } => format!("proxy of client{c}→gateway write(token {token}, L{lease})"),
+        Msg::ReleaseReply { s, lease, owned } => format!(
+            "backend→sidecar{s} release(L{lease}): {}",
+            if *owned { "released" } else { "not held" }
+        ),
+        Msg::RenewReply {
+            s, lease, owned, ..
+        } => format!(
+            "backend→sidecar{s} renew(L{lease}): {}",
+            if *owned { "renewed" } else { "not held" }
+        ),
+        Msg::Prereg { s, lease, token } => {
+            format!("sidecar{s}→gateway preregister(token {token}, L{lease})")
+        }
+        Msg::PreregReply { s, lease, ok } => format!(
+            "gateway→sidecar{s} preregister(L{lease}): {}",
+            if *ok { "ok" } else { "stale" }
+        ),
+        Msg::Write { c, lease, token } => {
+            format!("proxy of client{c}→gateway write(token {token}, L{lease})")
+        }
         Msg::Forward { token } => format!("gateway→storage write(token {token})"),
     }
 }
 
 fn task(t: &Task) -> String {
     match t {
-        Task::Acquire { c, lease, wait: AcqWait::Backend(a), .. } => format!("client{c}'s acquire (L{lease}, try {a})"),
-        Task::Acquire { c, lease, wait: AcqWait::Prereg(_), .. } => format!("client{c}'s acquire (L{lease}, pre-registration)"),
-        Task::Cleanup { lease, wait: CleanupWait::Attempt(a) } => format!("clean-up of L{lease} (waiting for try {a})"),
-        Task::Cleanup { lease, wait: CleanupWait::Release } => format!("clean-up of L{lease} (release)"),
+        Task::Acquire {
+            c,
+            lease,
+            wait: AcqWait::Backend(a),
+            ..
+        } => format!("client{c}'s acquire (L{lease}, try {a})"),
+        Task::Acquire {
+            c,
+            lease,
+            wait: AcqWait::Prereg(_),
+            ..
+        } => format!("client{c}'s acquire (L{lease}, pre-registration)"),
+        Task::Cleanup {
+            lease,
+            wait: CleanupWait::Attempt(a),
+        } => format!("clean-up of L{lease} (waiting for try {a})"),
+        Task::Cleanup {
+            lease,
+            wait: CleanupWait::Release,
+        } => format!("clean-up of L{lease} (release)"),
         Task::Release { lease, .. } => format!("release of L{lease}"),
         Task::Renew { lease, .. } => format!("renewal of L{lease}"),
         Task::LateUndo { lease, attempt } => format!("late undo of L{lease} try {attempt}"),
@@ -79,25 +119,31 @@ pub fn state_at(st: &State, t: u32) -> String {
         .iter()
         .enumerate()
         .map(|(i, s)| match &s.record {
-            Some(r) => format!("s{i}: L{} tok {} {:?} deadline {:+}", r.lease, r.token, r.state, r.deadline),
+            Some(r) => format!(
+                "s{i}: L{} tok {} {:?} deadline {:+}",
+                r.lease, r.token, r.state, r.deadline
+            ),
             None => format!("s{i}: -"),
         })
         .collect();
     let beliefs: Vec<String> = (0..st.clients.len())
         .filter(|c| st.believes(*c as u8))
-        .map(|c| format!("client{c} until {:+}", st.clients[c].believes_until.unwrap()))
+        .map(|c| {
+            let (l, u) = st.clients[c].belief.unwrap();
+            format!("client{c} (L{l}) until {u:+}")
+        })
         .collect();
     format!(
         "[t={t} backend clock {:+} | {} | {} | told held: {}]",
         st.clocks.backend_offset,
         row,
         recs.join(", "),
-        if beliefs.is_empty() { "nobody".into() } else { beliefs.join(", ") }
+        if beliefs.is_empty() {
+            "nobody".into()
+        } else {
+            beliefs.join(", ")
+        }
     )
-}
-
-pub fn state(st: &State) -> String {
-    state_at(st, 0)
 }
 
 /// The whole path, numbered: each step, then the state after it.
@@ -110,7 +156,12 @@ pub fn path(_model: &LeaseModel, p: &Path<State, Action>) -> String {
             if matches!(a, Action::Tick(_)) {
                 t += 1;
             }
-            out.push_str(&format!("{:>2}. {}\n    {}\n", i + 1, action(&steps[i].0, a), state_at(next, t)));
+            out.push_str(&format!(
+                "{:>2}. {}\n    {}\n",
+                i + 1,
+                action(&steps[i].0, a),
+                state_at(next, t)
+            ));
         }
     }
     out

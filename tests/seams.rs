@@ -232,18 +232,23 @@ struct SlowPreregistration {
 }
 
 fn slow_preregistration() -> SlowPreregistration {
+    slow_preregistration_env(&[])
+}
+
+fn slow_preregistration_env(env: &[(&str, &str)]) -> SlowPreregistration {
     let redis = RedisServer::start(Persistence::Off);
     let storage = Fencer::storage(&[]);
     let gateway = Fencer::gateway(&storage.api, &[]);
     let relay = TcpFault::start(gateway.api_port);
     let pre = format!("http://127.0.0.1:{}/_fencer/v1/fences/", relay.port);
-    let sidecar = Fencer::sidecar(
+    let sidecar = Fencer::sidecar_env(
         Backend::Redis,
         Some(&redis.url()),
         &[
             ("sidecar.preregister_url", pre.as_str()),
             ("sidecar.preregister_timeout_ms", "6000"),
         ],
+        env,
     );
     sidecar.wait_ready();
     let other = Fencer::sidecar(Backend::Redis, Some(&redis.url()), &[]);
@@ -288,6 +293,24 @@ async fn an_acquire_whose_lease_ran_out_before_the_answer_is_not_answered_held()
     assert_ne!(mine.body["state"], "held", "{}", mine.body);
 }
 
+/// The model's `answer_after_deadline` trace has the same shape (a reply
+/// that comes after the lease's local deadline — the backend's there, the
+/// gateway's here); with `FENCER_MUTANT=answer_after_deadline` the client
+/// is told "held" although its lease ran out, and another sidecar gets the
+/// key too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answer_after_deadline_mutant_makes_two_holders() {
+    let s = slow_preregistration_env(&[("FENCER_MUTANT", "answer_after_deadline")]);
+    s.relay
+        .set(Mode::DelayReplies(Duration::from_millis(1_600)));
+    let r = s.sidecar.acquire("seam:item2m", 1_000, 0).await;
+    s.relay.set(Mode::Pass);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.body["ttl_ms"].as_u64().unwrap() > 0, "{}", r.body);
+    let other = s.other.acquire("seam:item2m", 10_000, 2_000).await;
+    assert_eq!(other.status, 200, "{}", other.body);
+}
+
 /// Item 2, the other half: a grant that spent part of its TTL before the
 /// answer reports the time left, not the TTL asked for.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -308,18 +331,52 @@ async fn an_acquire_reports_the_time_left_at_the_answer_not_the_ttl_asked_for() 
 
 /// Item 3: a release whose client goes away while the backend's reply is
 /// on its way. The backend frees the key; this sidecar must not go on
-/// saying "held" (nor let its proxy write under the lease).
+/// saying "held" (nor let its proxy write under the lease). The model's
+/// `release_in_request` trace (docs/model.md); each step names its action.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_whose_client_disconnects_never_leaves_the_lease_held_here() {
+    let (other, view, list) = release_cut_short(&[]).await;
+    assert_eq!(other.status, 200, "{}", other.body);
+    // ...and this sidecar does not say it still holds it.
+    assert_ne!(
+        view.body["state"], "held",
+        "two holders: the first sidecar still lists its released lease: {}",
+        view.body
+    );
+    assert!(
+        list.body["leases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|l| l["state"] != "held"),
+        "{}",
+        list.body
+    );
+}
+
+/// The same trace with `FENCER_MUTANT=release_in_request`: two holders.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_in_request_mutant_makes_two_holders_on_the_model_trace() {
+    let (other, view, _) = release_cut_short(&[("FENCER_MUTANT", "release_in_request")]).await;
+    assert_eq!(other.status, 200, "{}", other.body);
+    assert_eq!(view.body["state"], "held", "{}", view.body);
+}
+
+/// Runs the `release_in_request` trace; returns the other sidecar's
+/// acquire, then this sidecar's view of the key and its list.
+async fn release_cut_short(env: &[(&str, &str)]) -> (Resp, Resp, Resp) {
     let redis = RedisServer::start(Persistence::Off);
     let relay = TcpFault::start(redis.port);
-    let a = Fencer::sidecar(Backend::Redis, Some(&relay.redis_url()), &[]);
+    let a = Fencer::sidecar_env(Backend::Redis, Some(&relay.redis_url()), &[], env);
     a.wait_ready();
     let b = Fencer::sidecar(Backend::Redis, Some(&redis.url()), &[]);
     b.wait_ready();
+    // 1–3. client0: acquire — deliver acquire(L1) — deliver its reply.
     let held = a.acquire("seam:item3", 30_000, 0).await;
     assert_eq!(held.status, 200, "{}", held.body);
 
+    // 4. client0: release — 5. deliver release(L1): applied, its reply
+    // held back — 6. client0: disconnects mid-call.
     relay.set(Mode::DelayReplies(Duration::from_millis(1_500)));
     let impatient = reqwest::Client::builder()
         .timeout(Duration::from_millis(300))
@@ -338,7 +395,8 @@ async fn a_release_whose_client_disconnects_never_leaves_the_lease_held_here() {
     assert!(gave_up.is_err(), "the release answered within 300 ms");
     relay.set(Mode::Pass);
 
-    // The backend applied the release: another sidecar gets the key.
+    // 8–10. client1: acquire on the other sidecar: the backend applied the
+    // release, so it gets the key.
     let started = Instant::now();
     let other = loop {
         let r = b.acquire("seam:item3", 30_000, 0).await;
@@ -347,24 +405,10 @@ async fn a_release_whose_client_disconnects_never_leaves_the_lease_held_here() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    assert_eq!(other.status, 200, "{}", other.body);
-    // ...and this sidecar does not say it still holds it.
+    // 7. client0: GET — "held" would be a second holder.
     let view = a.get(&Fencer::path("seam:item3", "")).await;
-    assert_ne!(
-        view.body["state"], "held",
-        "two holders: the first sidecar still lists its released lease: {}",
-        view.body
-    );
     let list = a.get("/v1/locks").await;
-    assert!(
-        list.body["leases"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|l| l["state"] != "held"),
-        "{}",
-        list.body
-    );
+    (other, view, list)
 }
 
 /// Item 10: only the acquirer learns the lease id (a credential: it

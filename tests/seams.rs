@@ -25,33 +25,58 @@ const LATE_REPLY: Duration = Duration::from_millis(1_500);
 /// its reply comes after the caller's timeout; try 2 (same lease id) is
 /// answered "held" and the client is told 200; then try 1's reply arrives
 /// and its compensation must not release the lease try 2 handed out.
+///
+/// This is the counterexample the model of the lease protocol prints for
+/// the mutant `undo_by_lease` (`cargo test --test model undo_by_lease`,
+/// docs/model.md); each step below names the model's action.
 async fn late_first_reply_keeps_the_retried_lease(a: &Fencer, b: &Fencer, relay: &TcpFault) {
-    const KEY: &str = "seam-item1-key";
+    let other = late_first_reply(a, b, relay).await;
+    assert_eq!(
+        (other.status, other.code()),
+        (409, "lock_held"),
+        "a second sidecar acquired a key the first still holds (token {}): {}",
+        other.body["token"],
+        other.body
+    );
+}
+
+const ITEM1_KEY: &str = "seam-item1-key";
+
+/// The steps of the model's `undo_by_lease` trace against real processes;
+/// returns the other sidecar's answer to an acquire made once try 1's
+/// undo has had its chance (409 when safe, 200 = two holders).
+async fn late_first_reply(a: &Fencer, b: &Fencer, relay: &TcpFault) -> Resp {
+    const KEY: &str = ITEM1_KEY;
+    // (model: "deliver backend→sidecar0 L1 try 1" comes late) The relay
+    // holds back the reply to try 1, past the backend's request timeout.
     relay.set(Mode::DelayReplyTo {
         marker: KEY.as_bytes(),
         delay: LATE_REPLY,
     });
     let started = Instant::now();
+    // 1. client0: acquire — 2. deliver acquire(L1, try 1): the row is L1's;
+    // its reply is held back. 3. sidecar0: timeout of try 1 (the runner's
+    // undo is sent, or with the mutant, waits for the late answer) —
+    // 4. deliver acquire(L1, try 2): confirmed, the row carries try 2 —
+    // 5. deliver its reply (+ pre-registration): client0 told "held".
     let got = a.acquire(KEY, 30_000, 0).await;
     assert_eq!(got.status, 200, "{}", got.body);
     assert!(
         a.metric("fencer_acquire_retries_total", &[]).await >= 1.0,
         "the first try was not retried (the relay did not hold its reply?)"
     );
-    // Let try 1's late reply arrive and its compensation run.
+    // 6. deliver try 1's late reply, and the undo (void_attempt(L1, try 1),
+    // or the mutant's release(L1)) reaches the backend.
     tokio::time::sleep((started + LATE_REPLY + Duration::from_millis(700)) - Instant::now()).await;
+    // 7. client1: acquire on sidecar1 — held by another unless the undo
+    // released the lease client0 holds.
     let other = b.acquire(KEY, 10_000, 0).await;
-    assert_eq!(
-        (other.status, other.code()),
-        (409, "lock_held"),
-        "a second sidecar acquired a key the first still holds (token {} vs {}): {}",
-        other.body["token"],
-        got.token(),
-        other.body
-    );
-    // The lease the client was given still renews: it is live.
-    let renewed = a.renew(KEY, &got.lease(), 30_000).await;
-    assert_eq!(renewed.status, 200, "{}", renewed.body);
+    if other.status == 409 {
+        // The lease the client was given still renews: it is live.
+        let renewed = a.renew(KEY, &got.lease(), 30_000).await;
+        assert_eq!(renewed.status, 200, "{}", renewed.body);
+    }
+    other
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -86,6 +111,115 @@ async fn postgres_a_late_first_reply_does_not_release_the_lease_its_retry_handed
     late_first_reply_keeps_the_retried_lease(&a, &b, &relay).await;
 }
 
+/// The same trace with the real mutant `undo_by_lease` switched on: the
+/// test above must see two holders then (it checks the mechanism, not a
+/// schedule that never happens).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_undo_by_lease_mutant_makes_two_holders_on_the_model_trace() {
+    let pg = PgServer::start();
+    let relay = TcpFault::start(pg.port);
+    let via_relay = format!("postgres://postgres@127.0.0.1:{}/postgres", relay.port);
+    let a = Fencer::sidecar_env(
+        Backend::Postgres,
+        Some(&via_relay),
+        &[("backend.postgres.request_timeout_ms", "1000")],
+        &[("FENCER_MUTANT", "undo_by_lease")],
+    );
+    a.wait_ready();
+    let b = Fencer::sidecar(Backend::Postgres, Some(&pg.url()), &[]);
+    b.wait_ready();
+    let other = late_first_reply(&a, &b, &relay).await;
+    assert_eq!(
+        other.status, 200,
+        "with undo_by_lease the late undo should have released the lease client0 holds: {}",
+        other.body
+    );
+}
+
+/// Found by the model (docs/model.md, `orphan_held`): an acquire whose
+/// client goes away during pre-registration has already recorded its lease
+/// as held; its clean-up releases the lease in the backend, and until that
+/// release's reply came back the sidecar still answered `GET` with "held"
+/// — while another sidecar could take the key. Each step names the
+/// model's action.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_abandoned_during_preregistration_is_never_shown_held() {
+    const KEY: &str = "seam:orphan";
+    let redis = RedisServer::start(Persistence::Off);
+    let backend_relay = TcpFault::start(redis.port);
+    let storage = Fencer::storage(&[]);
+    let gateway = Fencer::gateway(&storage.api, &[]);
+    let gateway_relay = TcpFault::start(gateway.api_port);
+    let pre = format!("http://127.0.0.1:{}/_fencer/v1/fences/", gateway_relay.port);
+    let a = Fencer::sidecar(
+        Backend::Redis,
+        Some(&backend_relay.redis_url()),
+        &[
+            ("sidecar.preregister_url", pre.as_str()),
+            ("sidecar.preregister_timeout_ms", "6000"),
+        ],
+    );
+    a.wait_ready();
+    let b = Fencer::sidecar(Backend::Redis, Some(&redis.url()), &[]);
+    b.wait_ready();
+
+    // (model: the pre-registration's reply comes late)
+    gateway_relay.set(Mode::DelayReplies(Duration::from_millis(3_000)));
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(1_000))
+        .build()
+        .unwrap();
+    let url = format!("{}{}", a.api, Fencer::path(KEY, "acquire"));
+    // 1. client0: acquire — 2. deliver acquire(L1, try 1) — 3. deliver
+    // its reply: the lease is recorded held; pre-registration on its way.
+    let abandoned = tokio::spawn(async move {
+        impatient
+            .post(url)
+            .header("content-type", "application/json")
+            .body(json!({"ttl_ms": 30_000, "wait_ms": 0}).to_string())
+            .send()
+            .await
+    });
+    let recorded = Instant::now();
+    loop {
+        let view = a.get(&Fencer::path(KEY, "")).await;
+        if view.body["state"] == "held" {
+            break;
+        }
+        assert!(
+            recorded.elapsed() < Duration::from_millis(900),
+            "the grant was never recorded: {}",
+            view.body
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The clean-up's release will be applied by Redis, its reply held back.
+    backend_relay.set(Mode::DelayReplyTo {
+        marker: KEY.as_bytes(),
+        delay: Duration::from_millis(3_000),
+    });
+    // 4. client0: disconnects mid-call (its 1 s timeout).
+    assert!(abandoned.await.unwrap().is_err(), "the acquire answered");
+    // 5. deliver release(L1): the key is free in Redis. 7–9. client1:
+    // acquire on the other sidecar gets it.
+    let started = Instant::now();
+    let other = loop {
+        let r = b.acquire(KEY, 30_000, 0).await;
+        if r.status == 200 || started.elapsed() > Duration::from_secs(2) {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(other.status, 200, "{}", other.body);
+    // 6. client0: GET — must not answer "held" now.
+    let view = a.get(&Fencer::path(KEY, "")).await;
+    assert_ne!(
+        view.body["state"], "held",
+        "two holders: sidecar b handed out token {} while sidecar a still shows its abandoned lease held: {}",
+        other.body["token"], view.body
+    );
+}
+
 /// A sidecar on Redis whose token pre-registration goes through a relay in
 /// front of a real gateway, so the test can make it slow.
 struct SlowPreregistration {
@@ -98,18 +232,23 @@ struct SlowPreregistration {
 }
 
 fn slow_preregistration() -> SlowPreregistration {
+    slow_preregistration_env(&[])
+}
+
+fn slow_preregistration_env(env: &[(&str, &str)]) -> SlowPreregistration {
     let redis = RedisServer::start(Persistence::Off);
     let storage = Fencer::storage(&[]);
     let gateway = Fencer::gateway(&storage.api, &[]);
     let relay = TcpFault::start(gateway.api_port);
     let pre = format!("http://127.0.0.1:{}/_fencer/v1/fences/", relay.port);
-    let sidecar = Fencer::sidecar(
+    let sidecar = Fencer::sidecar_env(
         Backend::Redis,
         Some(&redis.url()),
         &[
             ("sidecar.preregister_url", pre.as_str()),
             ("sidecar.preregister_timeout_ms", "6000"),
         ],
+        env,
     );
     sidecar.wait_ready();
     let other = Fencer::sidecar(Backend::Redis, Some(&redis.url()), &[]);
@@ -154,6 +293,24 @@ async fn an_acquire_whose_lease_ran_out_before_the_answer_is_not_answered_held()
     assert_ne!(mine.body["state"], "held", "{}", mine.body);
 }
 
+/// The model's `answer_after_deadline` trace has the same shape (a reply
+/// that comes after the lease's local deadline — the backend's there, the
+/// gateway's here); with `FENCER_MUTANT=answer_after_deadline` the client
+/// is told "held" although its lease ran out, and another sidecar gets the
+/// key too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answer_after_deadline_mutant_makes_two_holders() {
+    let s = slow_preregistration_env(&[("FENCER_MUTANT", "answer_after_deadline")]);
+    s.relay
+        .set(Mode::DelayReplies(Duration::from_millis(1_600)));
+    let r = s.sidecar.acquire("seam:item2m", 1_000, 0).await;
+    s.relay.set(Mode::Pass);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.body["ttl_ms"].as_u64().unwrap() > 0, "{}", r.body);
+    let other = s.other.acquire("seam:item2m", 10_000, 2_000).await;
+    assert_eq!(other.status, 200, "{}", other.body);
+}
+
 /// Item 2, the other half: a grant that spent part of its TTL before the
 /// answer reports the time left, not the TTL asked for.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -174,18 +331,52 @@ async fn an_acquire_reports_the_time_left_at_the_answer_not_the_ttl_asked_for() 
 
 /// Item 3: a release whose client goes away while the backend's reply is
 /// on its way. The backend frees the key; this sidecar must not go on
-/// saying "held" (nor let its proxy write under the lease).
+/// saying "held" (nor let its proxy write under the lease). The model's
+/// `release_in_request` trace (docs/model.md); each step names its action.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_whose_client_disconnects_never_leaves_the_lease_held_here() {
+    let (other, view, list) = release_cut_short(&[]).await;
+    assert_eq!(other.status, 200, "{}", other.body);
+    // ...and this sidecar does not say it still holds it.
+    assert_ne!(
+        view.body["state"], "held",
+        "two holders: the first sidecar still lists its released lease: {}",
+        view.body
+    );
+    assert!(
+        list.body["leases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|l| l["state"] != "held"),
+        "{}",
+        list.body
+    );
+}
+
+/// The same trace with `FENCER_MUTANT=release_in_request`: two holders.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_in_request_mutant_makes_two_holders_on_the_model_trace() {
+    let (other, view, _) = release_cut_short(&[("FENCER_MUTANT", "release_in_request")]).await;
+    assert_eq!(other.status, 200, "{}", other.body);
+    assert_eq!(view.body["state"], "held", "{}", view.body);
+}
+
+/// Runs the `release_in_request` trace; returns the other sidecar's
+/// acquire, then this sidecar's view of the key and its list.
+async fn release_cut_short(env: &[(&str, &str)]) -> (Resp, Resp, Resp) {
     let redis = RedisServer::start(Persistence::Off);
     let relay = TcpFault::start(redis.port);
-    let a = Fencer::sidecar(Backend::Redis, Some(&relay.redis_url()), &[]);
+    let a = Fencer::sidecar_env(Backend::Redis, Some(&relay.redis_url()), &[], env);
     a.wait_ready();
     let b = Fencer::sidecar(Backend::Redis, Some(&redis.url()), &[]);
     b.wait_ready();
+    // 1–3. client0: acquire — deliver acquire(L1) — deliver its reply.
     let held = a.acquire("seam:item3", 30_000, 0).await;
     assert_eq!(held.status, 200, "{}", held.body);
 
+    // 4. client0: release — 5. deliver release(L1): applied, its reply
+    // held back — 6. client0: disconnects mid-call.
     relay.set(Mode::DelayReplies(Duration::from_millis(1_500)));
     let impatient = reqwest::Client::builder()
         .timeout(Duration::from_millis(300))
@@ -204,7 +395,8 @@ async fn a_release_whose_client_disconnects_never_leaves_the_lease_held_here() {
     assert!(gave_up.is_err(), "the release answered within 300 ms");
     relay.set(Mode::Pass);
 
-    // The backend applied the release: another sidecar gets the key.
+    // 8–10. client1: acquire on the other sidecar: the backend applied the
+    // release, so it gets the key.
     let started = Instant::now();
     let other = loop {
         let r = b.acquire("seam:item3", 30_000, 0).await;
@@ -213,24 +405,10 @@ async fn a_release_whose_client_disconnects_never_leaves_the_lease_held_here() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    assert_eq!(other.status, 200, "{}", other.body);
-    // ...and this sidecar does not say it still holds it.
+    // 7. client0: GET — "held" would be a second holder.
     let view = a.get(&Fencer::path("seam:item3", "")).await;
-    assert_ne!(
-        view.body["state"], "held",
-        "two holders: the first sidecar still lists its released lease: {}",
-        view.body
-    );
     let list = a.get("/v1/locks").await;
-    assert!(
-        list.body["leases"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|l| l["state"] != "held"),
-        "{}",
-        list.body
-    );
+    (other, view, list)
 }
 
 /// Item 10: only the acquirer learns the lease id (a credential: it

@@ -122,6 +122,14 @@ impl Drop for Attempts {
         {
             return;
         }
+        // An acquire dropped after the grant (its client went away during
+        // pre-registration) has already recorded its lease as held: it
+        // stops being held here now, before the backend is told, or a
+        // `GET` would answer "held" after the backend let another sidecar
+        // take the key (found by the model, docs/model.md).
+        for lease in &orphans {
+            super::release::stop_holding(&self.leases, &self.metrics, &self.key, lease);
+        }
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };

@@ -125,6 +125,16 @@ fn forget(leases: &LeaseTable, metrics: &Metrics, key: &LockKey, lease: &LeaseId
     }
 }
 
+/// Marks `lease`'s record of `key` released here (no "held" view, no
+/// proxied write) before the backend is told, keeping the gauges right:
+/// for a lease nobody was handed (an abandoned acquire's), like
+/// [`LockManager::release`] does for the application's own.
+pub(super) fn stop_holding(leases: &LeaseTable, metrics: &Metrics, key: &LockKey, lease: &LeaseId) {
+    if let Some(rec) = leases.releasing(key, lease) {
+        count_end_of_hold(metrics, &rec);
+    }
+}
+
 /// A held lease stops being held here: the held gauge and the hold time.
 fn count_end_of_hold(metrics: &Metrics, rec: &super::super::leases::LeaseRecord) {
     let group = metrics.groups.of(rec.key.as_str());

@@ -80,7 +80,7 @@ def main():
         bins = test_binaries(sys.argv[3])
         if bins:
             print(f"  -- test binaries ({len(bins)}, {sum(b[2] for b in bins)} tests; "
-                  f"{fmt(sum(b[1] for b in bins))} in all, two at a time), largest first:")
+                  f"{fmt(sum(b[1] for b in bins))} in all), largest first:")
             for name, secs, n, result in sorted(bins, key=lambda b: -b[1]):
                 flag = "" if result == "ok" else "  FAILED"
                 print(f"     {name:<41} {fmt(secs)}  {n:>4} tests{flag}")

@@ -59,9 +59,9 @@ python3 -c "import requests" >/dev/null 2>&1 || python3 -m pip install -q reques
 echo "install (apt-get, pip) $(( $(date +%s) - install_start ))" >> "$FENCER_CI_DIR/phases"
 
 timed "build (test profile)" cargo test --all-targets --locked --no-run
-# Every test binary cargo test would run, two at a time (tests/run_binaries.py:
-# the phase keeps half a core busy when run one binary after another).
-# FENCER_TEST_JOBS=1 runs them as cargo test does.
+# Every test binary cargo test would run (tests/run_binaries.py: one at a
+# time by default, each timed; FENCER_TEST_JOBS=2 runs two at once, which
+# some timing tests do not survive yet — see the script).
 timed "tests (cargo test)" bash -c 'set -o pipefail; python3 tests/run_binaries.py 2>&1 | tee "$FENCER_CI_DIR/cargo-test.log"'
 
 # The fault suite's PR tier (docs/faults.md): real processes under seeded

@@ -176,12 +176,12 @@ FAMILIES += [
     # (kill_sidecar_stepped, state dirs, proxied workers that renew until
     # the new process adopts their lease: RedLock renews by lease id on
     # every master, so adoption works here); the clients' workload
-    # (CLIENT_FAMILIES).
+    # (CLIENT_FAMILIES) and the request fuzzer (FUZZ_KEYS).
     sc("redlock-restarts", backend="redlock", self_pause_p=0.3, interval=(0.5, 1.5),
        nemesis=["kill_master_empty", "kill_masters_empty", "pause_master", "net_lock", "late_reply",
                 "pause_worker", "late_request", "late_request", "slow_preregistration", "kill_sidecar_stepped"],
-       sidecar_state_dir=True, adopt_after_restart=True,
-       bite={"stale_at_gateway": 3, "faults": 8, "late_requests": 1, "clock_stepped_restarts": 1}),
+       sidecar_state_dir=True, adopt_after_restart=True, keys=FUZZ_KEYS, gateway_routes=FUZZ_ROUTES, fuzz={},
+       bite={"stale_at_gateway": 3, "faults": 8, "late_requests": 1, "clock_stepped_restarts": 1, **FUZZ_BITES}),
     # The hole the quarantine closes, opened on purpose: a majority of the
     # masters restarted empty, no pauses, no quarantine. Two clients then
     # hold the key at once (overlaps, admitted by the nemesis: M1 excuses

@@ -259,7 +259,8 @@ FAMILIES += [
     sc("mysql-kill", backend="mysql", self_pause_p=0.3, interval=(0.8, 2.0),
        nemesis=["kill_mysql", "kill_mysql", "pause_worker", "kill_sidecar_stepped"], sidecar_state_dir=True,
        adopt_after_restart=True, keys=FUZZ_KEYS, gateway_routes=FUZZ_ROUTES, fuzz={},
-       bite={"mysql_kills": 3, "stale_at_gateway": 3, "clock_stepped_restarts": 1, **FUZZ_BITES}),
+       bite={"mysql_kills": 3, "stale_at_gateway": 3, "clock_stepped_restarts": 1, "adopted_writes": 1,
+             **FUZZ_BITES}),
     # One sidecar's connections cut (black-holed or reset) for 1.2–3 s, and
     # server kills, without worker pauses or clock faults: mutual exclusion
     # must hold (M1) — the cut sidecar's leases end on its own clock before

@@ -706,6 +706,10 @@ def retarget(family, backend):
         out["bite"] = {k: v for k, v in SEAMS["bite"].items() if k not in drop}
     if family is SEAMS and backend == "zookeeper":
         out["ttl_ms"] = 1200  # the longest lease a 3 s session allows (1 350 ms)
+    if backend == "zookeeper" and "adopted_writes" in out.get("bite", {}):
+        # No adoption on ZooKeeper (README, "Restarted sidecar"): the
+        # stepped restarts still run, nothing is adopted.
+        out["bite"] = {k: v for k, v in out["bite"].items() if k != "adopted_writes"}
     return out
 
 

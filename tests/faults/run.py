@@ -593,9 +593,9 @@ DIRECTED_MUTANTS = {
 # one step — acquire (queued or not, or during pre-registration), renew,
 # release or hold — then probe their sidecar. Every renewal, grant,
 # heartbeat and probe answer is a "held" span for M1; a lease kept past
-# its client (+ its TTL) fails M1 too. Enabled in four PR-tier families
-# (Redis, MySQL twice, ZooKeeper) with a bite per step; the families keep
-# their length. The mutant runs of other schedules keep the workload they
+# its client (+ its TTL) fails M1 too. Enabled in seven PR-tier families
+# (Redis, MySQL twice, ZooKeeper, PostgreSQL, RedLock, Sentinel) with a
+# bite per step; the families keep their length. The mutant runs of other schedules keep the workload they
 # were measured with (no `clients`).
 CLIENTS = {"renew_p": 0.35, "hold_p": 0.25, "hold_think_ttl": [0.2, 1.2], "disconnect_p": 0.15,
            "disconnect_ms": [0, 30], "probe_delay_ms": 100}

@@ -72,13 +72,31 @@ def sc(name, **kw):
     return d
 
 
+# The request fuzzer (issue 28, harness/fuzzer.py) beside a family's
+# faults, on one PR-tier family per lock backend: the look-alike keys it
+# locks (`acct-0;x`, `acct-０`, `ACCT-0`...) are stored by each backend in
+# its own way (Redis hash tags, SQL VARBINARY rows, ZooKeeper node names
+# escaped). Keys without `:`, one route binding `/kv/{id}` to key `{id}`
+# (without routes any token may write any path: README); bites as
+# `gateway-fuzz`'s (the fuzzer runs no longer than the faults).
+FUZZ_KEYS = ["acct-0", "acct-1"]
+FUZZ_ROUTES = [("/kv/{id}", "{id}")]
+FUZZ_BITES = {"fuzz_requests": 100, "fuzz_refused": 60, "fuzz_applied": 1}
+
+
 # One schedule per nemesis family (FAULT-SUITE.md §4), with the bite
 # thresholds a run must reach to count (below them: INCONCLUSIVE).
 FAMILIES = [
     sc("pause-short", nemesis=PAUSES, short_pause_share=1.0, self_pause_p=0.4,
        self_pause_ttl=[1.0, 1.3], bite={"stale_at_gateway": 10, "expiries_while_paused": 8}),
-    sc("pause-long", backend="postgres", nemesis=PAUSES, short_pause_share=0.0, self_pause_p=0.35,
-       self_pause_ttl=[1.5, 4.0], bite={"stale_at_gateway": 8, "expiries_while_paused": 6}),
+    # With PostgreSQL's run of issue 28's stepped sidecar restarts
+    # (kill_sidecar_stepped, state dirs, proxied workers that renew until
+    # the new process adopts their lease: PostgreSQL renews by lease id,
+    # so adoption works here). The stale writes and expiries while paused
+    # come mostly from the self-pauses (35 %).
+    sc("pause-long", backend="postgres", nemesis=PAUSES + ["kill_sidecar_stepped"], short_pause_share=0.0,
+       self_pause_p=0.35, self_pause_ttl=[1.5, 4.0], sidecar_state_dir=True, adopt_after_restart=True,
+       bite={"stale_at_gateway": 8, "expiries_while_paused": 6, "clock_stepped_restarts": 1, "adopted_writes": 1}),
     sc("pause-sidecar", nemesis=["pause_sidecar", "pause_worker"], self_pause_p=0.3,
        bite={"stale_at_gateway": 5, "pauses": 10}),
     # With the request fuzzer (issue 28, below: FUZZ) at the gateways
@@ -94,16 +112,28 @@ FAMILIES = [
     # PostgreSQL after their caller gave up; listed twice (here, in
     # network and in seams) so that a 40 s run lands ≥ 2 of them (runs
     # measured with one listing landed 2–5; with two, ≈ 1 % would not).
+    # PostgreSQL's run of the clients' workload (CLIENT_FAMILIES) and of
+    # the request fuzzer (FUZZ_KEYS) too: neither adds a fault to draw.
+    # late_request is listed three times here: a run draws ~9 faults, and
+    # with two listings in five ≈ 7 % of runs draw fewer than 2 (seed
+    # 3110: one, INCONCLUSIVE); with three in six, ≈ 2 %.
     sc("backend-crash-pg", backend="postgres",
-       nemesis=["kill_backend", "pause_backend", "late_reply", "late_request", "late_request"],
-       self_pause_p=0.3, late_request_aims=["acquire", "release"],
-       interval=(1.5, 3.5), bite={"stale_at_gateway": 3, "faults": 4, "late_requests": 2}),
+       nemesis=["kill_backend", "pause_backend", "late_reply", "late_request", "late_request", "late_request"],
+       self_pause_p=0.3, late_request_aims=["acquire", "release"], keys=FUZZ_KEYS, gateway_routes=FUZZ_ROUTES,
+       fuzz={}, interval=(1.5, 3.5), bite={"stale_at_gateway": 3, "faults": 4, "late_requests": 2, **FUZZ_BITES}),
     sc("network", nemesis=["net_lock", "net_gateway", "net_storage", "late_reply", "late_request", "late_request"],
        self_pause_p=0.3, short_release_p=0.2,
        bite={"stale_at_gateway": 5, "faults": 10, "late_requests": 2}),
     sc("expire", nemesis=["expire"], self_pause_p=0.3, interval=(0.2, 0.8),
        bite={"stale_at_gateway": 5, "faults": 20}),
-    sc("client-timeouts", backend="postgres", nemesis=["slow_storage"], client_timeout_ms=1500,
+    # slow_preregistration and late_reply_gateway (issue 28): PostgreSQL's
+    # run of the sidecar→gateway seams (an acquire whose pre-registration
+    # outlives its lease, or whose pre-registration reply comes after the
+    # sidecar gave up, releases its lease on PostgreSQL). Here because
+    # this family's bites have room (indeterminate 29 measured, ≥ 3
+    # asked): a held gateway reply keeps the nemesis 6–12 s.
+    sc("client-timeouts", backend="postgres",
+       nemesis=["slow_storage", "slow_preregistration", "late_reply_gateway"], client_timeout_ms=1500,
        self_pause_p=0.3, bite={"indeterminate": 3, "faults": 5}),
     sc("clock-offset", backend="postgres", nemesis=PAUSES, sidecar_faketime="+1h", pg_faketime="-2h",
        self_pause_p=0.4, bite={"stale_at_gateway": 5, "expiries_while_paused": 4}),
@@ -117,9 +147,12 @@ FAMILIES = [
     # kill, the old node back 1–3 s later, then the set must be healthy
     # again), so these runs are longer and the failover is listed twice (2 in
     # 3 faults) to reach 3 in the run. Only the lossy one is in the PR tier.
+    # With the clients' workload (CLIENT_FAMILIES) and the request fuzzer
+    # (FUZZ_KEYS): the sentinel set's run of both (no fault added to draw).
     sc("redis-lossy-failover", backend="redis-sentinel", duration_s=50, self_pause_p=0.3,
-       nemesis=["lossy_failover", "lossy_failover", "pause_worker"], interval=(0.5, 1.5),
-       bite={"failovers": 3, "lossy_failovers": 1, "stale_at_gateway": 3}),
+       nemesis=["lossy_failover", "lossy_failover", "pause_worker"], interval=(0.5, 1.5), keys=FUZZ_KEYS,
+       gateway_routes=FUZZ_ROUTES, fuzz={},
+       bite={"failovers": 3, "lossy_failovers": 1, "stale_at_gateway": 3, **FUZZ_BITES}),
     sc("redis-failover", backend="redis-sentinel", duration_s=50, self_pause_p=0.3, long_only=True,
        nemesis=["failover", "failover", "pause_worker"], interval=(0.5, 1.5),
        bite={"failovers": 3, "stale_at_gateway": 3}),
@@ -145,10 +178,22 @@ FAMILIES += [
     # killed and restarted empty — one, or a majority at once — frozen
     # masters and their links; the acquire must never give a second holder
     # a majority. In the PR tier.
+    # Issue 28's seams on RedLock too: statements that reach one master
+    # after the 50 ms per-master bound (late_request, listed twice: ≥ 1
+    # lands in every run, P(none) ≈ 1 % over ~20 faults), slow
+    # pre-registrations, and sidecars restarted with their clock stepped
+    # (kill_sidecar_stepped, listed twice as well: once in ten drew none
+    # in 2 of 3 runs, seeds 3111 and 3112; state dirs, proxied workers
+    # that renew until the new process adopts their lease: RedLock renews
+    # by lease id on every master, so adoption works here); the clients' workload
+    # (CLIENT_FAMILIES) and the request fuzzer (FUZZ_KEYS).
     sc("redlock-restarts", backend="redlock", self_pause_p=0.3, interval=(0.5, 1.5),
        nemesis=["kill_master_empty", "kill_masters_empty", "pause_master", "net_lock", "late_reply",
-                "pause_worker"],
-       bite={"stale_at_gateway": 3, "faults": 8}),
+                "pause_worker", "late_request", "late_request", "slow_preregistration", "kill_sidecar_stepped",
+                "kill_sidecar_stepped"],
+       sidecar_state_dir=True, adopt_after_restart=True, keys=FUZZ_KEYS, gateway_routes=FUZZ_ROUTES, fuzz={},
+       bite={"stale_at_gateway": 3, "faults": 8, "late_requests": 1, "clock_stepped_restarts": 1,
+             "adopted_writes": 1, **FUZZ_BITES}),
     # The hole the quarantine closes, opened on purpose: a majority of the
     # masters restarted empty, no pauses, no quarantine. Two clients then
     # hold the key at once (overlaps, admitted by the nemesis: M1 excuses
@@ -174,18 +219,36 @@ FAMILIES += [
     # sidecar behind proxies of its own to every member, 3 s sessions,
     # TTL 500 ms. A leader kill takes 3–10 s of nemesis time (election,
     # restart 1–3 s after the kill, the ensemble healthy again), so it is
-    # listed twice as the failovers are. The sessions outlive the election;
+    # listed more than once, as the failovers are. The sessions outlive the election;
     # requests (and so renewals) fail while it lasts. In the PR tier.
-    sc("zk-leader", backend="zookeeper", self_pause_p=0.3, interval=(0.5, 1.5),
-       nemesis=["kill_zk_leader", "kill_zk_leader", "pause_worker"],
+    # Issue 28's lock-link seams on ZooKeeper: a reply held past the 500 ms
+    # request bound on one sidecar's links (late_reply) and a request
+    # delivered that late (late_request), in place of the worker pauses
+    # (the self-pauses still make stale writes: 22–29 per run measured).
+    # The leader kill listed four times (2 in 3 picks, as before) and the
+    # faults 0.3–1 s apart (was 0.5–1.5 s) so that kills keep their count
+    # (twice among five entries, seeds 3100–3102 drew 4, 1 and 2; three
+    # times among five, seeds 3110–3112 drew 4, 3, 4; as committed, seeds
+    # 3120–3122 drew 5, 4, 8). No bite for the two: each is drawn 0–4
+    # times a run (late_requests 2 / 0 / 0 at seeds 3120–3122);
+    # `late_replies` and `late_requests` say what landed.
+    sc("zk-leader", backend="zookeeper", self_pause_p=0.3, interval=(0.3, 1.0),
+       nemesis=["kill_zk_leader"] * 4 + ["late_reply", "late_request"],
        bite={"zk_leader_kills": 3, "zk_new_leaders": 3, "stale_at_gateway": 3}),
     # One sidecar cut off from every member past its session (3.5–5 s): the
     # ensemble expires the session and deletes its nodes, the others take
     # its keys; the cut-off sidecar's leases ended on its own clock first
     # (TTL ≤ 45 % of the session). In the PR tier.
+    # ZooKeeper's run of the request fuzzer (FUZZ_KEYS), of slow
+    # pre-registrations (an acquire whose token pre-registration outlives
+    # its lease deletes its queue node) and a second run of late_request
+    # (zk-leader draws it 1 in 6, none in half its runs measured), in place
+    # of the worker pauses (the self-pauses make the stale writes); the
+    # partition listed three times to keep its share (3 in 5, was 2 in 3).
     sc("zk-partition", backend="zookeeper", self_pause_p=0.3, interval=(0.5, 1.5),
-       nemesis=["partition_zk", "partition_zk", "pause_worker"],
-       bite={"zk_partitions": 3, "zk_sessions_expired": 3, "stale_at_gateway": 3}),
+       nemesis=["partition_zk", "partition_zk", "partition_zk", "late_request", "slow_preregistration"],
+       keys=FUZZ_KEYS, gateway_routes=FUZZ_ROUTES,
+       fuzz={}, bite={"zk_partitions": 3, "zk_sessions_expired": 3, "stale_at_gateway": 3, **FUZZ_BITES}),
     # Sessions expired under a frozen sidecar and under a partition, no
     # worker pauses and no clock faults: mutual exclusion must hold (M1;
     # only a freeze of a sidecar between its check and its answer is
@@ -203,10 +266,17 @@ FAMILIES += [
     # sidecar behind a proxy of its own to it; leases are rows with an
     # expiry on the server's clock, TTL 500 ms, statements bounded at 1 s.
     # kill -9 of the server (restarted 0.3–2 s later, crash recovery), with
-    # worker pauses for stale writes. In the PR tier.
+    # worker pauses for stale writes. In the PR tier. With issue 28's
+    # stepped sidecar restarts (kill_sidecar_stepped, state dirs, proxied
+    # workers that renew their lease until the new process adopts it: the
+    # MySQL backend renews by lease id, so adoption works here; the server
+    # kill listed twice to keep its share) and the request fuzzer
+    # (FUZZ_KEYS).
     sc("mysql-kill", backend="mysql", self_pause_p=0.3, interval=(0.8, 2.0),
-       nemesis=["kill_mysql", "pause_worker"],
-       bite={"mysql_kills": 3, "stale_at_gateway": 3}),
+       nemesis=["kill_mysql", "kill_mysql", "pause_worker", "kill_sidecar_stepped"], sidecar_state_dir=True,
+       adopt_after_restart=True, keys=FUZZ_KEYS, gateway_routes=FUZZ_ROUTES, fuzz={},
+       bite={"mysql_kills": 3, "stale_at_gateway": 3, "clock_stepped_restarts": 1, "adopted_writes": 1,
+             **FUZZ_BITES}),
     # One sidecar's connections cut (black-holed or reset) for 1.2–3 s, and
     # server kills, without worker pauses or clock faults: mutual exclusion
     # must hold (M1) — the cut sidecar's leases end on its own clock before
@@ -427,8 +497,11 @@ FUZZ_MUTANTS = {
 # pre-registration, so a lossy failover reissues token numbers (S2). Not in
 # the PR tier (one sentinel run there already); run with --mutant.
 SENTINEL_MUTANTS = {
+    # The schedule it was measured with: keys `acct:0`/`acct:1`, no
+    # clients' workload, no fuzzer (the family has both since issue 28).
     "counter_tokens": dict(name="m-counter-tokens", token_mode="counter", preregister=False,
-                           nemesis=["lossy_failover"], duration_s=30, bite={}),
+                           nemesis=["lossy_failover"], duration_s=30, bite={}, keys=BASE["keys"], clients={},
+                           fuzz=None, gateway_routes=[], sidecar_settings={}),
 }
 # Counter tokens with failover are refused by a build that knows the
 # override below (issue 26 item 4's companion), which an older build
@@ -521,9 +594,9 @@ DIRECTED_MUTANTS = {
 # one step — acquire (queued or not, or during pre-registration), renew,
 # release or hold — then probe their sidecar. Every renewal, grant,
 # heartbeat and probe answer is a "held" span for M1; a lease kept past
-# its client (+ its TTL) fails M1 too. Enabled in four PR-tier families
-# (Redis, MySQL twice, ZooKeeper) with a bite per step; the families keep
-# their length. The mutant runs of other schedules keep the workload they
+# its client (+ its TTL) fails M1 too. Enabled in seven PR-tier families
+# (Redis, MySQL twice, ZooKeeper, PostgreSQL, RedLock, Sentinel) with a
+# bite per step; the families keep their length. The mutant runs of other schedules keep the workload they
 # were measured with (no `clients`).
 CLIENTS = {"renew_p": 0.35, "hold_p": 0.25, "hold_think_ttl": [0.2, 1.2], "disconnect_p": 0.15,
            "disconnect_ms": [0, 30], "probe_delay_ms": 100}
@@ -535,7 +608,8 @@ CLIENT_BITES = {"renewals": 1, "holds": 1, "hold_heartbeats": 1, "disconnects_ac
 # and hold cycles (long, ended by a close) left it at 0 of 1 in 2 of 8
 # runs; so no hold bites there.
 CLIENT_FAMILIES = {"network": {}, "seams": {"hold_p": 0, "disconnect_p": 0.1}, "zk-session": {},
-                   "mysql-cut": {}}
+                   "mysql-cut": {}, "backend-crash-pg": {}, "redlock-restarts": {},
+                   "redis-lossy-failover": {}}
 
 
 def with_clients(family, clients=None, bite=True):
@@ -636,6 +710,10 @@ def retarget(family, backend):
         out["bite"] = {k: v for k, v in SEAMS["bite"].items() if k not in drop}
     if family is SEAMS and backend == "zookeeper":
         out["ttl_ms"] = 1200  # the longest lease a 3 s session allows (1 350 ms)
+    if backend == "zookeeper" and "adopted_writes" in out.get("bite", {}):
+        # No adoption on ZooKeeper (README, "Restarted sidecar"): the
+        # stepped restarts still run, nothing is adopted.
+        out["bite"] = {k: v for k, v in out["bite"].items() if k != "adopted_writes"}
     return out
 
 

@@ -744,6 +744,24 @@ def run_scenario(s, seed, binary, out, keep):
     return r
 
 
+# The seed offset of a safety run's second try after an INCONCLUSIVE one.
+RETRY_SEED = 1_000_003
+
+
+def run_safety(s, seed, binary, out, keep):
+    """A safety run. One that did not reach its family's bites
+    (INCONCLUSIVE: the schedule drew too few of a fault, or the machine
+    was too slow for them) is run once more with another seed, printed; a
+    FAIL is never retried — a violation stands. The first try's shortfall
+    stays in the result (`first_try`)."""
+    r = run_scenario(s, seed, binary, out, keep)
+    if r["verdict"] == "INCONCLUSIVE":
+        first = {"seed": seed, "below_threshold": r.get("below_threshold")}
+        r = run_scenario(s, seed + RETRY_SEED, binary, out, keep)
+        r["first_try"] = first
+    return r
+
+
 def run_directed(m, kind, test, name, binary, out, seed):
     """One directed kill test of mutant `m`: the Python directed-rmw
     scenario, or a Rust regression test with the mutant switched on."""
@@ -855,6 +873,11 @@ def main():
                 bites += f" NOT_FOLLOWING={','.join(fm['not_following'])}"
         print(f"[{'ok' if ok else 'BAD'}] {r['name']:<44} {r['verdict']:<12} expect {expect:<4} "
               f"{r.get('seconds', 0):>5}s  {bites}  {v or r.get('error', '')}", flush=True)
+        if r.get("first_try"):
+            f = r["first_try"]
+            print(f"      second try: seed {f['seed']} was INCONCLUSIVE ({f['below_threshold']})", flush=True)
+        if r.get("retried_after_error"):
+            print(f"      second try: the first ended in ERROR ({r['retried_after_error'][:200]})", flush=True)
         if not ok and r.get("dir"):
             print(f"      files: {r['dir']} (re-run: --only {r.get('scenario')} --seed {r.get('seed')})", flush=True)
         if expect == "PASS" and r.get("violations"):
@@ -928,7 +951,7 @@ def main():
                                       bite={"stale_at_gateway": 100, "expiries_while_paused": 30}))
     for i, s in enumerate(schedules):
         for rep in range(a.repeat):
-            later("PASS", run_scenario, s, seed + 101 * i + rep, a.bin, a.out, a.keep)
+            later("PASS", run_safety, s, seed + 101 * i + rep, a.bin, a.out, a.keep)
 
     mutants = []
     if a.tier == "pr":

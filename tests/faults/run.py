@@ -192,8 +192,12 @@ FAMILIES += [
                 "pause_worker", "late_request", "late_request", "slow_preregistration", "kill_sidecar_stepped",
                 "kill_sidecar_stepped"],
        sidecar_state_dir=True, adopt_after_restart=True, keys=FUZZ_KEYS, gateway_routes=FUZZ_ROUTES, fuzz={},
-       bite={"stale_at_gateway": 3, "faults": 8, "late_requests": 1, "clock_stepped_restarts": 1,
-             "adopted_writes": 1, **FUZZ_BITES}),
+       # No bite on the stepped restarts here: among eleven kinds of fault
+       # they land on a holding sidecar too rarely (a clean-clone CI drew
+       # one restart and no adopted write at seed 248687, then none at
+       # 1248690: INCONCLUSIVE twice). `sidecar-clock-restart` is their
+       # family with a bite; here they run beside RedLock's own faults.
+       bite={"stale_at_gateway": 3, "faults": 8, "late_requests": 1, **FUZZ_BITES}),
     # The hole the quarantine closes, opened on purpose: a majority of the
     # masters restarted empty, no pauses, no quarantine. Two clients then
     # hold the key at once (overlaps, admitted by the nemesis: M1 excuses

@@ -104,7 +104,10 @@ FAMILIES = [
     # route binding `/kv/{id}` to key `{id}`.
     sc("gateways", nemesis=["pause_gateway", "kill_gateway", "slow_preregistration", "late_reply_gateway"],
        self_pause_p=0.3, keys=["acct-0", "acct-1"], gateway_routes=[("/kv/{id}", "{id}")], fuzz={},
-       bite={"stale_at_gateway": 5, "faults": 8, "late_replies_gateway": 1, "fuzz_requests": 150,
+       # late_replies_gateway is reported, not required: a held gateway
+       # reply stops the nemesis 6–12 s and fires only on a matching
+       # request within 3 s, so a run lands 1–3 and now and then none.
+       bite={"stale_at_gateway": 5, "faults": 8, "fuzz_requests": 150,
              "fuzz_refused": 100, "fuzz_applied": 1}),
     sc("backend-crash", nemesis=["kill_backend", "pause_backend"], self_pause_p=0.3, interval=(1.0, 3.0),
        bite={"stale_at_gateway": 5, "faults": 5}),
@@ -279,7 +282,9 @@ FAMILIES += [
     sc("mysql-kill", backend="mysql", self_pause_p=0.3, interval=(0.8, 2.0),
        nemesis=["kill_mysql", "kill_mysql", "pause_worker", "kill_sidecar_stepped"], sidecar_state_dir=True,
        adopt_after_restart=True, keys=FUZZ_KEYS, gateway_routes=FUZZ_ROUTES, fuzz={},
-       bite={"mysql_kills": 3, "stale_at_gateway": 3, "clock_stepped_restarts": 1, "adopted_writes": 1,
+       # mysql_kills ≥ 2: the stepped restarts share the draws now (a
+       # clean-clone CI drew exactly 3 kills).
+       bite={"mysql_kills": 2, "stale_at_gateway": 3, "clock_stepped_restarts": 1, "adopted_writes": 1,
              **FUZZ_BITES}),
     # One sidecar's connections cut (black-holed or reset) for 1.2–3 s, and
     # server kills, without worker pauses or clock faults: mutual exclusion
@@ -322,8 +327,11 @@ SEAMS = sc("seams", backend="mysql", ttl_ms=1500, think_ms=[50, 400], self_pause
            short_release_p=1.0, short_release_ms=250, duration_s=40, late_reply_aims=["acquire", "release"],
            late_request_aims=["acquire", "release"],
            nemesis=["late_reply", "late_reply", "late_reply", "slow_preregistration", "late_request", "late_request"],
-           bite={"late_replies": 4, "releases_given_up": 1, "expired_before_answer": 1, "acked": 60,
-                 "late_requests": 2})
+           # late_replies ≥ 3 and late_requests ≥ 1: since late_request
+           # shares the draws (2 of 6), a clean-clone CI drew 4 replies and
+           # 1 late statement, then 1 statement again at the next seed.
+           bite={"late_replies": 3, "releases_given_up": 1, "expired_before_answer": 1, "acked": 60,
+                 "late_requests": 1})
 FAMILIES += [SEAMS]
 # Redis that may evict lock entries (issue 28, PITFALLS 14;
 # harness/eviction.py): a single Redis with maxmemory 8 MB, started with an

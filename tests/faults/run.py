@@ -326,7 +326,8 @@ FAMILIES += [
 SEAMS = sc("seams", backend="mysql", ttl_ms=1500, think_ms=[50, 400], self_pause_p=0.0, interval=(0.2, 0.6),
            short_release_p=1.0, short_release_ms=250, duration_s=40, late_reply_aims=["acquire", "release"],
            late_request_aims=["acquire", "release"],
-           nemesis=["late_reply", "late_reply", "late_reply", "slow_preregistration", "late_request", "late_request"],
+           nemesis=["late_reply", "late_reply", "late_reply", "slow_preregistration", "slow_preregistration",
+                    "late_request", "late_request"],
            # late_replies ≥ 3 and late_requests ≥ 1: since late_request
            # shares the draws (2 of 6), a clean-clone CI drew 4 replies and
            # 1 late statement, then 1 statement again at the next seed.

@@ -37,32 +37,15 @@ SECOND_PROBE_SLACK_S = 0.4
 
 def fire(nem):
     """One late_request fault (called by Nemesis.late_request)."""
-    from .nemesis import AIM_MARKERS, key_marker  # the one definition of the aims
+    from .nemesis import arm_once  # the one arming of a held request or reply
 
     c = nem.c
     group = nem.rng.choice(c.lock_links())
     timeout = c.lock_request_timeout_ms()
     ms = int(nem.rng.uniform(*c.sc.get("late_request_factor", (1.1, 1.5))) * timeout)
-    marker, unless = [key_marker(c.sc["keys"])], []
-    aim = nem.rng.choice(c.sc.get("late_request_aims", ["key"]))
-    if c.sc["backend"] in AIM_MARKERS.get(aim, {}):
-        also, unless = AIM_MARKERS[aim][c.sc["backend"]]
-        marker += also
     with c.lock:
         before = sum(1 for n in c.nemesis_events if n.get("kind") == "late_request_delivered")
-    c.event(kind="late_request", proxy=",".join(p.name for p in group), ms=ms, marker=marker,
-            unless=unless, aim=aim, timeout_ms=timeout)
-    for p in group:
-        p.set("late_request", ms=ms, marker=marker, unless=unless)
-    armed_until = time.monotonic() + 3.0
-    while time.monotonic() < armed_until and any(p.mode["mode"] == "late_request" for p in group):
-        time.sleep(0.01)
-    fired = False
-    for p in group:
-        if p.mode["mode"] == "late_request":
-            p.set("pass")
-        else:
-            fired = True
+    fired = arm_once(nem, "late_request", group, ms, timeout)
     if not fired:
         return
     # The held request is still on its way: let it land (the proxy records

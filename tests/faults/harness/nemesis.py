@@ -162,6 +162,34 @@ AIM_MARKERS = {
 }
 
 
+def arm_once(nem, mode, group, ms, timeout):
+    """Arms `mode` (`late_reply` or `late_request`) on the proxies of one
+    link group for the next request naming a scenario key — aimed, where
+    the backend's bytes tell them apart, at acquires or releases
+    (`<mode>_aims`) — for up to 3 s, records the fault, and disarms it if
+    nothing matched. Returns whether a request or reply is being held."""
+    c = nem.c
+    marker, unless = [key_marker(c.sc["keys"])], []
+    aim = nem.rng.choice(c.sc.get(f"{mode}_aims", ["key"]))
+    if c.sc["backend"] in AIM_MARKERS.get(aim, {}):
+        also, unless = AIM_MARKERS[aim][c.sc["backend"]]
+        marker += also
+    c.event(kind=mode, proxy=",".join(p.name for p in group), ms=ms, marker=marker,
+            unless=unless, aim=aim, timeout_ms=timeout)
+    for p in group:
+        p.set(mode, ms=ms, marker=marker, unless=unless)
+    armed_until = time.monotonic() + 3.0
+    while time.monotonic() < armed_until and any(p.mode["mode"] == mode for p in group):
+        time.sleep(0.01)
+    fired = False
+    for p in group:
+        if p.mode["mode"] == mode:
+            p.set("pass")
+        else:
+            fired = True
+    return fired
+
+
 def key_marker(keys):
     """Bytes every lock-backend request about one of `keys` carries: their
     common leading letters and digits (the backends escape other
@@ -448,24 +476,7 @@ class Nemesis:
         group = self.rng.choice(groups)
         timeout = self.c.lock_request_timeout_ms()
         ms = int(self.rng.uniform(*self.c.sc.get("late_reply_factor", (1.1, 1.5))) * timeout)
-        marker, unless = [key_marker(self.c.sc["keys"])], []
-        aim = self.rng.choice(self.c.sc.get("late_reply_aims", ["key"]))
-        if self.c.sc["backend"] in AIM_MARKERS.get(aim, {}):
-            also, unless = AIM_MARKERS[aim][self.c.sc["backend"]]
-            marker += also
-        self.c.event(kind="late_reply", proxy=",".join(p.name for p in group), ms=ms, marker=marker,
-                     unless=unless, aim=aim, timeout_ms=timeout)
-        for p in group:
-            p.set("late_reply", ms=ms, marker=marker, unless=unless)
-        armed_until = time.monotonic() + 3.0
-        while time.monotonic() < armed_until and any(p.mode["mode"] == "late_reply" for p in group):
-            time.sleep(0.01)
-        fired = False
-        for p in group:
-            if p.mode["mode"] == "late_reply":
-                p.set("pass")
-            else:
-                fired = True
+        fired = arm_once(self, "late_reply", group, ms, timeout)
         if fired:
             # The held reply is still on its way: let it land before the
             # next fault (one on the same connection would queue behind it).

@@ -71,6 +71,18 @@ struct Run {
     secs: f64,
 }
 
+impl Run {
+    /// What a finished check explored, and how long it took.
+    fn of<M: Model>(checker: &impl Checker<M>, depth: usize, started: Instant) -> Run {
+        Run {
+            states: checker.state_count(),
+            unique: checker.unique_state_count(),
+            depth,
+            secs: started.elapsed().as_secs_f64(),
+        }
+    }
+}
+
 fn report(what: &str, r: &Run) {
     println!(
         "model {what}: {} states explored, {} unique, every path of up to {} steps, {:.1} s",
@@ -91,12 +103,7 @@ fn check_fixed(what: &str, cfg: Config, depth: usize) {
         .target_max_depth(depth + 2)
         .spawn_bfs()
         .join();
-    let run = Run {
-        states: checker.state_count(),
-        unique: checker.unique_state_count(),
-        depth,
-        secs: started.elapsed().as_secs_f64(),
-    };
+    let run = Run::of(&checker, depth, started);
     report(what, &run);
     for name in [
         properties::MUTUAL_EXCLUSION,
@@ -155,12 +162,7 @@ fn must_find(mutant: Mutant) -> String {
         ))
         .spawn_bfs()
         .join();
-    let run = Run {
-        states: checker.state_count(),
-        unique: checker.unique_state_count(),
-        depth,
-        secs: started.elapsed().as_secs_f64(),
-    };
+    let run = Run::of(&checker, depth, started);
     println!(
         "model {}: breadth-first up to {depth} steps, stopped at the first counterexample: {} states explored, {} unique, {:.1} s",
         mutant.name(), run.states, run.unique, run.secs
@@ -221,12 +223,7 @@ fn a_free_key_is_granted_under_fairness() {
         .target_max_depth(depth + 2)
         .spawn_bfs()
         .join();
-    let run = Run {
-        states: checker.state_count(),
-        unique: checker.unique_state_count(),
-        depth,
-        secs: started.elapsed().as_secs_f64(),
-    };
+    let run = Run::of(&checker, depth, started);
     report("liveness", &run);
     if let Some(p) = checker.discovery(properties::LIVENESS) {
         let mut log = Some(Vec::new());

@@ -15,11 +15,15 @@
 //! kill then reach every child too, the way a frozen or crashed machine
 //! would, instead of leaving backends answering on open connections.
 
+use std::cell::Cell;
 use std::fmt;
 use std::fs::OpenOptions;
+use std::io::Write;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Why a server did not come up.
@@ -93,18 +97,28 @@ pub struct ServerProcess {
     child: Option<Child>,
     paused: AtomicBool,
     family: bool,
+    /// Outlives its handle: see [`detached`].
+    detached: bool,
 }
 
 impl ServerProcess {
     /// `what` names the server in panics and log sections; `log` is the
     /// file its stdout and stderr are appended to (across restarts).
     pub fn new(what: impl Into<String>, log: impl Into<PathBuf>) -> ServerProcess {
+        let log = log.into();
+        let detached = DETACH.with(Cell::get);
+        if detached {
+            if let Some(dir) = log.parent() {
+                remove_at_exit(dir);
+            }
+        }
         ServerProcess {
             what: what.into(),
-            log: log.into(),
+            log,
             child: None,
             paused: AtomicBool::new(false),
             family: false,
+            detached,
         }
     }
 
@@ -131,12 +145,21 @@ impl ServerProcess {
             .append(true)
             .open(&self.log)
             .unwrap_or_else(|e| panic!("{}: open {}: {e}", self.what, self.log.display()));
+        if self.detached {
+            // Its own group: the exit watcher kills the whole group (a
+            // postmaster's backends too), and a Ctrl-C of the test run
+            // does not reach it before the watcher has the list.
+            cmd.process_group(0);
+        }
         let child = cmd
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
             .unwrap_or_else(|e| panic!("spawn {} ({:?}): {e}", self.what, cmd.get_program()));
+        if self.detached {
+            exit_watcher().line(&format!("group {}", child.id()));
+        }
         self.child = Some(child);
         self.paused.store(false, Ordering::SeqCst);
     }
@@ -316,6 +339,97 @@ impl Drop for ServerProcess {
         self.resume();
         self.kill();
     }
+}
+
+// ------------------------------------------------------- detached servers
+
+thread_local! {
+    static DETACH: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `start` with every [`ServerProcess`] it creates *detached*: in its
+/// own process group, killed (with its directory removed) by a watcher
+/// process once this test binary has exited, not when its handle drops.
+///
+/// Why: a server shared by the tests of one binary lives in a `static`,
+/// and statics are never dropped. `PR_SET_PDEATHSIG` does not help
+/// either: it fires when the *spawning thread* exits, and libtest runs
+/// every test on its own thread, so the server would die with the first
+/// test that happened to start it.
+pub fn detached<T>(start: impl FnOnce() -> T) -> T {
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            DETACH.with(|d| d.set(false));
+        }
+    }
+    DETACH.with(|d| d.set(true));
+    let _reset = Reset;
+    start()
+}
+
+/// Removes `dir` (recursively) once this test binary has exited.
+pub fn remove_at_exit(dir: &Path) {
+    exit_watcher().line(&format!("dir {}", dir.display()));
+}
+
+/// One `sh` per test binary that waits for the binary's PID to be gone,
+/// then SIGKILLs every registered process group and removes every
+/// registered directory. The list is a file, appended as servers start, so
+/// the watcher reads what was registered up to the very end.
+struct ExitWatcher {
+    list: Mutex<std::fs::File>,
+}
+
+impl ExitWatcher {
+    fn line(&self, line: &str) {
+        let mut f = self.list.lock().unwrap_or_else(|e| e.into_inner());
+        writeln!(f, "{line}").expect("write the exit watcher's list");
+        f.flush().unwrap();
+    }
+}
+
+const WATCHER_SCRIPT: &str = r#"
+while kill -0 "$1" 2>/dev/null; do sleep 0.2; done
+while read -r kind arg; do
+  # A negative PID is a process group (dash's kill takes no "--").
+  if [ "$kind" = group ]; then kill -CONT "-$arg"; kill -KILL "-$arg"; fi 2>/dev/null
+done < "$2"
+sleep 0.3
+while read -r kind arg; do
+  [ "$kind" = dir ] && rm -rf -- "$arg"
+done < "$2"
+rm -f -- "$2"
+"#;
+
+// Not waited for: it outlives this process and init reaps it.
+#[allow(clippy::zombie_processes)]
+fn exit_watcher() -> &'static ExitWatcher {
+    static WATCHER: OnceLock<ExitWatcher> = OnceLock::new();
+    WATCHER.get_or_init(|| {
+        let me = std::process::id();
+        let path = std::env::temp_dir().join(format!("fencer-shared-servers-{me}.list"));
+        let list = OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .open(&path)
+            .expect("create the exit watcher's list");
+        Command::new("sh")
+            .args(["-c", WATCHER_SCRIPT, "fencer-exit-watcher"])
+            .arg(me.to_string())
+            .arg(&path)
+            // Not in our group: a Ctrl-C must not kill it before it cleans up.
+            .process_group(0)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn the exit watcher (sh)");
+        ExitWatcher {
+            list: Mutex::new(list),
+        }
+    })
 }
 
 /// The last `lines` lines of `text`, each ending in a newline.

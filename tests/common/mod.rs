@@ -10,6 +10,7 @@ pub mod launcher;
 pub mod mariadb;
 pub mod postgres;
 pub mod redis_topology;
+pub mod shared;
 pub mod tcp_fault;
 pub mod upstream;
 pub mod zookeeper;
@@ -133,10 +134,12 @@ impl RedisServer {
                 .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
                 .is_ok()
         };
-        if let Err(e) =
-            self.proc
-                .start(cmd, Duration::from_secs(10), Duration::from_millis(20), ready)
-        {
+        if let Err(e) = self.proc.start(
+            cmd,
+            Duration::from_secs(10),
+            Duration::from_millis(20),
+            ready,
+        ) {
             let log = std::fs::read_to_string(self.dir.path().join("redis.log"));
             panic!("{e}\nredis.log:\n{}", log.unwrap_or_default());
         }

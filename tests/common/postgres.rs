@@ -141,7 +141,10 @@ impl PgServer {
     /// clients, checkpoint) and wait for the postmaster to exit.
     pub fn stop(&mut self) {
         if let Err(e) = self.proc.stop(libc::SIGINT, STOP_TIMEOUT) {
-            panic!("postgres did not shut down after SIGINT: {e}\n{}", self.logs());
+            panic!(
+                "postgres did not shut down after SIGINT: {e}\n{}",
+                self.logs()
+            );
         }
     }
 

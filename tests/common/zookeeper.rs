@@ -325,6 +325,11 @@ impl ZooKeeperEnsemble {
         self.members.len()
     }
 
+    /// The temp dir holding every member's directory.
+    pub fn dir(&self) -> &Path {
+        self._dir.path()
+    }
+
     /// The client ports, by member index.
     pub fn ports(&self) -> Vec<u16> {
         self.members.iter().map(|m| m.client_port).collect()

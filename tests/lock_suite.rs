@@ -67,7 +67,7 @@ fn harness(backend: Backend, extra: &[(&str, &str)]) -> Harness {
     let share = shares_servers();
     let redis = RedisServer::start(Persistence::Off);
     let pg = (backend == Backend::Postgres).then(|| match share {
-        true => PgDb::new(),
+        true => PgDb::shared(),
         false => PgDb::own(PgServer::start()),
     });
     // The topologies production runs: a master with two replicas and three
@@ -92,7 +92,7 @@ fn harness(backend: Backend, extra: &[(&str, &str)]) -> Harness {
         false => Server::Own(ZooKeeperEnsemble::with_size(1)),
     });
     let mysql = (backend == Backend::MySql).then(|| match share {
-        true => MyDb::new(),
+        true => MyDb::shared(),
         false => MyDb::own(MariaDb::start()),
     });
     let url = match (&pg, backend) {

@@ -103,12 +103,8 @@ pub struct PgDb {
 }
 
 impl PgDb {
-    /// A fresh database on the shared server (when sharing is enabled),
-    /// else a server of its own.
-    pub fn new() -> PgDb {
-        if !enabled() {
-            return PgDb::own(PgServer::start());
-        }
+    /// A fresh database on the binary's shared server.
+    pub fn shared() -> PgDb {
         let server = postgres();
         let name = unique_name();
         let out = Command::new("psql")
@@ -151,10 +147,8 @@ pub struct MyDb {
 }
 
 impl MyDb {
-    pub fn new() -> MyDb {
-        if !enabled() {
-            return MyDb::own(MariaDb::start());
-        }
+    /// A fresh database on the binary's shared server.
+    pub fn shared() -> MyDb {
         let server = mariadb();
         let name = unique_name();
         server.sql(&format!("CREATE DATABASE {name}"));

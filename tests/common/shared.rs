@@ -11,8 +11,12 @@
 //! Each server starts lazily, on the first test that asks, in a `static`
 //! (so it is never dropped): it is started [`detached`], and a watcher
 //! process kills it and removes its directory once the test binary has
-//! exited. `FENCER_TEST_SHARED=0` turns sharing off (every test starts its
-//! own, as before), to bisect a failure that only shows when shared.
+//! exited.
+//!
+//! Opt-in for now: `FENCER_TEST_SHARED=1` turns sharing on. On a loaded
+//! machine (load 15-20) the shared lock_suite ran 24% faster but short-TTL
+//! scenarios failed more often than in the unshared run; until an idle
+//! machine shows it as stable, the default stays one server per test.
 
 use std::ops::Deref;
 use std::process::{Command, Stdio};
@@ -25,9 +29,9 @@ use super::postgres::PgServer;
 use super::redis_topology::{ClusterSet, SentinelOpts, SentinelSet};
 use super::zookeeper::ZooKeeperEnsemble;
 
-/// Whether tests may share servers (`FENCER_TEST_SHARED` is not `0`).
+/// Whether tests may share servers (`FENCER_TEST_SHARED=1`).
 pub fn enabled() -> bool {
-    std::env::var("FENCER_TEST_SHARED").map_or(true, |v| v != "0")
+    std::env::var("FENCER_TEST_SHARED").is_ok_and(|v| v == "1")
 }
 
 /// `t<n>`: a name no other test of this binary run gets, for a database,

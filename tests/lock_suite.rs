@@ -14,6 +14,7 @@ use std::time::Duration;
 use common::mariadb::MariaDb;
 use common::postgres::PgServer;
 use common::redis_topology::{ClusterSet, SentinelOpts, SentinelSet};
+use common::shared::{self, unique_name, MyDb, PgDb, Server};
 use common::zookeeper::ZooKeeperEnsemble;
 use common::*;
 use redis::Commands;
@@ -22,28 +23,63 @@ use serde_json::json;
 /// A sidecar on `backend`, plus a Redis the test owns (the lock backend when
 /// `backend` is single Redis; otherwise just the shared data store of the
 /// test), and the Sentinel set or Cluster behind a topology backend.
+///
+/// The heavier servers (PostgreSQL, MariaDB, ZooKeeper, the Sentinel set,
+/// the Cluster) are shared by the tests of this binary, each test in its
+/// own database, key prefix or ZooKeeper root (see `common::shared`); the
+/// tests in [`OWN_SERVERS`] start their own. The single Redis and RedLock's
+/// masters are per test: they start in tens of milliseconds.
 struct Harness {
     redis: RedisServer,
-    pg: Option<PgServer>,
-    sentinel: Option<SentinelSet>,
-    cluster: Option<ClusterSet>,
+    pg: Option<PgDb>,
+    sentinel: Option<Server<SentinelSet>>,
+    cluster: Option<Server<ClusterSet>>,
     /// RedLock's independent masters.
     masters: Vec<RedisServer>,
     /// A one-server ZooKeeper "ensemble" (leader changes have their own
     /// tests in tests/zookeeper.rs).
-    _zk: Option<ZooKeeperEnsemble>,
-    _mysql: Option<MariaDb>,
+    _zk: Option<Server<ZooKeeperEnsemble>>,
+    _mysql: Option<MyDb>,
     sidecar: Fencer,
 }
 
+/// Scenarios that start servers of their own: they look at everything left
+/// in the lock backend after the sidecar stops (every key of the server,
+/// which other tests' keys would fill), so they must not share one.
+const OWN_SERVERS: &[&str] = &["shutdown_releases_leases", "shutdown_closes_hold_streams"];
+
+/// Whether the running test may use the binary's shared servers. The
+/// scenario is read from the test thread's name (`postgres::mutual_exclusion`):
+/// libtest names each test's thread so, and `#[tokio::test]` runs the test
+/// body on that thread. Unknown name: own servers, the safe side.
+fn shares_servers() -> bool {
+    let thread = std::thread::current();
+    match thread.name() {
+        None | Some("main") => false,
+        Some(name) => {
+            let scenario = name.rsplit("::").next().unwrap_or(name);
+            shared::enabled() && !OWN_SERVERS.contains(&scenario)
+        }
+    }
+}
+
 fn harness(backend: Backend, extra: &[(&str, &str)]) -> Harness {
+    let share = shares_servers();
     let redis = RedisServer::start(Persistence::Off);
-    let pg = (backend == Backend::Postgres).then(PgServer::start);
+    let pg = (backend == Backend::Postgres).then(|| match share {
+        true => PgDb::shared(),
+        false => PgDb::own(PgServer::start()),
+    });
     // The topologies production runs: a master with two replicas and three
     // sentinels; three masters with a replica each.
-    let sentinel =
-        (backend == Backend::RedisSentinel).then(|| SentinelSet::start(SentinelOpts::default()));
-    let cluster = (backend == Backend::RedisCluster).then(|| ClusterSet::start(3, 1));
+    let sentinel = (backend == Backend::RedisSentinel).then(|| match share {
+        true => Server::Shared(shared::sentinel()),
+        false => Server::Own(SentinelSet::start(SentinelOpts::default())),
+    });
+    let cluster = (backend == Backend::RedisCluster).then(|| match share {
+        true => Server::Shared(shared::cluster()),
+        false => Server::Own(ClusterSet::start(3, 1)),
+    });
     let masters: Vec<RedisServer> = if backend == Backend::RedLock {
         (0..5)
             .map(|_| RedisServer::start(Persistence::Off))
@@ -51,15 +87,25 @@ fn harness(backend: Backend, extra: &[(&str, &str)]) -> Harness {
     } else {
         Vec::new()
     };
-    let zk = (backend == Backend::ZooKeeper).then(|| ZooKeeperEnsemble::with_size(1));
-    let mysql = (backend == Backend::MySql).then(MariaDb::start);
+    let zk = (backend == Backend::ZooKeeper).then(|| match share {
+        true => Server::Shared(shared::zookeeper()),
+        false => Server::Own(ZooKeeperEnsemble::with_size(1)),
+    });
+    let mysql = (backend == Backend::MySql).then(|| match share {
+        true => MyDb::shared(),
+        false => MyDb::own(MariaDb::start()),
+    });
     let url = match (&pg, backend) {
         (Some(pg), _) => Some(pg.url()),
-        (None, Backend::MySql) => mysql.as_ref().map(MariaDb::url),
+        (None, Backend::MySql) => mysql.as_ref().map(MyDb::url),
         (None, Backend::Redis) => Some(redis.url()),
         _ => None,
     };
     let mut settings: Vec<(String, String)> = Vec::new();
+    // A test's own name space on a shared server: its lock keys, token
+    // counters and release channels (pub/sub is server-wide, not per
+    // database), or its ZooKeeper root.
+    let space = unique_name();
     if let Some(set) = &sentinel {
         settings.push(("backend.redis.mode".into(), "sentinel".into()));
         settings.push((
@@ -72,6 +118,14 @@ fn harness(backend: Backend, extra: &[(&str, &str)]) -> Harness {
         settings.push(("backend.redis.mode".into(), "cluster".into()));
         settings.push(("backend.redis.nodes".into(), c.node_urls().join(",")));
     }
+    if sentinel.as_ref().is_some_and(Server::is_shared)
+        || cluster.as_ref().is_some_and(Server::is_shared)
+    {
+        settings.push((
+            "backend.redis.key_prefix".into(),
+            format!("fencer:{space}:"),
+        ));
+    }
     if !masters.is_empty() {
         let urls: Vec<String> = masters.iter().map(RedisServer::url).collect();
         settings.push(("backend.redlock.urls".into(), urls.join(",")));
@@ -81,6 +135,9 @@ fn harness(backend: Backend, extra: &[(&str, &str)]) -> Harness {
     }
     if let Some(zk) = &zk {
         settings.push(("backend.zookeeper.connect".into(), zk.connect_string()));
+        if zk.is_shared() {
+            settings.push(("backend.zookeeper.root".into(), format!("/fencer/{space}")));
+        }
         // The suite's 30 s leases need a session of at least 30 / 0.45 s.
         settings.push((
             "backend.zookeeper.session_timeout_ms".into(),

@@ -15,10 +15,11 @@
 use std::fs::{File, OpenOptions};
 use std::net::TcpStream;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use super::free_port;
+use super::launcher::ServerProcess;
 
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -28,8 +29,9 @@ pub struct MariaDb {
     options: Vec<String>,
     /// Run under libfaketime with this `FAKETIME` spec (e.g. `+30s`).
     faketime: Option<String>,
+    // Declared before `dir`: the server dies before its directory goes.
+    proc: ServerProcess,
     dir: tempfile::TempDir,
-    child: Option<Child>,
 }
 
 impl MariaDb {
@@ -43,12 +45,16 @@ impl MariaDb {
             .prefix("fencer-mariadb-")
             .tempdir_in("/tmp")
             .expect("create temp dir for MariaDB");
+        let port = free_port();
         let mut server = MariaDb {
-            port: free_port(),
+            port,
             options: options.iter().map(|(k, v)| format!("--{k}={v}")).collect(),
             faketime: None,
+            proc: ServerProcess::new(
+                format!("mariadbd on port {port}"),
+                dir.path().join("mariadb.log"),
+            ),
             dir,
-            child: None,
         };
         server.install();
         server.spawn();
@@ -61,7 +67,7 @@ impl MariaDb {
     }
 
     pub fn pid(&self) -> u32 {
-        self.child.as_ref().expect("server is not running").id()
+        self.proc.pid()
     }
 
     pub fn socket(&self) -> PathBuf {
@@ -79,11 +85,11 @@ impl MariaDb {
     }
 
     pub fn log_path(&self) -> PathBuf {
-        self.dir.path().join("mariadb.log")
+        self.proc.log_path().to_path_buf()
     }
 
     pub fn logs(&self) -> String {
-        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+        self.proc.logs()
     }
 
     /// Runs SQL with the `mariadb` client over the socket (as root) and
@@ -126,29 +132,13 @@ impl MariaDb {
 
     /// SIGKILL: a server crash; the next start runs crash recovery.
     pub fn kill(&mut self) {
-        let Some(mut child) = self.child.take() else {
-            return;
-        };
-        let _ = child.kill();
-        let _ = child.wait();
+        self.proc.kill();
     }
 
-    /// Normal shutdown (SIGTERM), waiting for the process to exit.
+    /// Normal shutdown (SIGTERM), waiting for the process to exit (killed
+    /// after a minute).
     pub fn stop(&mut self) {
-        let Some(mut child) = self.child.take() else {
-            return;
-        };
-        signal(child.id(), libc::SIGCONT);
-        signal(child.id(), libc::SIGTERM);
-        let start = Instant::now();
-        while child.try_wait().unwrap().is_none() {
-            if start.elapsed() > START_TIMEOUT {
-                let _ = child.kill();
-                let _ = child.wait();
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let _ = self.proc.stop(libc::SIGTERM, START_TIMEOUT);
     }
 
     /// Stops (if running) and starts again on the same port and data.
@@ -166,11 +156,11 @@ impl MariaDb {
 
     /// SIGSTOP: connections stay open, nothing answers.
     pub fn pause(&self) {
-        signal(self.pid(), libc::SIGSTOP);
+        self.proc.pause();
     }
 
     pub fn resume(&self) {
-        signal(self.pid(), libc::SIGCONT);
+        self.proc.resume();
     }
 
     fn install(&self) {
@@ -197,9 +187,9 @@ impl MariaDb {
         );
     }
 
-    fn spawn(&mut self) {
-        assert!(self.child.is_none(), "mariadb already running");
-        let log = self.log_file();
+    /// The server's command line, the same for every (re)start (plus
+    /// libfaketime once a test asked for it).
+    fn command(&self) -> Command {
         let mut cmd = match &self.faketime {
             Some(spec) => {
                 let mut c = Command::new("faketime");
@@ -227,41 +217,31 @@ impl MariaDb {
             ])
             .args(user_arg())
             .args(&self.options)
-            .current_dir(self.dir.path())
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log);
-        self.child = Some(cmd.spawn().expect("spawn mariadbd"));
-        self.wait_ready();
+            .current_dir(self.dir.path());
+        cmd
     }
 
-    fn wait_ready(&mut self) {
-        let start = Instant::now();
-        loop {
-            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                self.child = None;
-                panic!("mariadbd exited with {status}:\n{}", self.logs());
-            }
-            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                let ok = Command::new("mariadb")
+    fn spawn(&mut self) {
+        let cmd = self.command();
+        let (port, socket) = (self.port, self.socket());
+        let ready = || {
+            TcpStream::connect(("127.0.0.1", port)).is_ok()
+                && Command::new("mariadb")
                     .arg("--no-defaults")
-                    .arg(format!("--socket={}", self.socket().display()))
+                    .arg(format!("--socket={}", socket.display()))
                     .args(["-uroot", "-e", "SELECT 1"])
                     .stdin(Stdio::null())
                     .stdout(Stdio::null())
                     .stderr(Stdio::null())
                     .status()
                     .map(|s| s.success())
-                    .unwrap_or(false);
-                if ok {
-                    return;
-                }
-            }
-            if start.elapsed() > START_TIMEOUT {
-                self.kill();
-                panic!("mariadbd did not accept connections:\n{}", self.logs());
-            }
-            std::thread::sleep(Duration::from_millis(25));
+                    .unwrap_or(false)
+        };
+        if let Err(e) = self
+            .proc
+            .start(cmd, START_TIMEOUT, Duration::from_millis(25), ready)
+        {
+            panic!("{e}");
         }
     }
 
@@ -274,26 +254,11 @@ impl MariaDb {
     }
 }
 
-impl Drop for MariaDb {
-    fn drop(&mut self) {
-        if let Some(child) = &self.child {
-            signal(child.id(), libc::SIGCONT);
-        }
-        self.kill();
-    }
-}
-
 /// mariadbd refuses to run as root unless told to.
 fn user_arg() -> Vec<&'static str> {
     if unsafe { libc::geteuid() } == 0 {
         vec!["--user=root"]
     } else {
         vec![]
-    }
-}
-
-fn signal(pid: u32, sig: i32) {
-    unsafe {
-        libc::kill(pid as i32, sig);
     }
 }

@@ -6,9 +6,11 @@
 
 #![allow(dead_code)]
 
+pub mod launcher;
 pub mod mariadb;
 pub mod postgres;
 pub mod redis_topology;
+pub mod shared;
 pub mod tcp_fault;
 pub mod upstream;
 pub mod zookeeper;
@@ -47,11 +49,7 @@ pub fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
     panic!("timed out waiting for {what}");
 }
 
-fn signal(pid: u32, sig: i32) {
-    unsafe {
-        libc::kill(pid as i32, sig);
-    }
-}
+use launcher::signal;
 
 // ---------------------------------------------------------------- Redis
 
@@ -66,11 +64,12 @@ pub enum Persistence {
 
 pub struct RedisServer {
     pub port: u16,
-    dir: tempfile::TempDir,
     persistence: Persistence,
     extra: Vec<String>,
     password: Option<String>,
-    child: Option<Child>,
+    // Declared before `dir`: the server dies before its directory goes.
+    proc: launcher::ServerProcess,
+    dir: tempfile::TempDir,
 }
 
 impl RedisServer {
@@ -88,19 +87,25 @@ impl RedisServer {
         if let Some(p) = password {
             extra.extend(["--requirepass".to_owned(), p.to_owned()]);
         }
+        let port = free_port();
+        let dir = tempfile::tempdir().unwrap();
         let mut server = RedisServer {
-            port: free_port(),
-            dir: tempfile::tempdir().unwrap(),
+            port,
             persistence,
             extra,
             password: password.map(str::to_owned),
-            child: None,
+            proc: launcher::ServerProcess::new(
+                format!("redis on port {port}"),
+                dir.path().join("stderr.log"),
+            ),
+            dir,
         };
         server.spawn();
         server
     }
 
-    fn spawn(&mut self) {
+    /// The server's command line, the same for every (re)start.
+    fn command(&self) -> Command {
         let mut cmd = Command::new("redis-server");
         cmd.arg("--port")
             .arg(self.port.to_string())
@@ -117,19 +122,27 @@ impl RedisServer {
             Persistence::Aof => cmd.args(["--appendonly", "yes", "--appendfsync", "always"]),
         };
         cmd.args(&self.extra);
-        let child = cmd
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server must be installed (see README)");
-        self.child = Some(child);
+        cmd
+    }
+
+    fn spawn(&mut self) {
+        let cmd = self.command();
         let url = self.url();
-        wait_until("redis to start", Duration::from_secs(10), || {
+        let ready = || {
             redis::Client::open(url.as_str())
                 .and_then(|c| c.get_connection())
                 .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
                 .is_ok()
-        });
+        };
+        if let Err(e) = self.proc.start(
+            cmd,
+            Duration::from_secs(10),
+            Duration::from_millis(20),
+            ready,
+        ) {
+            let log = std::fs::read_to_string(self.dir.path().join("redis.log"));
+            panic!("{e}\nredis.log:\n{}", log.unwrap_or_default());
+        }
     }
 
     pub fn url(&self) -> String {
@@ -148,10 +161,7 @@ impl RedisServer {
 
     /// SIGKILL: no shutdown save, no goodbye to clients.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.proc.kill();
     }
 
     /// Starts again on the same port and data directory.
@@ -161,24 +171,15 @@ impl RedisServer {
     }
 
     pub fn pid(&self) -> u32 {
-        self.child.as_ref().unwrap().id()
+        self.proc.pid()
     }
 
     pub fn pause(&self) {
-        signal(self.pid(), libc::SIGSTOP);
+        self.proc.pause();
     }
 
     pub fn resume(&self) {
-        signal(self.pid(), libc::SIGCONT);
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        if let Some(child) = &self.child {
-            signal(child.id(), libc::SIGCONT);
-        }
-        self.kill();
+        self.proc.resume();
     }
 }
 

@@ -27,10 +27,11 @@ use std::net::TcpStream;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use super::free_port;
+use super::launcher::ServerProcess;
 
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -42,8 +43,9 @@ pub struct PgServer {
     run_as: Option<(u32, u32)>,
     /// Extra `-c` settings, applied after (so overriding) the defaults.
     settings: Vec<String>,
+    // Declared before `dir`: the server dies before its directory goes.
+    proc: ServerProcess,
     dir: tempfile::TempDir,
-    child: Option<Child>,
 }
 
 impl PgServer {
@@ -82,13 +84,18 @@ impl PgServer {
             std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o700)).unwrap();
         }
 
+        let port = free_port();
         let mut server = PgServer {
-            port: free_port(),
+            port,
             bin,
             run_as,
             settings: settings.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+            proc: ServerProcess::new(
+                format!("postgres on port {port}"),
+                dir.path().join("postgres.log"),
+            )
+            .family(),
             dir,
-            child: None,
         };
         server.initdb();
         server.spawn();
@@ -101,7 +108,7 @@ impl PgServer {
 
     /// The postmaster's PID.
     pub fn pid(&self) -> u32 {
-        self.child.as_ref().expect("server is not running").id()
+        self.proc.pid()
     }
 
     pub fn data_dir(&self) -> PathBuf {
@@ -109,12 +116,12 @@ impl PgServer {
     }
 
     pub fn log_path(&self) -> PathBuf {
-        self.dir.path().join("postgres.log")
+        self.proc.log_path().to_path_buf()
     }
 
     /// Everything initdb and the server wrote so far (all restarts).
     pub fn logs(&self) -> String {
-        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+        self.proc.logs()
     }
 
     /// SIGKILL the postmaster and all its processes: a server crash. The
@@ -127,49 +134,17 @@ impl PgServer {
     /// survive a kill. (`fsync=off` only matters for OS crashes, which a
     /// test cannot cause.)
     pub fn kill(&mut self) {
-        let Some(mut child) = self.child.take() else {
-            return;
-        };
-        let pid = child.id();
-        // Freeze the postmaster first so it cannot fork while we collect
-        // its children.
-        signal(pid, libc::SIGSTOP);
-        wait_stopped(pid);
-        let family = children_of(pid);
-        for &c in &family {
-            signal(c, libc::SIGKILL);
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        // The backends are not our children (init reaps them); wait until
-        // they are gone so a restart does not find their shared memory.
-        let start = Instant::now();
-        while family.iter().any(|&c| alive(c)) && start.elapsed() < STOP_TIMEOUT {
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        self.proc.kill();
     }
 
     /// SIGINT: fast shutdown (roll back open transactions, disconnect
     /// clients, checkpoint) and wait for the postmaster to exit.
     pub fn stop(&mut self) {
-        let Some(mut child) = self.child.take() else {
-            return;
-        };
-        let pid = child.id();
-        // A paused server cannot act on SIGINT.
-        resume_family(pid);
-        signal(pid, libc::SIGINT);
-        let start = Instant::now();
-        loop {
-            if child.try_wait().unwrap().is_some() {
-                return;
-            }
-            if start.elapsed() > STOP_TIMEOUT {
-                self.child = Some(child);
-                self.kill();
-                panic!("postgres did not shut down after SIGINT:\n{}", self.logs());
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        if let Err(e) = self.proc.stop(libc::SIGINT, STOP_TIMEOUT) {
+            panic!(
+                "postgres did not shut down after SIGINT: {e}\n{}",
+                self.logs()
+            );
         }
     }
 
@@ -183,16 +158,11 @@ impl PgServer {
     /// SIGSTOP the postmaster and its backends: connections stay open but
     /// nothing answers, new connections are not accepted.
     pub fn pause(&self) {
-        let pid = self.pid();
-        signal(pid, libc::SIGSTOP);
-        wait_stopped(pid);
-        for c in children_of(pid) {
-            signal(c, libc::SIGSTOP);
-        }
+        self.proc.pause();
     }
 
     pub fn resume(&self) {
-        resume_family(self.pid());
+        self.proc.resume();
     }
 
     fn initdb(&self) {
@@ -226,9 +196,8 @@ impl PgServer {
         );
     }
 
-    fn spawn(&mut self) {
-        assert!(self.child.is_none(), "postgres already running");
-        let log = self.log_file();
+    /// The postmaster's command line, the same for every (re)start.
+    fn command(&self) -> Command {
         let mut cmd = Command::new(self.bin.join("postgres"));
         cmd.arg("-D")
             .arg(self.data_dir())
@@ -249,52 +218,38 @@ impl PgServer {
         for setting in &self.settings {
             cmd.arg("-c").arg(setting);
         }
-        cmd.current_dir(self.dir.path())
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log);
+        cmd.current_dir(self.dir.path());
         if let Some((uid, gid)) = self.run_as {
             // Not runuser: it would stay between us and the postmaster.
             cmd.uid(uid).gid(gid).env("HOME", self.dir.path());
         }
-        self.child = Some(cmd.spawn().expect("spawn postgres"));
-        self.wait_ready();
+        cmd
     }
 
-    fn wait_ready(&mut self) {
-        let start = Instant::now();
-        let isready = self.bin.join("pg_isready");
-        loop {
-            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                self.child = None;
-                panic!("postgres exited with {status}:\n{}", self.logs());
-            }
+    fn spawn(&mut self) {
+        let cmd = self.command();
+        let (port, isready) = (self.port, self.bin.join("pg_isready"));
+        let ready = || {
             // TCP first (cheap), then a real protocol-level check: the
             // port may be open while the server still refuses logins
             // (startup, crash recovery).
-            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                let ok = Command::new(&isready)
+            TcpStream::connect(("127.0.0.1", port)).is_ok()
+                && Command::new(&isready)
                     .args(["-q", "-h", "127.0.0.1", "-U", "postgres", "-d", "postgres"])
-                    .args(["-p", &self.port.to_string(), "-t", "2"])
+                    .args(["-p", &port.to_string(), "-t", "2"])
                     .env_remove("PGSERVICE")
                     .stdin(Stdio::null())
                     .stdout(Stdio::null())
                     .stderr(Stdio::null())
                     .status()
                     .map(|s| s.success())
-                    .unwrap_or(false);
-                if ok {
-                    return;
-                }
-            }
-            if start.elapsed() > START_TIMEOUT {
-                self.kill();
-                panic!(
-                    "postgres did not accept connections within {START_TIMEOUT:?}:\n{}",
-                    self.logs()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(25));
+                    .unwrap_or(false)
+        };
+        if let Err(e) = self
+            .proc
+            .start(cmd, START_TIMEOUT, Duration::from_millis(25), ready)
+        {
+            panic!("{e}\nwhole log:\n{}", self.logs());
         }
     }
 
@@ -304,16 +259,6 @@ impl PgServer {
             .append(true)
             .open(self.log_path())
             .unwrap()
-    }
-}
-
-impl Drop for PgServer {
-    fn drop(&mut self) {
-        if let Some(child) = &self.child {
-            resume_family(child.id());
-        }
-        self.kill();
-        // The TempDir field removes the data directory.
     }
 }
 
@@ -351,56 +296,4 @@ pub fn lookup_user(name: &str) -> (u32, u32) {
         "running as root needs an OS user {name:?} to run PostgreSQL"
     );
     unsafe { ((*pw).pw_uid, (*pw).pw_gid) }
-}
-
-fn signal(pid: u32, sig: i32) {
-    unsafe {
-        libc::kill(pid as i32, sig);
-    }
-}
-
-fn resume_family(pid: u32) {
-    for c in children_of(pid) {
-        signal(c, libc::SIGCONT);
-    }
-    signal(pid, libc::SIGCONT);
-}
-
-/// (state, ppid) from `/proc/<pid>/stat`.
-fn proc_stat(pid: u32) -> Option<(char, u32)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // "pid (comm) S ppid ..." — comm may contain spaces and parens.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let mut fields = rest.split_whitespace();
-    let state = fields.next()?.chars().next()?;
-    let ppid = fields.next()?.parse().ok()?;
-    Some((state, ppid))
-}
-
-fn alive(pid: u32) -> bool {
-    matches!(proc_stat(pid), Some((state, _)) if state != 'Z' && state != 'X')
-}
-
-fn children_of(parent: u32) -> Vec<u32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&pid| matches!(proc_stat(pid), Some((_, ppid)) if ppid == parent))
-        .collect()
-}
-
-/// Waits (briefly) until `pid` is in the stopped state, so that it can no
-/// longer fork.
-fn wait_stopped(pid: u32) {
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(5) {
-        match proc_stat(pid) {
-            Some(('T', _)) | None => return,
-            Some((s, _)) if s == 'Z' || s == 'X' => return,
-            _ => std::thread::sleep(Duration::from_millis(1)),
-        }
-    }
 }

@@ -16,12 +16,13 @@ use std::collections::HashSet;
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::{free_port, signal};
+use super::free_port;
+use super::launcher::{tail, ServerProcess};
 
 const HOST: &str = "127.0.0.1";
 /// How long a topology may take to come up before the test panics.
@@ -37,10 +38,10 @@ const PROBE_TIMEOUT: Duration = Duration::from_millis(700);
 struct Proc {
     what: String,
     port: u16,
-    dir: tempfile::TempDir,
     argv: Vec<String>,
-    child: Option<Child>,
-    paused: AtomicBool,
+    // Declared before `dir`: the process dies before its directory goes.
+    proc: ServerProcess,
+    dir: tempfile::TempDir,
 }
 
 impl Proc {
@@ -59,10 +60,12 @@ impl Proc {
             let mut p = Proc {
                 what: what.to_owned(),
                 port,
-                dir,
                 argv,
-                child: None,
-                paused: AtomicBool::new(false),
+                proc: ServerProcess::new(
+                    format!("{what} on port {port}"),
+                    dir.path().join("stderr.log"),
+                ),
+                dir,
             };
             match p.spawn() {
                 Ok(()) => return p,
@@ -74,46 +77,25 @@ impl Proc {
     }
 
     /// Spawns with the current `argv` and waits until it answers PING.
+    /// The error carries both logs (`redis.log` is where Redis says
+    /// "Address already in use").
     fn spawn(&mut self) -> Result<(), String> {
-        let stderr = std::fs::File::create(self.dir.path().join("stderr.log")).unwrap();
-        let child = Command::new("redis-server")
-            .args(&self.argv)
-            .stdin(Stdio::null())
-            .stdout(stderr.try_clone().unwrap())
-            .stderr(stderr)
-            .spawn()
-            .expect("redis-server must be installed (see README)");
-        self.child = Some(child);
-        self.paused.store(false, Ordering::SeqCst);
-        let start = Instant::now();
-        loop {
-            if let Ok(Some(status)) = self.child.as_mut().unwrap().try_wait() {
-                self.child = None;
-                return Err(format!(
-                    "{} on port {} exited with {status}:\n{}",
-                    self.what,
-                    self.port,
-                    self.log_tail(30)
-                ));
-            }
-            if query::<String>(self.port, &redis::cmd("PING")).is_ok() {
-                return Ok(());
-            }
-            if start.elapsed() > Duration::from_secs(15) {
-                return Err(format!(
-                    "{} on port {} does not answer PING after 15 s:\n{}",
-                    self.what,
-                    self.port,
-                    self.log_tail(30)
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let mut cmd = Command::new("redis-server");
+        cmd.args(&self.argv);
+        let port = self.port;
+        self.proc
+            .start(
+                cmd,
+                Duration::from_secs(15),
+                Duration::from_millis(20),
+                || query::<String>(port, &redis::cmd("PING")).is_ok(),
+            )
+            .map_err(|e| format!("{e}\n{}", self.log_tail(30)))
     }
 
     fn respawn(&mut self) {
         assert!(
-            self.child.is_none(),
+            !self.alive(),
             "{} on port {} is running: kill it first",
             self.what,
             self.port
@@ -123,53 +105,41 @@ impl Proc {
         }
     }
 
+    /// Spawned and not killed by us.
     fn alive(&self) -> bool {
-        self.child.is_some()
+        self.proc.running()
     }
 
     /// Alive and not paused: worth asking.
     fn answering(&self) -> bool {
-        self.alive() && !self.paused.load(Ordering::SeqCst)
+        self.alive() && !self.proc.paused()
     }
 
     /// SIGKILL (after SIGCONT, so a paused process dies too).
     fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            signal(child.id(), libc::SIGCONT);
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        self.paused.store(false, Ordering::SeqCst);
+        self.proc.kill();
     }
 
     fn pause(&self) {
-        let child = self.child.as_ref().expect("pausing a dead node");
-        signal(child.id(), libc::SIGSTOP);
-        self.paused.store(true, Ordering::SeqCst);
+        assert!(self.alive(), "pausing a dead node");
+        self.proc.pause();
     }
 
     fn resume(&self) {
-        if let Some(child) = &self.child {
-            signal(child.id(), libc::SIGCONT);
-        }
-        self.paused.store(false, Ordering::SeqCst);
+        self.proc.resume();
     }
 
     fn log_tail(&self, lines: usize) -> String {
         let mut out = String::new();
         for name in ["redis.log", "stderr.log"] {
             let text = std::fs::read_to_string(self.dir.path().join(name)).unwrap_or_default();
-            let all: Vec<&str> = text.lines().collect();
-            for l in &all[all.len().saturating_sub(lines)..] {
-                out.push_str(l);
-                out.push('\n');
-            }
+            out.push_str(&tail(&text, lines));
         }
         out
     }
 
     fn log_section(&self) -> String {
-        let state = match (self.alive(), self.paused.load(Ordering::SeqCst)) {
+        let state = match (self.alive(), self.proc.paused()) {
             (false, _) => "dead",
             (true, true) => "paused",
             (true, false) => "running",
@@ -180,12 +150,6 @@ impl Proc {
             self.port,
             self.log_tail(40)
         )
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.kill();
     }
 }
 

@@ -27,10 +27,10 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use super::launcher::{tail, ServerProcess};
 use super::{free_port, signal};
 
 const HOST: &str = "127.0.0.1";
@@ -120,8 +120,7 @@ struct Member {
     id: usize,
     client_port: u16,
     dir: PathBuf,
-    child: Option<Child>,
-    paused: AtomicBool,
+    proc: ServerProcess,
 }
 
 impl Member {
@@ -163,65 +162,44 @@ impl Member {
         Member {
             id,
             client_port,
+            proc: ServerProcess::new(format!("zk-{id}"), dir.join("zookeeper.log")),
             dir,
-            child: None,
-            paused: AtomicBool::new(false),
         }
     }
 
-    /// Starts the JVM (log appended to `zookeeper.log`); does not wait.
+    /// Starts the JVM (log appended to `zookeeper.log`); does not wait:
+    /// the ensemble decides when its members serve.
     fn spawn(&mut self) {
-        assert!(self.child.is_none(), "zk-{} is running", self.id);
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.join("zookeeper.log"))
-            .unwrap();
-        let child = Command::new(JAVA)
-            .args([
-                "-Xmx128m",
-                "-Xss512k",
-                "-XX:+UseSerialGC",
-                "-XX:TieredStopAtLevel=1",
-                "-XX:-UsePerfData",
-                "-Djava.net.preferIPv4Stack=true",
-                "-Dzookeeper.admin.enableServer=false",
-                "-Dzookeeper.fastleader.maxNotificationInterval=1000",
-                "-Dzookeeper.cnxTimeout=1000",
-                "-Dorg.slf4j.simpleLogger.showDateTime=true",
-                "-Dorg.slf4j.simpleLogger.dateTimeFormat=HH:mm:ss.SSS",
-                "-cp",
-                &classpath(),
-                MAIN,
-            ])
-            .arg(self.dir.join("zoo.cfg"))
-            .current_dir(&self.dir)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("java must be installed (Debian package zookeeper)");
-        self.child = Some(child);
-        self.paused.store(false, Ordering::SeqCst);
+        let mut cmd = Command::new(JAVA);
+        cmd.args([
+            "-Xmx128m",
+            "-Xss512k",
+            "-XX:+UseSerialGC",
+            "-XX:TieredStopAtLevel=1",
+            "-XX:-UsePerfData",
+            "-Djava.net.preferIPv4Stack=true",
+            "-Dzookeeper.admin.enableServer=false",
+            "-Dzookeeper.fastleader.maxNotificationInterval=1000",
+            "-Dzookeeper.cnxTimeout=1000",
+            "-Dorg.slf4j.simpleLogger.showDateTime=true",
+            "-Dorg.slf4j.simpleLogger.dateTimeFormat=HH:mm:ss.SSS",
+            "-cp",
+            &classpath(),
+            MAIN,
+        ])
+        .arg(self.dir.join("zoo.cfg"))
+        .current_dir(&self.dir);
+        self.proc.spawn(cmd);
     }
 
     /// Spawned and not exited (an exited child is a zombie until reaped).
     fn alive(&self) -> bool {
-        match &self.child {
-            None => false,
-            Some(c) => match std::fs::read_to_string(format!("/proc/{}/stat", c.id())) {
-                Ok(stat) => {
-                    let state = stat.rfind(')').and_then(|i| stat[i + 2..].chars().next());
-                    !matches!(state, Some('Z') | Some('X') | None)
-                }
-                Err(_) => false,
-            },
-        }
+        self.proc.alive()
     }
 
     /// Alive and not paused: worth asking.
     fn answering(&self) -> bool {
-        self.alive() && !self.paused.load(Ordering::SeqCst)
+        self.proc.answering()
     }
 
     fn srvr(&self) -> Option<Srvr> {
@@ -232,58 +210,34 @@ impl Member {
     }
 
     fn pid(&self) -> u32 {
-        self.child
-            .as_ref()
-            .unwrap_or_else(|| panic!("zk-{} is not running", self.id))
-            .id()
+        self.proc.pid()
     }
 
     /// SIGKILL (after SIGCONT, so a paused member dies too).
     fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            signal(child.id(), libc::SIGCONT);
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        self.paused.store(false, Ordering::SeqCst);
+        self.proc.kill();
     }
 
     fn pause(&self) {
-        signal(self.pid(), libc::SIGSTOP);
-        self.paused.store(true, Ordering::SeqCst);
+        self.proc.pause();
     }
 
     fn resume(&self) {
-        if let Some(child) = &self.child {
-            signal(child.id(), libc::SIGCONT);
-        }
-        self.paused.store(false, Ordering::SeqCst);
+        self.proc.resume();
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("zookeeper.log")).unwrap_or_default()
+        self.proc.logs()
     }
 
     fn log_section(&self, lines: usize) -> String {
-        let state = match (self.alive(), self.paused.load(Ordering::SeqCst)) {
-            (false, _) => "dead",
-            (true, true) => "paused",
-            (true, false) => "running",
-        };
-        let text = self.log();
-        let all: Vec<&str> = text.lines().collect();
         format!(
-            "==== zk-{} {HOST}:{} ({state}) ====\n{}\n",
+            "==== zk-{} {HOST}:{} ({}) ====\n{}",
             self.id,
             self.client_port,
-            all[all.len().saturating_sub(lines)..].join("\n")
+            self.proc.state(),
+            tail(&self.log(), lines)
         )
-    }
-}
-
-impl Drop for Member {
-    fn drop(&mut self) {
-        self.kill();
     }
 }
 
@@ -369,6 +323,11 @@ impl ZooKeeperEnsemble {
 
     pub fn len(&self) -> usize {
         self.members.len()
+    }
+
+    /// The temp dir holding every member's directory.
+    pub fn dir(&self) -> &Path {
+        self._dir.path()
     }
 
     /// The client ports, by member index.

@@ -28,12 +28,19 @@ fn query_i64(db: &MariaDb, sql: &str) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mysql_crash_gives_503_then_recovers_with_leases_and_tokens_intact() {
     let mut db = MariaDb::start();
-    let s = sidecar(&db, &[("backend.mysql.request_timeout_ms", "500")]);
+    // The statement timeout does not decide how fast the crash is seen (a
+    // killed server's sockets are closed, a reconnect is refused at once);
+    // 500 ms made a release time out when another test binary ran beside
+    // this one, leaving `my:1` held here, and the acquire below answered
+    // `lock_held` from the local view instead of reaching the dead server.
+    let s = sidecar(&db, &[("backend.mysql.request_timeout_ms", "2000")]);
     let mut last = 0;
     for _ in 0..20 {
         let r = s.acquire("my:1", 10_000, 0).await;
+        assert_eq!(r.status, 200, "{}", r.body);
         last = r.token();
-        s.release("my:1", &r.lease()).await;
+        let rel = s.release("my:1", &r.lease()).await;
+        assert_eq!(rel.status, 200, "{}", rel.body);
     }
     let held = s.acquire("my:held", 60_000, 0).await;
     assert_eq!(held.status, 200, "{}", held.body);

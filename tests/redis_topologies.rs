@@ -451,7 +451,9 @@ async fn cluster_shard_failover_under_load() {
 
 /// Sidecar-driven renewal batches leases by slot (one script may touch one
 /// slot only): 40 auto-renewed leases spread over the cluster outlive
-/// several TTLs with their tokens unchanged.
+/// several TTLs with their tokens unchanged. 800 ms leases for 3.2 s (four
+/// TTLs): a 400 ms lease renewed every 133 ms left a busy neighbour binary
+/// (CI runs two at a time) only 267 ms to delay one renewal round.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_batched_renewals_span_slots() {
     let c = ClusterSet::start(3, 0);
@@ -462,7 +464,7 @@ async fn cluster_batched_renewals_span_slots() {
         let r = s
             .post(
                 &Fencer::path(&key, "acquire"),
-                serde_json::json!({"ttl_ms": 400, "auto_renew": true}),
+                serde_json::json!({"ttl_ms": 800, "auto_renew": true}),
             )
             .await;
         assert_eq!(r.status, 200, "{}", r.body);
@@ -477,7 +479,7 @@ async fn cluster_batched_renewals_span_slots() {
         "keys spread over {} slots only",
         slots.len()
     );
-    tokio::time::sleep(Duration::from_millis(1_600)).await;
+    tokio::time::sleep(Duration::from_millis(3_200)).await;
     for (key, token) in &held {
         let v = s.get(&Fencer::path(key, "")).await.body;
         assert_eq!(v["state"], "held", "{key}: {v}\n{}", s.logs());

@@ -53,14 +53,17 @@ def test_binaries(path):
 
 
 def fault_runs(path):
-    """(run name, seconds, ok) from the fault suite's `[ok] name … NNs` lines."""
+    """(run name, seconds, ok, seconds bringing its processes up and down)
+    from the fault suite's `[ok] name … NNs … setup=Ss down=Ds` lines."""
     out = []
     try:
         with open(path, errors="replace") as f:
             for line in f:
                 m = re.match(r"\[(ok|BAD)\]\s+(\S+)\s+\S+\s+expect\s+\S+\s+([\d.]+)s", line)
                 if m:
-                    out.append((m.group(2), float(m.group(3)), m.group(1) == "ok"))
+                    ud = re.search(r" setup=([\d.]+)s down=([\d.]+)s", line)
+                    updown = float(ud.group(1)) + float(ud.group(2)) if ud else 0.0
+                    out.append((m.group(2), float(m.group(3)), m.group(1) == "ok", updown))
     except OSError:
         pass
     return out
@@ -87,8 +90,9 @@ def main():
     if len(sys.argv) > 4:
         runs = fault_runs(sys.argv[4])
         if runs:
-            print(f"  -- fault suite runs ({len(runs)}; {fmt(sum(r[1] for r in runs))} in all), largest first:")
-            for name, secs, ok in sorted(runs, key=lambda r: -r[1]):
+            print(f"  -- fault suite runs ({len(runs)}; {fmt(sum(r[1] for r in runs))} in all, of which "
+                  f"{fmt(sum(r[3] for r in runs)).strip()} bringing servers and fencer up and down), largest first:")
+            for name, secs, ok, _ in sorted(runs, key=lambda r: -r[1]):
                 print(f"     {name:<41} {fmt(secs)}{'' if ok else '  BAD'}")
     print(f"  {'total':<44} {fmt(total)}")
     fault = dict(phases(sys.argv[1])).get(FAULT_PHASE)

@@ -58,7 +58,9 @@ command -v st >/dev/null 2>&1 || python3 -m pip install -q "schemathesis==4.32.5
 python3 -c "import requests" >/dev/null 2>&1 || python3 -m pip install -q requests
 echo "install (apt-get, pip) $(( $(date +%s) - install_start ))" >> "$FENCER_CI_DIR/phases"
 
-timed "build (test profile)" cargo test --all-targets --locked --no-run
+build_phase="build (test profile)"
+case "${RUSTC_WORKSPACE_WRAPPER:-}" in *clippy-driver*) build_phase="build (test profile) + clippy lints" ;; esac
+timed "$build_phase" cargo test --all-targets --locked --no-run
 # Every test binary cargo test would run (tests/run_binaries.py: one at a
 # time by default, each timed; FENCER_TEST_JOBS=2 runs two at once, which
 # some timing tests do not survive yet — see the script).

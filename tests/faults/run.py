@@ -848,6 +848,13 @@ def main():
     results = []
     started = time.monotonic()
 
+    def updown(r):
+        # Servers and fencer processes brought up and down, apart from the
+        # workload (tests/ci_times.py sums them: issue 29).
+        if "setup_seconds" not in r:
+            return ""
+        return f" setup={r['setup_seconds']}s down={r['teardown_seconds']}s"
+
     def record(r, expect):
         r["expect"] = expect
         ok = (r["verdict"] == "PASS") if expect == "PASS" else (r["verdict"] == "FAIL")
@@ -885,7 +892,7 @@ def main():
             if fm["not_following"]:
                 bites += f" NOT_FOLLOWING={','.join(fm['not_following'])}"
         print(f"[{'ok' if ok else 'BAD'}] {r['name']:<44} {r['verdict']:<12} expect {expect:<4} "
-              f"{r.get('seconds', 0):>5}s  {bites}  {v or r.get('error', '')}", flush=True)
+              f"{r.get('seconds', 0):>5}s  {bites}{updown(r)}  {v or r.get('error', '')}", flush=True)
         if r.get("first_try"):
             f = r["first_try"]
             print(f"      second try: seed {f['seed']} was INCONCLUSIVE ({f['below_threshold']})", flush=True)

@@ -83,6 +83,10 @@ def run(sc, seed, binary, out_dir, keep=False):
         if observer_mod.Observer.supports(cluster):
             observer = observer_mod.Observer(cluster, sc["keys"], os.path.join(run_dir, "observer.jsonl"))
             observer.start()
+        # What a run spends before its workload starts and after it ends
+        # (servers, sidecars, gateways up and down), reported per run:
+        # what reusing servers across families could save (issue 29).
+        setup_s = time.monotonic() - started
         cluster.start_workers()
         cluster.event(kind="start")
         nem = Nemesis(cluster, sc["nemesis"], seed, sc["ttl_ms"], tuple(sc.get("interval", (0.3, 1.5))))
@@ -153,7 +157,9 @@ def run(sc, seed, binary, out_dir, keep=False):
         if cluster:
             cluster.shutdown()
         return result
+    down = time.monotonic()
     cluster.shutdown()
+    teardown_s = time.monotonic() - down
     verdict = "PASS"
     short = {}
     if not report.ok:
@@ -181,6 +187,7 @@ def run(sc, seed, binary, out_dir, keep=False):
         "m1_excused": report.stats.get("m1_excused", {}),
         "fuzz_refused_by": fuzz_refused_by,
         "seconds": round(time.monotonic() - started, 1), "dir": run_dir,
+        "setup_seconds": round(setup_s, 1), "teardown_seconds": round(teardown_s, 1),
     }
     if any(n.get("kind") in checker.UNAVAILABILITY_KINDS for n in cluster.nemesis_events):
         each = report.stats["unavailability_ms"]

@@ -61,9 +61,10 @@ echo "install (apt-get, pip) $(( $(date +%s) - install_start ))" >> "$FENCER_CI_
 build_phase="build (test profile)"
 case "${RUSTC_WORKSPACE_WRAPPER:-}" in *clippy-driver*) build_phase="build (test profile) + clippy lints" ;; esac
 timed "$build_phase" cargo test --all-targets --locked --no-run
-# Every test binary cargo test would run (tests/run_binaries.py: one at a
-# time by default, each timed; FENCER_TEST_JOBS=2 runs two at once, which
-# some timing tests do not survive yet — see the script).
+# Every test binary cargo test would run (tests/run_binaries.py: two at a
+# time, each timed; FENCER_TEST_JOBS=1 runs one at a time). Servers that a
+# test only uses are shared per binary (tests/common/shared.rs;
+# FENCER_TEST_SHARED=0 gives each test its own).
 timed "tests (cargo test)" bash -c 'set -o pipefail; python3 tests/run_binaries.py 2>&1 | tee "$FENCER_CI_DIR/cargo-test.log"'
 
 # The fault suite's PR tier (docs/faults.md): real processes under seeded

@@ -27,7 +27,7 @@ use serde_json::json;
 /// The heavier servers (PostgreSQL, MariaDB, ZooKeeper, the Sentinel set,
 /// the Cluster) are shared by the tests of this binary, each test in its
 /// own database, key prefix or ZooKeeper root (see `common::shared`); the
-/// tests in [`OWN_SERVERS`] start their own. The single Redis and RedLock's
+/// scenarios that call [`harness_own`] start their own. The single Redis and RedLock's
 /// masters are per test: they start in tens of milliseconds.
 struct Harness {
     redis: RedisServer,
@@ -43,28 +43,20 @@ struct Harness {
     sidecar: Fencer,
 }
 
-/// Scenarios that start servers of their own: they look at everything left
-/// in the lock backend after the sidecar stops (every key of the server,
-/// which other tests' keys would fill), so they must not share one.
-const OWN_SERVERS: &[&str] = &["shutdown_releases_leases", "shutdown_closes_hold_streams"];
-
-/// Whether the running test may use the binary's shared servers. The
-/// scenario is read from the test thread's name (`postgres::mutual_exclusion`):
-/// libtest names each test's thread so, and `#[tokio::test]` runs the test
-/// body on that thread. Unknown name: own servers, the safe side.
-fn shares_servers() -> bool {
-    let thread = std::thread::current();
-    match thread.name() {
-        None | Some("main") => false,
-        Some(name) => {
-            let scenario = name.rsplit("::").next().unwrap_or(name);
-            shared::enabled() && !OWN_SERVERS.contains(&scenario)
-        }
-    }
+/// A harness on the binary's shared servers (unless `FENCER_TEST_SHARED=0`).
+fn harness(backend: Backend, extra: &[(&str, &str)]) -> Harness {
+    harness_with(backend, extra, shared::enabled())
 }
 
-fn harness(backend: Backend, extra: &[(&str, &str)]) -> Harness {
-    let share = shares_servers();
+/// A harness on servers of its own: for the scenarios that look at
+/// everything left in the lock backend after the sidecar stops (every key
+/// of the server, which other tests' keys would fill): the `shutdown_*`
+/// ones.
+fn harness_own(backend: Backend, extra: &[(&str, &str)]) -> Harness {
+    harness_with(backend, extra, false)
+}
+
+fn harness_with(backend: Backend, extra: &[(&str, &str)], share: bool) -> Harness {
     let redis = RedisServer::start(Persistence::Off);
     let pg = (backend == Backend::Postgres).then(|| match share {
         true => PgDb::shared(),
@@ -610,7 +602,7 @@ async fn bad_inputs(backend: Backend) {
 
 /// SIGTERM releases every lease and exits 0.
 async fn shutdown_releases_leases(backend: Backend) {
-    let mut h = harness(backend, &[]);
+    let mut h = harness_own(backend, &[]);
     let mut leases = HashSet::new();
     for i in 0..20 {
         let r = h.sidecar.acquire(&format!("shut:{i}"), 30_000, 0).await;
@@ -839,7 +831,7 @@ async fn lock_delay_after_expiry(backend: Backend) {
 
 /// SIGTERM closes hold streams with a final line.
 async fn shutdown_closes_hold_streams(backend: Backend) {
-    let mut h = harness(backend, &[]);
+    let mut h = harness_own(backend, &[]);
     let resp = h
         .sidecar
         .http

@@ -15,6 +15,28 @@ fn sidecar(db: &MariaDb, extra: &[(&str, &str)]) -> Fencer {
     s
 }
 
+/// An acquire on `s` (TTL 30 s) that waits up to 20 s, in the background:
+/// its status, body and how long it took. `key` is URL-encoded.
+fn waiting_acquire(
+    s: &Fencer,
+    key: &str,
+) -> tokio::task::JoinHandle<(u16, serde_json::Value, Duration)> {
+    let url = format!("{}/v1/locks/{key}/acquire", s.api);
+    let http = s.http.clone();
+    tokio::spawn(async move {
+        let started = Instant::now();
+        let r = http
+            .post(url)
+            .json(&serde_json::json!({"ttl_ms": 30_000, "wait_ms": 20_000}))
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let body: serde_json::Value = r.json().await.unwrap();
+        (status, body, started.elapsed())
+    })
+}
+
 fn query_i64(db: &MariaDb, sql: &str) -> i64 {
     let out = db.sql(sql);
     out.trim()
@@ -78,22 +100,7 @@ async fn a_release_wakes_a_waiter_on_another_sidecar_at_once() {
     for round in 0..3 {
         let held = a.acquire("my:bell", 30_000, 0).await;
         assert_eq!(held.status, 200, "{}", held.body);
-        let waiter = {
-            let b_api = b.api.clone();
-            let http = b.http.clone();
-            tokio::spawn(async move {
-                let started = Instant::now();
-                let r = http
-                    .post(format!("{b_api}/v1/locks/my%3Abell/acquire"))
-                    .json(&serde_json::json!({"ttl_ms": 30_000, "wait_ms": 20_000}))
-                    .send()
-                    .await
-                    .unwrap();
-                let status = r.status().as_u16();
-                let body: serde_json::Value = r.json().await.unwrap();
-                (status, body, started.elapsed())
-            })
-        };
+        let waiter = waiting_acquire(&b, "my%3Abell");
         tokio::time::sleep(Duration::from_millis(700)).await;
         let released_at = Instant::now();
         let r = a.release("my:bell", &held.lease()).await;
@@ -125,6 +132,60 @@ async fn a_release_wakes_a_waiter_on_another_sidecar_at_once() {
         .metric("fencer_mysql_bell_waits_total", &[("result", "woken")])
         .await;
     assert!(woken >= 3.0, "bell waits woken: {woken}");
+}
+
+/// A waiter whose sidecar has no free wake connection (the bounded pool,
+/// `backend.mysql.wake_connections`, is busy watching another key) still
+/// sees a release within about a second: its watch polls — wakes the key's
+/// queue to re-check — until a connection frees up. Before, it fell back
+/// to the holder's lease expiry alone (30 s here, past the waiter's 20 s
+/// wait: 409 `lock_held` although the key had been free since 0.7 s; seen
+/// in CI when wake connections were slow to open on a busy machine).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_without_a_wake_connection_still_sees_a_release_promptly() {
+    let db = MariaDb::start();
+    let a = sidecar(&db, &[]);
+    let b = sidecar(&db, &[("backend.mysql.wake_connections", "1")]);
+    let one = a.acquire("my:one", 30_000, 0).await;
+    assert_eq!(one.status, 200, "{}", one.body);
+    let two = a.acquire("my:two", 30_000, 0).await;
+    assert_eq!(two.status, 200, "{}", two.body);
+    // The first waiter's watch takes the only wake connection.
+    let first = waiting_acquire(&b, "my%3Aone");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let second = waiting_acquire(&b, "my%3Atwo");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let no_connection = b
+        .metric(
+            "fencer_mysql_bell_waits_total",
+            &[("result", "no_connection")],
+        )
+        .await;
+    assert!(
+        no_connection >= 1.0,
+        "the second watch found a wake connection after all ({no_connection}): the test does not test"
+    );
+    let released_at = Instant::now();
+    let r = a.release("my:two", &two.lease()).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let (status, body, _) = second.await.unwrap();
+    let after_release = released_at.elapsed();
+    assert_eq!(
+        status,
+        200,
+        "{body}\nwaiter's sidecar: {}",
+        b.metrics().await
+    );
+    assert!(body["token"].as_u64().unwrap() > two.token());
+    assert!(
+        after_release < Duration::from_secs(4),
+        "woken {after_release:?} after the release without a wake connection"
+    );
+    // The first waiter, on the bell, is unaffected.
+    let r = a.release("my:one", &one.lease()).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let (status, body, _) = first.await.unwrap();
+    assert_eq!(status, 200, "{body}");
 }
 
 /// A holder whose sidecar dies keeps the key until its lease expires on

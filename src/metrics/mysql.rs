@@ -12,7 +12,7 @@ pub struct MySqlMetrics {
     pub bell_events: IntCounterVec,
     /// How waits on another sidecar's bell ended: woken, abandoned (the
     /// waiter stopped wanting it), no_connection (every wake connection
-    /// busy), failed.
+    /// busy: counted per try, the key's queue re-checks meanwhile), failed.
     pub watch_results: IntCounterVec,
     /// Idle key rows deleted by the clean-up (their tokens live on in the
     /// floor).
@@ -38,7 +38,7 @@ impl MySqlMetrics {
                 IntCounterVec::new(
                     Opts::new(
                         "fencer_mysql_bell_waits_total",
-                        "Waits on another sidecar's bell, by how they ended: woken, abandoned, no_connection (wake connections exhausted), failed.",
+                        "Waits on another sidecar's bell, by how they ended: woken, abandoned, no_connection (wake connections exhausted; per try), failed.",
                     ),
                     &["result"],
                 )

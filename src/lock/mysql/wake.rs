@@ -4,8 +4,11 @@
 //!
 //! Wake connections are a bounded pool (`backend.mysql.wake_connections`):
 //! one per key being waited for, not per waiter (the sidecar's own FIFO
-//! queue wakes its waiters one by one). When none is free the waiter relies
-//! on its fallback timer (the lease's remaining time). A wait is cut into
+//! queue wakes its waiters one by one). When none is free (or the one it
+//! had failed) the watch polls: it wakes the key's queue to re-check every
+//! second at most until a connection is free — the waiter's fallback timer
+//! (the holder's remaining lease) alone would leave a released key unseen
+//! for up to a whole TTL. A wait is cut into
 //! one-second `GET_LOCK` calls, so a watch that is no longer wanted frees
 //! its connection within a second.
 //!
@@ -30,6 +33,13 @@ use crate::metrics::mysql::MySqlMetrics;
 const CHUNK_S: i64 = 1;
 /// Bound on a call (chunk plus network).
 const CALL_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long a watch waits for a free wake connection before it polls.
+const CONNECTION_WAIT: Duration = Duration::from_millis(200);
+/// A watch without a connection wakes its queue to re-check after this
+/// long, doubling up to [`POLL_MAX`]: a release is seen within about a
+/// second, not at the holder's lease expiry.
+const POLL_FIRST: Duration = Duration::from_millis(250);
+const POLL_MAX: Duration = Duration::from_secs(1);
 
 pub struct Waker {
     pool: Option<Pool>,
@@ -133,37 +143,70 @@ async fn wait_for_bell(
     sink: Arc<dyn WakeSink>,
     metrics: Arc<MySqlMetrics>,
 ) {
-    // A free wake connection, or none within a short bound: the waiter's
-    // fallback timer covers it.
-    let conn = tokio::time::timeout(Duration::from_millis(200), pool.get_conn()).await;
-    let Ok(Ok(mut conn)) = conn else {
-        watch.done.store(true, Ordering::Release);
-        metrics
-            .watch_results
-            .with_label_values(&["no_connection"])
-            .inc();
-        return;
-    };
-    let mut healthy = true;
-    loop {
-        let result = wait(&mut conn, &bell, &watch).await;
-        metrics.watch_results.with_label_values(&[result]).inc();
-        if result != "woken" {
-            healthy = result == "abandoned";
+    let mut pause = POLL_FIRST;
+    // Whether a release may have gone unseen: no connection was listening
+    // to the bell for a while (none free, or the last one failed).
+    let mut blind = false;
+    while watch.wanted.load(Ordering::Acquire) > 0 {
+        let conn = tokio::time::timeout(CONNECTION_WAIT, pool.get_conn()).await;
+        let Ok(Ok(mut conn)) = conn else {
+            // Every wake connection is busy (or the server is away). The
+            // holder's lease expiry alone would leave a released key
+            // unseen for up to its whole TTL, so the key's queue re-checks
+            // now and then until a connection frees up.
+            metrics
+                .watch_results
+                .with_label_values(&["no_connection"])
+                .inc();
+            if !blind {
+                tracing::debug!(key = %key, "no wake connection: the key's waiters re-check every second until one is free");
+            }
+            blind = true;
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(POLL_MAX);
+            if !recheck(&key, &watch, &*sink).await {
+                break;
+            }
+            continue;
+        };
+        pause = POLL_FIRST;
+        // A release may have come and gone while nobody listened.
+        if std::mem::take(&mut blind) && !recheck(&key, &watch, &*sink).await {
             break;
         }
-        tracing::debug!(key = %key, "bell free: waking the key's queue");
-        sink.released(&key);
-        watch.rearm.notified().await;
-        if watch.wanted.load(Ordering::Acquire) == 0 {
-            break;
+        let healthy = loop {
+            let result = wait(&mut conn, &bell, &watch).await;
+            metrics.watch_results.with_label_values(&[result]).inc();
+            if result != "woken" {
+                break result == "abandoned";
+            }
+            tracing::debug!(key = %key, "bell free: waking the key's queue");
+            if !recheck(&key, &watch, &*sink).await {
+                break true;
+            }
+        };
+        if !healthy {
+            // Closing the connection frees any name it might hold; the
+            // watch goes on blind until another connection is had.
+            let _ = tokio::time::timeout(CALL_TIMEOUT, conn.disconnect()).await;
+            blind = true;
+            tokio::time::sleep(pause).await;
+            continue;
         }
+        break;
     }
     watch.done.store(true, Ordering::Release);
-    if !healthy {
-        // Closing the connection frees any name it might hold.
-        let _ = tokio::time::timeout(CALL_TIMEOUT, conn.disconnect()).await;
-    }
+}
+
+/// Wakes `key`'s queue to re-check the key, then waits until an attempt
+/// found it held under another sidecar's bell again ([`Waker::rearm`]) —
+/// waiting for the bell at once would find it free before the new holder
+/// takes it, and wake the queue in a loop. False when nobody wants the
+/// watch any more.
+async fn recheck(key: &str, watch: &Watch, sink: &dyn WakeSink) -> bool {
+    sink.released(key);
+    watch.rearm.notified().await;
+    watch.wanted.load(Ordering::Acquire) > 0
 }
 
 /// Blocks in `GET_LOCK` until the bell is free ("woken"), the watch is no

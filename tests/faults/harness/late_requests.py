@@ -111,17 +111,28 @@ def _probe_twice(c, keys, t_delivered):
             c.event(kind="late_request_probe", probe=label, key=key, delivered=t_delivered, lease=lease)
 
 
+def told_leases(events):
+    """Every lease id some client was told: a client only learns lease ids
+    from the sidecar's answers — an acquire or renew, a hold stream's grant
+    line (`hold`, which may be read seconds after the grant) or any later
+    line — so any id in a history was told. (Counting only acquire and
+    renew answers once called a hold's renewed lease an untold orphan.)"""
+    told = set()
+    for e in events:
+        resp = e.get("resp")
+        lease = resp.get("lease_id") if isinstance(resp, dict) else None
+        for x in (lease, e.get("lease")):
+            if x:
+                told.add(x)
+    return told
+
+
 def check(report, events, nemesis):
     """O1 and the bites: `late_requests` (statements delivered late),
     `late_request_probes` (keys read twice after one) and
     `late_request_orphans` (of those, keys an untold lease held at the
     first read)."""
-    told = set()
-    for e in events:
-        if e["f"] in ("acquire", "renew") and e["kind"] == "ok":
-            lease = (e.get("resp") or {}).get("lease_id") or e.get("lease")
-            if lease:
-                told.add(lease)
+    told = told_leases(events)
     probes = {}
     for n in nemesis:
         if n.get("kind") == "late_request_probe" and "lease" in n:

@@ -9,7 +9,7 @@ use crate::settings::common::LogFormat;
 #[derive(Debug, Parser)]
 #[command(
     name = "fencer",
-    version,
+    version = crate::VERSION,
     about = "Distributed locks with fencing tokens, enforced at the storage"
 )]
 pub struct Cli {

@@ -12,6 +12,15 @@
 // when stdout's reader has gone.
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
+/// `0.1.0 (commit 1a2b3c4d5e6f)`: what `fencer --version` prints and a bug
+/// report should quote; the commit comes from build.rs.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("FENCER_GIT_COMMIT"),
+    ")"
+);
+
 pub mod admin;
 pub mod bench;
 pub mod cli;

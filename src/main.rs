@@ -65,10 +65,16 @@ fn run() -> ExitCode {
     let mut log = settings.log.clone();
     if matches!(
         cli.command,
-        Command::Demo(_) | Command::HotAccountWorker(_) | Command::Bench(_) | Command::Top(_)
+        Command::HotAccountWorker(_) | Command::Bench(_) | Command::Top(_)
     ) {
         // These print their own report; keep the stack's logs to problems.
         log.level = "warn".into();
+    }
+    if matches!(cli.command, Command::Demo(_)) {
+        // The demo's stack warns on purpose (every refused stale write is
+        // a warning worth logging in production): ~76 lines that buried
+        // its table. Only errors reach the screen.
+        log.level = "error".into();
     }
     telemetry::init(&log, cli.log_format.map(Into::into));
     let threads = match (settings.runtime.worker_threads, &cli.command) {

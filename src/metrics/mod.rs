@@ -133,11 +133,16 @@ pub fn registry(role: &str, backend: &str) -> Registry {
     }
     let build = IntGaugeVec::new(
         Opts::new("fencer_build_info", "Build information; always 1."),
-        &["version", "role", "backend"],
+        &["version", "commit", "role", "backend"],
     )
     .expect("valid metric");
     build
-        .with_label_values(&[env!("CARGO_PKG_VERSION"), role, backend])
+        .with_label_values(&[
+            env!("CARGO_PKG_VERSION"),
+            env!("FENCER_GIT_COMMIT"),
+            role,
+            backend,
+        ])
         .set(1);
     registry.register(Box::new(build)).expect("registered once");
     #[cfg(target_os = "linux")]

@@ -227,7 +227,7 @@ impl Settings {
             _ => return Vec::new(),
         };
         vec![format!(
-            "{loses}; without sidecar.preregister_url nothing repairs the counter forward: tokens go back below the gateway's marks, and the gateway refuses every write under them (409 stale_fencing_token) until the counter passes the mark. Set sidecar.preregister_url (README, Guarantees: \"Tokens are repaired forward\")"
+            "{loses}; without sidecar.preregister_url nothing repairs the counter forward: tokens go back below the gateway's marks, and the gateway refuses every write under them (409 stale_fencing_token) until the counter passes the mark. Set sidecar.preregister_url (docs/guarantees.md: \"Tokens are repaired forward\")"
         )]
     }
 

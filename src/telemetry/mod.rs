@@ -19,6 +19,9 @@ pub fn init(settings: &LogSettings, format_override: Option<LogFormat>) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(|| queue::QueueWriter)
+        // Colour codes only for a person at a terminal: piped into a file,
+        // `less` or a log shipper they are noise (issue 30).
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         // Its report of a failed write is an `eprintln!`, which panics on
         // a closed stderr; the queue's writer never fails anyway.
         .log_internal_errors(false);

@@ -113,7 +113,7 @@ pub async fn check_min_replicas(
         Some(0) => {
             metrics.min_replicas_to_write.set(0);
             tracing::warn!(
-                "redis master has min-replicas-to-write 0: after a failover the old master may accept lock writes for seconds; set min-replicas-to-write 1 and min-replicas-max-lag 1 (README, Redis topologies)"
+                "redis master has min-replicas-to-write 0: after a failover the old master may accept lock writes for seconds; set min-replicas-to-write 1 and min-replicas-max-lag 1 (docs/backends.md, Redis topologies)"
             );
         }
         Some(v) => metrics.min_replicas_to_write.set(v),

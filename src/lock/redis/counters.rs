@@ -24,7 +24,7 @@
 //! Not for `counter` tokens (plain `INCR`): they carry no clock, so nothing
 //! can pass an expired counter short of one record every acquire of a
 //! deployment writes — a hot key that Redis Cluster cannot even reach from
-//! a script of another slot. Counters are kept forever there (README).
+//! a script of another slot. Counters are kept forever there (docs/backends.md).
 //! Nor with `allow_eviction`: a counter with a TTL is evictable under
 //! `volatile-*`, and an evicted counter the floor has not passed yet lets
 //! tokens go back; counters without a TTL are only evicted by `allkeys-*`.

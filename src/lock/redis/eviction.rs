@@ -149,7 +149,7 @@ impl EvictionGuard {
         if allow {
             tracing::warn!(
                 setting = wording.setting,
-                "eviction check is advisory: a Redis master that may evict live lock entries is only warned about (PITFALLS 14, README)"
+                "eviction check is advisory: a Redis master that may evict live lock entries is only warned about (PITFALLS 14, docs/backends.md)"
             );
         }
         let guard = Arc::new(EvictionGuard {
@@ -278,7 +278,7 @@ impl EvictionGuard {
 
     fn refusal_unsafe(&self, s: &Server, p: &Policy) -> BackendError {
         BackendError::Unavailable(format!(
-            "{} {} has maxmemory-policy {} (maxmemory {}): it can evict live lock entries and grant a held lock again; set maxmemory-policy noeviction (README), or {} = true to accept that",
+            "{} {} has maxmemory-policy {} (maxmemory {}): it can evict live lock entries and grant a held lock again; set maxmemory-policy noeviction (docs/backends.md), or {} = true to accept that",
             self.wording.what, s.name, p.name, p.maxmemory, self.wording.setting
         ))
     }

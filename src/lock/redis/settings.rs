@@ -296,7 +296,7 @@ impl RedisSettings {
     /// the old master does not help, the new master never had the write.
     /// Replication the configuration reveals: sentinel and cluster mode,
     /// and `wait_replicas` (a master with replicas). A single server whose
-    /// replicas an operator promotes by hand is not visible here (README).
+    /// replicas an operator promotes by hand is not visible here (docs/backends.md).
     fn check_counter_tokens(&self) -> Result<(), ConfigError> {
         if self.token_mode != TokenMode::Counter || self.allow_counter_with_failover {
             return Ok(());
@@ -310,7 +310,7 @@ impl RedisSettings {
         Err(invalid(
             "backend.redis.token_mode",
             format!(
-                "`counter` with {replicated} can hand out the same token twice: a failover promotes a replica that missed the last INCR and it counts from there again (AOF on the old master does not help); use `hybrid_clock`, or set backend.redis.allow_counter_with_failover = true to accept reissued tokens (README, Guarantees)"
+                "`counter` with {replicated} can hand out the same token twice: a failover promotes a replica that missed the last INCR and it counts from there again (AOF on the old master does not help); use `hybrid_clock`, or set backend.redis.allow_counter_with_failover = true to accept reissued tokens (docs/guarantees.md)"
             ),
         ))
     }

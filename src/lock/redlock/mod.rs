@@ -10,7 +10,7 @@
 //! majority shares a master with that one, so it mints higher — unless that
 //! master lost its data (restart without `appendfsync always`), which is
 //! what the hybrid clock floor (`TIME` × 1024 in every token), the
-//! gateway's marks and pre-registration repair are for (README, "RedLock").
+//! gateway's marks and pre-registration repair are for (docs/backends.md, "RedLock").
 //!
 //! - A master that lost its data could grant a lock it already granted;
 //!   with `restart_quarantine_ms` a master votes only once it has kept its

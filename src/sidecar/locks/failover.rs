@@ -2,7 +2,7 @@
 //!
 //! After a Sentinel promotion or a Cluster shard failover, the new master
 //! has only the lock writes that replicated before the old one went away.
-//! The rule (README, "Redis topologies"): every lease minted or renewed on
+//! The rule (docs/backends.md, "Redis topologies"): every lease minted or renewed on
 //! the old master is *suspect* until checked on the new one. The check runs
 //! as soon as the backend reports the failover:
 //!

@@ -166,21 +166,35 @@ pub async fn run(mut settings: Settings, shutdown: CancellationToken) -> Result<
   egress proxy   http://{proxy}   -> gateway http://{gw} -> storage http://{st}
   metrics        http://{admin}/metrics
 
-Try the fencing story:
-  # take the lock; the answer has lease_id and token
-  LEASE=$(curl -s -XPOST http://{api}/v1/locks/account:1/acquire -d '{{\"ttl_ms\":30000}}' | grep -o '\"lease_id\":\"[^\"]*' | cut -d'\"' -f4)
-  # write through the proxy under that lease: it adds the signed token, the gateway checks it
-  curl -s -XPUT http://{proxy}/kv/accounts/1 -H \"Fencing-Lease: $LEASE\" -d '{{\"balance\":100}}'
-  curl -s http://{st}/kv/accounts/1
-  # a write without a token is refused by the gateway (428)
-  curl -s -XPUT http://{gw}/kv/accounts/1 -d '{{\"balance\":0}}'
-  # a write that names no lease is refused by the proxy (428 lease_required)
-  curl -s -XPUT http://{proxy}/kv/accounts/2 -H 'Fencing-Lock: account:2' -d '{{}}'
-  # the whole hot-account story, with and without fencing:
-  fencer demo
-Ctrl-C to stop."
+The fencing story, in another terminal (needs curl and jq):
+
+{}
+Ctrl-C to stop.",
+        walkthrough(&[api, proxy, gw, st, admin])
     );
     shutdown.cancelled().await;
     stack.stop().await;
     Ok(())
+}
+
+/// The README's quick start (between its `walkthrough` markers, compared by
+/// tests/dev.rs), written for the default ports.
+pub const WALKTHROUGH: &str = include_str!("walkthrough.sh");
+
+/// The default address of each role, in the order [`walkthrough`] takes
+/// them: lock API, proxy, gateway, storage, metrics.
+const DEFAULT_PORTS: [u16; 5] = [7411, 7412, 8080, 8081, 9411];
+
+/// [`WALKTHROUGH`] for the addresses this stack listens on: text a person
+/// can paste as printed, identical to README's on the default ports.
+pub fn walkthrough(addrs: &[SocketAddr; 5]) -> String {
+    let mut text = WALKTHROUGH.to_string();
+    for (port, addr) in DEFAULT_PORTS.iter().zip(addrs) {
+        let at_default =
+            addr.port() == *port && (addr.ip().is_loopback() || addr.ip().is_unspecified());
+        if !at_default {
+            text = text.replace(&format!("localhost:{port}/"), &format!("{addr}/"));
+        }
+    }
+    text
 }

@@ -443,7 +443,10 @@ fn dashboards() -> Vec<(String, Value)> {
     for entry in std::fs::read_dir(root().join("grafana/dashboards")).unwrap() {
         let path = entry.unwrap().path();
         let dash = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-        out.push((path.file_name().unwrap().to_string_lossy().into_owned(), dash));
+        out.push((
+            path.file_name().unwrap().to_string_lossy().into_owned(),
+            dash,
+        ));
     }
     out.sort_by(|a, b| a.0.cmp(&b.0));
     out
@@ -530,7 +533,9 @@ fn dashboards_have_units_an_overview_and_collapsed_backend_rows() {
                     .unwrap_or(default);
                 let expr = t["expr"].as_str().unwrap();
                 if !unit_fits(p["type"].as_str().unwrap(), expr, unit) {
-                    problems.push(format!("{name}: {title} [{refid}] unit {unit:?} for {expr}"));
+                    problems.push(format!(
+                        "{name}: {title} [{refid}] unit {unit:?} for {expr}"
+                    ));
                 }
             }
         }
@@ -552,14 +557,20 @@ fn dashboards_have_units_an_overview_and_collapsed_backend_rows() {
         assert!(rows.len() >= 2, "{name}: rows {}", rows.len());
         for row in &rows[2..] {
             if row["collapsed"] != true || row["panels"].as_array().is_none_or(|p| p.is_empty()) {
-                problems.push(format!("{name}: row {} not collapsed with its panels", row["title"]));
+                problems.push(format!(
+                    "{name}: row {} not collapsed with its panels",
+                    row["title"]
+                ));
             }
         }
         let top: Vec<&Value> = dash["panels"].as_array().unwrap().iter().collect();
         if let Some(first_collapsed) = top.iter().position(|p| p["collapsed"] == true) {
             for p in &top[first_collapsed..] {
                 if p["type"] != "row" {
-                    problems.push(format!("{name}: {} sits outside a collapsed row", p["title"]));
+                    problems.push(format!(
+                        "{name}: {} sits outside a collapsed row",
+                        p["title"]
+                    ));
                 }
             }
         }
@@ -583,7 +594,9 @@ fn dashboards_have_units_an_overview_and_collapsed_backend_rows() {
         "role=~\"gateway|dev\"",
     ] {
         if !exprs.iter().any(|e| e.contains(needle)) {
-            problems.push(format!("lock-contention.json: no overview stat on {needle}"));
+            problems.push(format!(
+                "lock-contention.json: no overview stat on {needle}"
+            ));
         }
     }
     let backend_rows: Vec<String> = main["panels"]
@@ -604,7 +617,8 @@ fn dashboards_have_units_an_overview_and_collapsed_backend_rows() {
 /// Every alert names its runbook, and the runbook has that section.
 #[test]
 fn every_alert_has_a_runbook_section() {
-    let rules = std::fs::read_to_string(root().join("deploy/prometheus/fencer-rules.yaml")).unwrap();
+    let rules =
+        std::fs::read_to_string(root().join("deploy/prometheus/fencer-rules.yaml")).unwrap();
     let runbooks = std::fs::read_to_string(root().join("docs/runbooks.md")).unwrap();
     let mut alerts = Vec::new();
     for line in rules.lines().map(str::trim) {
@@ -695,7 +709,10 @@ async fn a_fresh_dev_shows_zeros_not_no_data() {
         missing.push(line.to_owned());
     }
     missing.retain(|line| !metrics.lines().any(|l| l == line));
-    assert!(missing.is_empty(), "not in /metrics: {missing:?}\n{metrics}");
+    assert!(
+        missing.is_empty(),
+        "not in /metrics: {missing:?}\n{metrics}"
+    );
 
     // Prometheus with three scrapes of it: enough for increase() over 1h.
     let prom = start_prometheus(&[("dev", admin)]);
@@ -729,7 +746,9 @@ async fn a_fresh_dev_shows_zeros_not_no_data() {
             // Up and "up" shares read 1; counts of events and leases 0.
             let want = if title.ends_with(" up") { 1.0 } else { 0.0 };
             if values.is_empty() || values.iter().any(|v| *v != want) {
-                failures.push(format!("{name}: {title}: {values:?}, want {want}: {expr} -> {r}"));
+                failures.push(format!(
+                    "{name}: {title}: {values:?}, want {want}: {expr} -> {r}"
+                ));
             }
         }
     }

@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use prometheus::{
+    HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
 
 use super::{register, Groups, BACKEND_BUCKETS, WAIT_BUCKETS};
 

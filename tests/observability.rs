@@ -640,48 +640,16 @@ fn every_alert_has_a_runbook_section() {
     }
 }
 
-/// A `fencer dev` process, killed when dropped.
-struct Dev(std::process::Child);
-
-impl Drop for Dev {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// A fresh `fencer dev` with no traffic at all: its /metrics already has
 /// the counters of events that have not happened, at 0, and every overview
 /// stat of every dashboard shows a value in Prometheus (0 events, 100% up),
 /// not "No data".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fresh_dev_shows_zeros_not_no_data() {
-    let [api, proxy, gw, st, admin] = [
-        free_port(),
-        free_port(),
-        free_port(),
-        free_port(),
-        free_port(),
-    ];
-    let _dev = Dev(Command::new(env!("CARGO_BIN_EXE_fencer"))
-        .arg("dev")
-        .env("FENCER__SIDECAR__LISTEN", format!("127.0.0.1:{api}"))
-        .env("FENCER__PROXY__LISTEN", format!("127.0.0.1:{proxy}"))
-        .env("FENCER__GATEWAY__LISTEN", format!("127.0.0.1:{gw}"))
-        .env("FENCER__STORAGE__LISTEN", format!("127.0.0.1:{st}"))
-        .env("FENCER__ADMIN__LISTEN", format!("127.0.0.1:{admin}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap());
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !http_ok(&format!("http://127.0.0.1:{admin}/readyz")) {
-        assert!(Instant::now() < deadline, "fencer dev did not become ready");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let dev = common::dev::Dev::start();
     let client = reqwest::Client::new();
     let metrics = client
-        .get(format!("http://127.0.0.1:{admin}/metrics"))
+        .get(format!("{}/metrics", dev.admin))
         .send()
         .await
         .unwrap()
@@ -715,7 +683,7 @@ async fn a_fresh_dev_shows_zeros_not_no_data() {
     );
 
     // Prometheus with three scrapes of it: enough for increase() over 1h.
-    let prom = start_prometheus(&[("dev", admin)]);
+    let prom = start_prometheus(&[("dev", dev.admin_port)]);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let n = query(&client, &prom.url, "count_over_time(up[1h])").await;

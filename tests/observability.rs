@@ -648,14 +648,7 @@ fn every_alert_has_a_runbook_section() {
 async fn a_fresh_dev_shows_zeros_not_no_data() {
     let dev = common::dev::Dev::start();
     let client = reqwest::Client::new();
-    let metrics = client
-        .get(format!("{}/metrics", dev.admin))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = dev.metrics().await;
     let mut missing = Vec::new();
     for reason in fencer::metrics::sidecar::LOST_REASONS {
         missing.push(format!(

@@ -171,13 +171,9 @@ impl GatewayMetrics {
 
 impl GatewayMetrics {
     /// The bounded group of `key`; a group seen for the first time gets
-    /// its series at zero first (see [`Groups::classify`]).
+    /// its series at zero first.
     pub fn group(&self, key: &str) -> String {
-        let (group, new) = self.groups.classify(key);
-        if new {
-            self.init_group(&group);
-        }
-        group
+        self.groups.of_init(key, |g| self.init_group(g))
     }
 
     /// A group's series that panels and alerts take `increase()` of: the

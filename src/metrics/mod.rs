@@ -212,6 +212,16 @@ impl Groups {
         known
     }
 
+    /// The label value for `key`; `init` runs with it first when the group
+    /// is new, to create its series at zero (see [`Groups::classify`]).
+    pub fn of_init(&self, key: &str, init: impl FnOnce(&str)) -> String {
+        let (group, new) = self.classify(key);
+        if new {
+            init(&group);
+        }
+        group
+    }
+
     /// The label value for `key`, and whether this is the first time it
     /// was handed out (the caller then creates the group's series at zero:
     /// `increase()` cannot see a series' first sample, so a counter that

@@ -240,13 +240,9 @@ impl Metrics {
     }
 
     /// The bounded group of `key`; a group seen for the first time gets
-    /// its series at zero first (see [`Groups::classify`]).
+    /// its series at zero first.
     pub fn group(&self, key: &str) -> String {
-        let (group, new) = self.groups.classify(key);
-        if new {
-            self.init_group(&group);
-        }
-        group
+        self.groups.of_init(key, |g| self.init_group(g))
     }
 
     /// A group's series that panels and alerts sum or take `increase()` of.

@@ -52,6 +52,16 @@ impl Dev {
         }
         dev
     }
+
+    /// Its `/metrics` text.
+    pub async fn metrics(&self) -> String {
+        reqwest::get(format!("{}/metrics", self.admin))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
 }
 
 impl Drop for Dev {

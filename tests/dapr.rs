@@ -8,64 +8,12 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use common::dev::Dev;
 use common::*;
-
-/// `fencer dev` on free ports.
-struct Dev {
-    child: Child,
-    api: String,
-    proxy: String,
-    gateway: String,
-    admin: String,
-}
-
-impl Drop for Dev {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Dev {
-    fn start() -> Dev {
-        let [api, proxy, gw, st, admin] = [
-            free_port(),
-            free_port(),
-            free_port(),
-            free_port(),
-            free_port(),
-        ];
-        let child = Command::new(env!("CARGO_BIN_EXE_fencer"))
-            .arg("dev")
-            .env("FENCER__SIDECAR__LISTEN", format!("127.0.0.1:{api}"))
-            .env("FENCER__PROXY__LISTEN", format!("127.0.0.1:{proxy}"))
-            .env("FENCER__GATEWAY__LISTEN", format!("127.0.0.1:{gw}"))
-            .env("FENCER__STORAGE__LISTEN", format!("127.0.0.1:{st}"))
-            .env("FENCER__ADMIN__LISTEN", format!("127.0.0.1:{admin}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let dev = Dev {
-            child,
-            api: format!("http://127.0.0.1:{api}"),
-            proxy: format!("http://127.0.0.1:{proxy}"),
-            gateway: format!("http://127.0.0.1:{gw}"),
-            admin: format!("http://127.0.0.1:{admin}"),
-        };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !http_ok(&format!("{}/readyz", dev.admin)) {
-            assert!(Instant::now() < deadline, "fencer dev did not become ready");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        dev
-    }
-}
 
 struct Answer {
     status: u16,

@@ -11,12 +11,11 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 use serde_json::Value;
 
-use common::*;
+use common::dev::Dev;
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -25,49 +24,6 @@ fn root() -> &'static Path {
 fn spec() -> Value {
     serde_json::from_str(&std::fs::read_to_string(root().join("docs/openapi.json")).unwrap())
         .unwrap()
-}
-
-struct Dev {
-    child: std::process::Child,
-    api: String,
-}
-
-impl Drop for Dev {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn dev() -> Dev {
-    let [api, proxy, gw, st, admin] = [
-        free_port(),
-        free_port(),
-        free_port(),
-        free_port(),
-        free_port(),
-    ];
-    let child = Command::new(env!("CARGO_BIN_EXE_fencer"))
-        .arg("dev")
-        .env("FENCER__SIDECAR__LISTEN", format!("127.0.0.1:{api}"))
-        .env("FENCER__PROXY__LISTEN", format!("127.0.0.1:{proxy}"))
-        .env("FENCER__GATEWAY__LISTEN", format!("127.0.0.1:{gw}"))
-        .env("FENCER__STORAGE__LISTEN", format!("127.0.0.1:{st}"))
-        .env("FENCER__ADMIN__LISTEN", format!("127.0.0.1:{admin}"))
-        .env("FENCER__LOG__LEVEL", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !http_ok(&format!("http://127.0.0.1:{admin}/readyz")) {
-        assert!(Instant::now() < deadline, "fencer dev did not become ready");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Dev {
-        child,
-        api: format!("http://127.0.0.1:{api}"),
-    }
 }
 
 /// `(METHOD, path)` of every `.route(...)` in the lock API's router.
@@ -102,7 +58,7 @@ async fn the_spec_describes_every_route_and_is_what_the_api_serves() {
     assert_eq!(routes, documented, "router and docs/openapi.json differ");
     assert_eq!(spec["openapi"], "3.1.0");
 
-    let dev = dev();
+    let dev = Dev::start();
     let served = reqwest::get(format!("{}/openapi.json", dev.api))
         .await
         .unwrap();
@@ -128,7 +84,7 @@ fn schemathesis_finds_no_server_error_and_no_schema_violation() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("openapi.json");
     std::fs::write(&file, serde_json::to_vec(&spec).unwrap()).unwrap();
-    let dev = dev();
+    let dev = Dev::start();
     let out = Command::new("st")
         .arg("run")
         .arg(&file)

@@ -34,7 +34,7 @@ pub(super) async fn forward(
     seq: Option<u64>,
     kind: &'static str,
 ) -> Response<ProxyBody> {
-    let group = gw.metrics.groups.of(&claim.key);
+    let group = gw.metrics.group(&claim.key);
     let (tx, rx) = oneshot::channel();
     let task = Fenced {
         gw,

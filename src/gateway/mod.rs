@@ -7,7 +7,8 @@
 //! - [`key_queue`] — per-key turns inside one process;
 //! - [`fence_store`] — marks and in-flight stamps (memory, PostgreSQL,
 //!   MySQL/MariaDB);
-//! - [`preregister`] — the sidecars' token pre-registration endpoint.
+//! - [`preregister`] — the sidecars' token pre-registration endpoint;
+//! - [`store_health`] — the fence store's periodic ping, as a gauge.
 
 pub mod fence_store;
 mod fenced;
@@ -16,6 +17,7 @@ pub mod key_queue;
 mod preregister;
 pub mod settings;
 mod state;
+mod store_health;
 mod verify;
 
 use std::sync::Arc;
@@ -52,7 +54,6 @@ pub async fn build(
     let keyring = Keyring::with_prefixes(&settings.gateway_keys()?);
     let groups = Arc::new(Groups::new(&settings.metrics));
     let metrics = Arc::new(GatewayMetrics::new(registry, groups));
-    metrics.init_known();
     let kind = if crate::mutants::active("marks_in_memory") {
         Some(FenceStoreKind::Memory)
     } else {
@@ -91,6 +92,7 @@ pub async fn build(
             .with_metrics(metrics.remote_waits.clone(), registry),
         ),
     };
+    metrics.init_known(store.name());
     let forwarder = Forwarder::new(
         &g.upstream,
         Duration::from_millis(g.connect_timeout_ms),
@@ -138,6 +140,14 @@ pub async fn serve(
 ) {
     let tasks = gateway.tasks.clone();
     let wait = gateway.stamp_hold;
+    store_health::spawn(
+        gateway.store.clone(),
+        gateway
+            .metrics
+            .fence_store_up
+            .with_label_values(&[gateway.store.name()]),
+        shutdown.clone(),
+    );
     let handler = Arc::new(move |req| gateway.clone().handle(req));
     crate::http::server::serve(
         "gateway",

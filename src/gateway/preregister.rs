@@ -65,7 +65,7 @@ pub(super) async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response
     let (tx, rx) = tokio::sync::oneshot::channel();
     let tracker = gw.tasks.clone();
     tracker.spawn(async move {
-        let group = gw.metrics.groups.of(&claim.key);
+        let group = gw.metrics.group(&claim.key);
         let deadline = Instant::now() + gw.serialize_timeout;
         let resp = match gw.keys.turn(&claim.key, deadline).await {
             None => Err(FenceError::Busy),

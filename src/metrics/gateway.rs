@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{
+    HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
 
 use super::{register, Groups, BACKEND_BUCKETS, WAIT_BUCKETS};
 
@@ -27,6 +29,10 @@ pub struct GatewayMetrics {
     /// In-flight stamps that could not be cleared (the key stays blocked
     /// until the stamp runs out).
     pub finish_errors: prometheus::IntCounter,
+    /// 1 when the fence store answered the last periodic ping: without it
+    /// every fenced request fails (a series for the dashboard and alert;
+    /// `/readyz` answers only for the moment it is asked).
+    pub fence_store_up: IntGaugeVec,
 }
 
 impl GatewayMetrics {
@@ -148,13 +154,53 @@ impl GatewayMetrics {
                 )
                 .expect("valid metric"),
             ),
+            fence_store_up: register(
+                registry,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "fencer_gateway_fence_store_up",
+                        "1 when the gateway's fence store answered the last periodic ping (every second), else 0; fenced requests answer 503 while it is 0.",
+                    ),
+                    &["store"],
+                )
+                .expect("valid metric"),
+            ),
         }
     }
 }
 
 impl GatewayMetrics {
-    /// Creates the series whose label values are known up front at zero.
-    pub fn init_known(&self) {
+    /// The bounded group of `key`; a group seen for the first time gets
+    /// its series at zero first.
+    pub fn group(&self, key: &str) -> String {
+        self.groups.of_init(key, |g| self.init_group(g))
+    }
+
+    /// A group's series that panels and alerts take `increase()` of: the
+    /// refusals of stale tokens, store failures and token jumps.
+    fn init_group(&self, group: &str) {
+        for (kind, result) in [
+            ("write", "stale"),
+            ("write", "stale_sequence"),
+            ("write", "store_error"),
+            ("read", "stale"),
+            ("read", "store_error"),
+            ("preregister", "stale"),
+            ("preregister", "store_error"),
+        ] {
+            self.requests.with_label_values(&[group, kind, result]);
+        }
+        self.token_jumps.with_label_values(&[group]);
+    }
+
+    /// Creates the series whose label values are known up front at zero;
+    /// `store` is the fence store's name, whose `fence_store_up` reads 0
+    /// until the first ping answers.
+    pub fn init_known(&self, store: &str) {
+        for group in self.groups.known() {
+            self.init_group(&group);
+        }
+        self.fence_store_up.with_label_values(&[store]);
         for c in ["timeout", "error", "request_body"] {
             self.uncertain.with_label_values(&[c]);
         }

@@ -126,6 +126,7 @@ pub fn registry(role: &str, backend: &str) -> Registry {
     registry
         .register(Box::new(LOG_LINES_DROPPED.clone()))
         .expect("registered once per registry");
+    sql::SQL.init_known();
     for c in [&sql::SQL.abandoned, &sql::SQL.undos] {
         registry
             .register(Box::new(c.clone()))
@@ -173,6 +174,9 @@ pub(crate) fn register<T: prometheus::core::Collector + Clone + 'static>(
     metric
 }
 
+/// The group of keys beyond `metrics.max_groups` distinct ones.
+pub const OTHER: &str = "other";
+
 pub struct Groups {
     separator: String,
     max: usize,
@@ -197,8 +201,39 @@ impl Groups {
 
     /// The bounded label value for `key`.
     pub fn of(&self, key: &str) -> String {
+        self.classify(key).0
+    }
+
+    /// The groups known before any key is seen: `other` and every
+    /// `metrics.group_rules` group. Their series are created at zero on
+    /// start-up, so a sum over groups has a value (0) before the first event.
+    pub fn known(&self) -> Vec<String> {
+        let mut known = vec![OTHER.to_owned()];
+        for (_, group) in &self.rules {
+            if !known.contains(group) {
+                known.push(group.clone());
+            }
+        }
+        known
+    }
+
+    /// The label value for `key`; `init` runs with it first when the group
+    /// is new, to create its series at zero (see [`Groups::classify`]).
+    pub fn of_init(&self, key: &str, init: impl FnOnce(&str)) -> String {
+        let (group, new) = self.classify(key);
+        if new {
+            init(&group);
+        }
+        group
+    }
+
+    /// The label value for `key`, and whether this is the first time it
+    /// was handed out (the caller then creates the group's series at zero:
+    /// `increase()` cannot see a series' first sample, so a counter that
+    /// appears at 1 hides its first event).
+    pub fn classify(&self, key: &str) -> (String, bool) {
         if let Some((_, group)) = self.rules.iter().find(|(re, _)| re.is_match(key)) {
-            return group.clone();
+            return (group.clone(), false);
         }
         let group = key.split(self.separator.as_str()).next().unwrap_or(key);
         // Group names are user data too: bound their length and charset.
@@ -215,13 +250,13 @@ impl Groups {
             .collect();
         let mut seen = self.seen.lock().expect("groups poisoned");
         if seen.contains(&group) {
-            return group;
+            return (group, false);
         }
         if seen.len() < self.max {
             seen.insert(group.clone());
-            return group;
+            return (group, true);
         }
-        "other".to_owned()
+        (OTHER.to_owned(), false)
     }
 }
 
@@ -245,5 +280,19 @@ mod tests {
         assert_eq!(g.of("user:3"), "other");
         assert_eq!(g.of("account:2"), "account");
         assert_eq!(g.of("we ird\n"), "other");
+        assert_eq!(g.known(), ["other", "orders"]);
+    }
+
+    #[test]
+    fn a_group_is_new_once() {
+        let g = Groups::new(&MetricsSettings {
+            group_separator: ":".into(),
+            max_groups: 1,
+            group_rules: vec![],
+        });
+        assert_eq!(g.classify("account:1"), ("account".into(), true));
+        assert_eq!(g.classify("account:2"), ("account".into(), false));
+        // Past the limit: `other`, which is known from the start.
+        assert_eq!(g.classify("user:1"), ("other".into(), false));
     }
 }

@@ -21,7 +21,7 @@ pub struct MySqlMetrics {
 
 impl MySqlMetrics {
     pub fn new(registry: &Registry) -> MySqlMetrics {
-        MySqlMetrics {
+        let m = MySqlMetrics {
             bell_events: register(
                 registry,
                 IntCounterVec::new(
@@ -52,6 +52,13 @@ impl MySqlMetrics {
                 )
                 .expect("valid metric"),
             ),
+        };
+        for e in ["rung", "missed", "reconnected"] {
+            m.bell_events.with_label_values(&[e]);
         }
+        for r in ["woken", "abandoned", "no_connection", "failed"] {
+            m.watch_results.with_label_values(&[r]);
+        }
+        m
     }
 }

@@ -8,6 +8,13 @@ use prometheus::{
 
 use super::{register, render, Groups, BACKEND_BUCKETS, WAIT_BUCKETS};
 
+/// The `reason` values of `fencer_lost_leases_total`: the losses of
+/// `LostReason` in the sidecar's lease table (a test there keeps them equal).
+pub const LOST_REASONS: [&str; 3] = ["deadline", "backend", "failover"];
+
+/// The `result` values of `fencer_acquisitions_total`.
+const ACQUIRE_RESULTS: [&str; 3] = ["acquired", "timeout", "error"];
+
 /// The sidecar's series.
 pub struct Metrics {
     pub registry: Registry,
@@ -232,9 +239,37 @@ impl Metrics {
         render(&self.registry)
     }
 
+    /// The bounded group of `key`; a group seen for the first time gets
+    /// its series at zero first.
+    pub fn group(&self, key: &str) -> String {
+        self.groups.of_init(key, |g| self.init_group(g))
+    }
+
+    /// A group's series that panels and alerts sum or take `increase()` of.
+    fn init_group(&self, group: &str) {
+        for reason in LOST_REASONS {
+            self.lost_leases.with_label_values(&[group, reason]);
+        }
+        for result in ACQUIRE_RESULTS {
+            self.acquisitions.with_label_values(&[group, result]);
+        }
+        self.leases_held.with_label_values(&[group]);
+        self.waiters.with_label_values(&[group]);
+    }
+
     /// Creates the series whose label values are known up front at zero,
     /// so dashboards and alerts see "none yet" instead of "no data".
     pub fn init_known(&self, backend: &str) {
+        for group in self.groups.known() {
+            self.init_group(&group);
+        }
+        for r in ["ok", "stale", "error"] {
+            self.preregistrations.with_label_values(&[r]);
+        }
+        for r in ["delivered", "failed", "dropped"] {
+            self.webhook_deliveries.with_label_values(&[r]);
+        }
+        self.acquire_retries.with_label_values(&[backend]);
         for op in ["acquire", "renew", "renew_many", "release", "raise_floor"] {
             self.backend_errors.with_label_values(&[backend, op]);
         }

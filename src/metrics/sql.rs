@@ -38,3 +38,17 @@ pub static SQL: std::sync::LazyLock<SqlMetrics> = std::sync::LazyLock::new(|| {
     .expect("valid metric"),
 }
 });
+
+impl SqlMetrics {
+    /// Both databases' series at zero: the runners are process-wide, so
+    /// which of them a process will use is not known here, and a zero
+    /// series is true for the unused one.
+    pub fn init_known(&self) {
+        for db in ["postgres", "mysql"] {
+            self.abandoned.with_label_values(&[db]);
+            for outcome in ["released", "voided", "failed"] {
+                self.undos.with_label_values(&[db, outcome]);
+            }
+        }
+    }
+}

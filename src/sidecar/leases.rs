@@ -623,3 +623,27 @@ fn expire(rec: &mut LeaseRecord, now: Instant) -> Option<Lost> {
     }
     None
 }
+
+#[cfg(test)]
+mod tests {
+    use super::LostReason;
+
+    /// Every loss is counted from zero (`fencer_lost_leases_total` is
+    /// created for each reason at start-up). A new variant stops this match
+    /// compiling until it is sorted in.
+    #[test]
+    fn every_loss_reason_exists_at_zero() {
+        use LostReason::*;
+        for r in [Deadline, Backend, Failover, Released] {
+            let a_loss = match r {
+                Deadline | Backend | Failover => true,
+                Released => false,
+            };
+            assert_eq!(
+                crate::metrics::sidecar::LOST_REASONS.contains(&r.as_str()),
+                a_loss,
+                "{r:?}"
+            );
+        }
+    }
+}

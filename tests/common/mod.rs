@@ -6,6 +6,7 @@
 
 #![allow(dead_code)]
 
+pub mod dev;
 pub mod launcher;
 pub mod mariadb;
 pub mod postgres;

@@ -155,7 +155,7 @@ impl LockManager {
             req.ttl = req.ttl.min(cap);
         }
         let key = req.key.clone();
-        let group = self.metrics.groups.of(key.as_str());
+        let group = self.metrics.group(key.as_str());
         let mut attempts = Attempts {
             backend: self.backend.clone(),
             leases: self.leases.clone(),

@@ -157,7 +157,7 @@ impl LockManager {
 
     fn record_lost(&self, lost: impl IntoIterator<Item = Lost>) {
         for l in lost {
-            let group = self.metrics.groups.of(l.key.as_str());
+            let group = self.metrics.group(l.key.as_str());
             self.metrics
                 .lost_leases
                 .with_label_values(&[group.as_str(), l.reason.as_str()])
@@ -275,7 +275,7 @@ impl LockManager {
             std::collections::HashMap::new();
         for key in &held {
             *per_group
-                .entry(self.metrics.groups.of(key.as_str()))
+                .entry(self.metrics.group(key.as_str()))
                 .or_default() += 1;
         }
         // Groups that dropped to zero must read 0, not their last value.

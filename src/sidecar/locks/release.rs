@@ -137,7 +137,7 @@ pub(super) fn stop_holding(leases: &LeaseTable, metrics: &Metrics, key: &LockKey
 
 /// A held lease stops being held here: the held gauge and the hold time.
 fn count_end_of_hold(metrics: &Metrics, rec: &super::super::leases::LeaseRecord) {
-    let group = metrics.groups.of(rec.key.as_str());
+    let group = metrics.group(rec.key.as_str());
     metrics
         .leases_held
         .with_label_values(&[group.as_str()])

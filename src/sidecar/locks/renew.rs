@@ -167,7 +167,7 @@ impl LockManager {
                         Err(_) => Err(LockError::LeaseLost(key.clone())),
                     };
                 }
-                let group = self.metrics.groups.of(key.as_str());
+                let group = self.metrics.group(key.as_str());
                 let record = self.hold(
                     key,
                     &group,

@@ -14,6 +14,7 @@
 
 pub mod admin;
 pub mod bench;
+pub mod check_config;
 pub mod cli;
 pub mod demo;
 pub mod dev;

@@ -154,15 +154,22 @@ async fn lock_backend(s: &Settings) -> Row {
         let registry = prometheus::Registry::new();
         let backend = crate::sidecar::build_backend(s, wake, &registry).map_err(|e| e.to_string())?;
         let deadline = started + CHECK_TIMEOUT;
+        // Each attempt is cut short enough to leave room for another, so
+        // the row shows the backend's own error, not only a timeout.
+        let attempt = Duration::from_secs(2);
+        let mut last = None;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let err = match tokio::time::timeout(left, backend.ping()).await {
+            match tokio::time::timeout(left.min(attempt), backend.ping()).await {
                 Ok(Ok(())) => return Ok(format!("{name} answered")),
-                Ok(Err(e)) => e.to_string(),
-                Err(_) => format!("no answer within {CHECK_TIMEOUT:?}"),
-            };
+                Ok(Err(e)) => last = Some(e.to_string()),
+                Err(_) => {}
+            }
             if Instant::now() + Duration::from_millis(200) >= deadline {
-                return Err(err);
+                return Err(match last {
+                    Some(e) => e,
+                    None => format!("no answer within {CHECK_TIMEOUT:?}"),
+                });
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
@@ -255,7 +262,10 @@ async fn http_get(
         let req = hyper::Request::get(path)
             .body(crate::proxy::full(bytes::Bytes::new()))
             .map_err(|e| e.to_string())?;
-        let resp = fwd.forward(req).await.map_err(|e| e.to_string())?;
+        let resp = match fwd.forward(req).await {
+            Ok(r) => r,
+            Err(e) => return Err(explain_connect(base, e.to_string()).await),
+        };
         let status = resp.status();
         let Some((want, code)) = expect else {
             return Ok(format!("HTTP {}", status.as_u16()));
@@ -278,6 +288,21 @@ async fn http_get(
     })
     .await;
     row(check, target, started, result)
+}
+
+/// A failed request's error, with the reason a plain connect to the same
+/// address fails (the HTTP client says only "client error (Connect)").
+async fn explain_connect(base: &str, error: String) -> String {
+    let Some(addr) = url::Url::parse(base).ok().and_then(|u| {
+        Some(format!("{}:{}", u.host_str()?, u.port_or_known_default()?))
+    }) else {
+        return error;
+    };
+    match tokio::time::timeout(CHECK_TIMEOUT, tokio::net::TcpStream::connect(&addr)).await {
+        Ok(Err(e)) => format!("connect to {addr}: {e}"),
+        Err(_) => format!("connect to {addr}: no answer within {CHECK_TIMEOUT:?}"),
+        Ok(Ok(_)) => error,
+    }
 }
 
 /// The gateway's pre-registration endpoint: a `GET` (never a token, so

@@ -82,14 +82,23 @@ impl std::fmt::Display for UnknownField {
         } else {
             write!(f, " in [{}]", self.section)?;
         }
-        // Only a plain section can be set from the environment.
+        // Only a plain section can be set from the environment; an
+        // unknown section is named by the variables under it.
+        let var = self.variable(&self.field);
         let from_env = !self.section.contains('[')
-            && std::env::var_os(self.variable(&self.field)).is_some();
+            && std::env::vars_os().any(|(k, _)| {
+                k.to_str().is_some_and(|k| {
+                    k == var || (self.section.is_empty() && k.starts_with(&format!("{var}__")))
+                })
+            });
         if from_env {
-            write!(f, " (set by {})", self.variable(&self.field))?;
+            let suffix = if self.section.is_empty() { "__…" } else { "" };
+            write!(f, " (set by {var}{suffix})")?;
         }
         match self.nearest() {
-            Some(n) if from_env => write!(f, "; did you mean \"{n}\" ({})?", self.variable(n)),
+            Some(n) if from_env && !self.section.is_empty() => {
+                write!(f, "; did you mean \"{n}\" ({})?", self.variable(n))
+            }
             Some(n) => write!(f, "; did you mean \"{n}\"?"),
             None if self.known.is_empty() => Ok(()),
             None => write!(f, "; known fields: {}", self.known.join(", ")),

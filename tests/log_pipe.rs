@@ -310,7 +310,7 @@ fn check_config_into_a_closed_pipe_exits_quietly() {
     let mut lines = BufReader::new(child.stdout.take().unwrap());
     let mut first = String::new();
     lines.read_line(&mut first).unwrap();
-    assert_eq!(first, "configuration ok\n");
+    assert!(first.starts_with("# configuration ok"), "{first}");
     drop(lines);
     assert_quiet_exit(child);
 }

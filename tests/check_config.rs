@@ -126,11 +126,8 @@ fn an_unreadable_secret_or_ca_exits_2_with_every_failure() {
     if unsafe { libc::geteuid() } != 0 {
         let file = path_in(dir.path(), "ca.pem");
         std::fs::write(&file, "x").unwrap();
-        std::fs::set_permissions(
-            &file,
-            std::os::unix::fs::PermissionsExt::from_mode(0o000),
-        )
-        .unwrap();
+        std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o000))
+            .unwrap();
         let out = check(
             &format!("[backend]\nkind = \"redis\"\n[backend.redis]\nca_file = \"{file}\"\n"),
             &[],
@@ -162,9 +159,7 @@ fn a_bad_pem_ca_exits_2_and_a_real_one_passes() {
         ("mysql", "backend.mysql"),
     ] {
         for bad in [&junk, &fake] {
-            let toml = format!(
-                "[backend]\nkind = \"{kind}\"\n[{section}]\nca_file = \"{bad}\"\n"
-            );
+            let toml = format!("[backend]\nkind = \"{kind}\"\n[{section}]\nca_file = \"{bad}\"\n");
             let out = check(&toml, &[], &[]);
             assert_eq!(out.status.code(), Some(2), "{kind} {bad}: {}", stderr(&out));
             let err = stderr(&out);
@@ -197,10 +192,18 @@ fn a_bad_pem_ca_exits_2_and_a_real_one_passes() {
     };
     let out = check(&inject(&crt, key.to_str().unwrap()), &[], &[]);
     assert!(out.status.success(), "{}", stderr(&out));
-    assert!(stdout(&out).contains("for the inject role"), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("for the inject role"),
+        "{}",
+        stdout(&out)
+    );
     let out = check(&inject(&crt, &junk), &[], &[]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(stderr(&out).contains("inject.tls_key_file"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("inject.tls_key_file"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 /// The body of a `check-config` output: its TOML without the comments,
@@ -343,12 +346,7 @@ fn every_shipped_config_passes_with_its_files_in_place() {
             &signing
         };
         let out = check(&text, &[], files);
-        assert!(
-            out.status.success(),
-            "{}: {}",
-            path.display(),
-            stderr(&out)
-        );
+        assert!(out.status.success(), "{}: {}", path.display(), stderr(&out));
         let first = stdout(&out).lines().next().unwrap_or_default().to_owned();
         roles.push(first);
     }
@@ -368,6 +366,9 @@ async fn live_checks_pass_against_real_redis_and_postgres() {
     let redis = RedisServer::start(Persistence::Off);
     let upstream = Recorder::start().await;
     let pg = PgDb::shared();
+    // The sidecar's gateway: a real one, whose fence API must answer.
+    let gw = common::Fencer::gateway(&upstream.url(), &[]);
+    let gw_url = format!("http://127.0.0.1:{}", gw.api_port);
     let (redis_url, up, pg_url) = (redis.url(), upstream.url(), pg.url());
     let out = tokio::task::spawn_blocking(move || {
         let sidecar = fencer(
@@ -375,9 +376,30 @@ async fn live_checks_pass_against_real_redis_and_postgres() {
             &[
                 ("FENCER__BACKEND__KIND", "redis"),
                 ("FENCER__BACKEND__REDIS__URL", &redis_url),
-                ("FENCER__PROXY__UPSTREAM", &up),
+                ("FENCER__PROXY__UPSTREAM", &gw_url),
+                (
+                    "FENCER__SIDECAR__PREREGISTER_URL",
+                    &format!("{gw_url}/_fencer/v1/fences/"),
+                ),
             ],
         );
+        // Something answers there, but not a gateway's fence API.
+        let not_a_gateway = fencer(
+            &["check-config", "--live"],
+            &[
+                ("FENCER__BACKEND__KIND", "memory"),
+                ("FENCER__PROXY__UPSTREAM", &up),
+                (
+                    "FENCER__SIDECAR__PREREGISTER_URL",
+                    &format!("{up}/_fencer/v1/fences/"),
+                ),
+            ],
+        );
+        let table = stdout(&not_a_gateway);
+        assert_eq!(not_a_gateway.status.code(), Some(1), "{table}");
+        let failed: Vec<&str> = table.lines().filter(|l| l.contains("FAIL")).collect();
+        assert_eq!(failed.len(), 1, "{table}");
+        assert!(failed[0].contains("not a fencer gateway"), "{table}");
         let gateway = fencer(
             &["check-config", "--live", "--role", "gateway"],
             &[
@@ -394,17 +416,31 @@ async fn live_checks_pass_against_real_redis_and_postgres() {
     .unwrap();
     let (sidecar, gateway) = out;
     let table = stdout(&sidecar);
-    assert_eq!(sidecar.status.code(), Some(0), "{table}{}", stderr(&sidecar));
+    assert_eq!(
+        sidecar.status.code(),
+        Some(0),
+        "{table}{}",
+        stderr(&sidecar)
+    );
     assert!(table.starts_with("CHECK"), "{table}");
     assert!(
         table.contains("lock backend") && table.contains(&format!("127.0.0.1:{}", redis.port)),
         "{table}"
     );
     assert!(table.contains("proxy upstream"), "{table}");
+    assert!(table.contains("405 method_not_allowed"), "{table}");
     assert!(!table.contains("FAIL"), "{table}");
     let table = stdout(&gateway);
-    assert_eq!(gateway.status.code(), Some(0), "{table}{}", stderr(&gateway));
-    assert!(table.contains("fence store") && table.contains("gateway upstream"), "{table}");
+    assert_eq!(
+        gateway.status.code(),
+        Some(0),
+        "{table}{}",
+        stderr(&gateway)
+    );
+    assert!(
+        table.contains("fence store") && table.contains("gateway upstream"),
+        "{table}"
+    );
     assert!(!table.contains("FAIL"), "{table}");
 }
 
@@ -434,5 +470,9 @@ fn live_checks_against_a_closed_port_fail_naming_the_address() {
     for line in failed {
         assert!(line.contains(&format!("127.0.0.1:{closed}")), "{line}");
     }
-    assert!(stderr(&out).contains("3 of 3 live checks failed"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("3 of 3 live checks failed"),
+        "{}",
+        stderr(&out)
+    );
 }

@@ -39,7 +39,12 @@ fn shipped_example_configs_are_valid() {
             // secret_file points at a mounted path, not here: `--no-files`
             // (tests/check_config.rs checks them with their files in place).
             let out = fencer(
-                &["--config", path.to_str().unwrap(), "check-config", "--no-files"],
+                &[
+                    "--config",
+                    path.to_str().unwrap(),
+                    "check-config",
+                    "--no-files",
+                ],
                 &[],
             );
             assert!(out.status.success(), "{}: {}", path.display(), stderr(&out));
@@ -664,7 +669,12 @@ fn inject_settings_are_checked_and_name_the_field() {
     std::fs::write(&path, "[inject]\nimage = \"fencer@sha256:00\"\n").unwrap();
     // Its certificate files are not here (tests/check_config.rs has them).
     let ok = fencer(
-        &["--config", path.to_str().unwrap(), "check-config", "--no-files"],
+        &[
+            "--config",
+            path.to_str().unwrap(),
+            "check-config",
+            "--no-files",
+        ],
         &[],
     );
     assert!(ok.status.success(), "{}", stderr(&ok));

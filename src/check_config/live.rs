@@ -109,7 +109,12 @@ pub fn table(rows: &[Row]) -> String {
     out
 }
 
-fn row(check: &'static str, target: String, started: Instant, result: Result<String, String>) -> Row {
+fn row(
+    check: &'static str,
+    target: String,
+    started: Instant,
+    result: Result<String, String>,
+) -> Row {
     let ms = started.elapsed().as_millis();
     let (ok, detail) = match result {
         Ok(d) => (true, format!("{d} ({ms} ms)")),
@@ -126,11 +131,20 @@ fn row(check: &'static str, target: String, started: Instant, result: Result<Str
 /// Where the sidecar's backend is, as an operator would name it.
 fn backend_target(s: &Settings) -> String {
     let b = &s.backend;
-    let join = |v: &[String]| v.iter().map(|u| redact_url(u)).collect::<Vec<_>>().join(",");
+    let join = |v: &[String]| {
+        v.iter()
+            .map(|u| redact_url(u))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
     match b.kind {
         Some(BackendKind::Redis) => match b.redis.mode {
             RedisMode::Single => redact_url(&b.redis.url),
-            RedisMode::Sentinel => format!("sentinel {} at {}", b.redis.master_name, b.redis.sentinels.join(",")),
+            RedisMode::Sentinel => format!(
+                "sentinel {} at {}",
+                b.redis.master_name,
+                b.redis.sentinels.join(",")
+            ),
             RedisMode::Cluster => join(&b.redis.nodes),
         },
         Some(BackendKind::RedLock) => join(&b.redlock.urls),
@@ -152,7 +166,8 @@ async fn lock_backend(s: &Settings) -> Row {
     let result = async {
         let wake = Arc::new(crate::sidecar::waiters::WaitQueues::new(1));
         let registry = prometheus::Registry::new();
-        let backend = crate::sidecar::build_backend(s, wake, &registry).map_err(|e| e.to_string())?;
+        let backend =
+            crate::sidecar::build_backend(s, wake, &registry).map_err(|e| e.to_string())?;
         let deadline = started + CHECK_TIMEOUT;
         // Each attempt is cut short enough to leave room for another, so
         // the row shows the backend's own error, not only a timeout.
@@ -184,8 +199,14 @@ async fn fence_store(s: &Settings) -> Row {
     let started = Instant::now();
     let g = &s.gateway;
     let (target, result) = match g.fence_store {
-        None => ("-".to_owned(), Err("gateway.fence_store is not set".to_owned())),
-        Some(FenceStoreKind::Memory) => ("in-process".to_owned(), Ok("memory: nothing to reach".to_owned())),
+        None => (
+            "-".to_owned(),
+            Err("gateway.fence_store is not set".to_owned()),
+        ),
+        Some(FenceStoreKind::Memory) => (
+            "in-process".to_owned(),
+            Ok("memory: nothing to reach".to_owned()),
+        ),
         Some(FenceStoreKind::Postgres) => {
             let options = crate::gateway::fence_store::postgres::PgFenceOptions {
                 url: &g.postgres_url,
@@ -293,9 +314,10 @@ async fn http_get(
 /// A failed request's error, with the reason a plain connect to the same
 /// address fails (the HTTP client says only "client error (Connect)").
 async fn explain_connect(base: &str, error: String) -> String {
-    let Some(addr) = url::Url::parse(base).ok().and_then(|u| {
-        Some(format!("{}:{}", u.host_str()?, u.port_or_known_default()?))
-    }) else {
+    let Some(addr) = url::Url::parse(base)
+        .ok()
+        .and_then(|u| Some(format!("{}:{}", u.host_str()?, u.port_or_known_default()?)))
+    else {
         return error;
     };
     match tokio::time::timeout(CHECK_TIMEOUT, tokio::net::TcpStream::connect(&addr)).await {
@@ -316,7 +338,13 @@ async fn fence_api(url: &str) -> Row {
         ),
         None => (url.to_owned(), "/".to_owned()),
     };
-    http_get("gateway fence API", &base, &path, Some((405, "method_not_allowed"))).await
+    http_get(
+        "gateway fence API",
+        &base,
+        &path,
+        Some((405, "method_not_allowed")),
+    )
+    .await
 }
 
 #[cfg(test)]

@@ -126,7 +126,10 @@ fn live(settings: &Settings, role: Role) -> ExitCode {
     // Backends keep reconnecting in the background; do not wait for them.
     runtime.shutdown_timeout(std::time::Duration::from_millis(200));
     if rows.is_empty() {
-        outln!("the {} role connects to nothing: no live checks", role.name());
+        outln!(
+            "the {} role connects to nothing: no live checks",
+            role.name()
+        );
         return ExitCode::SUCCESS;
     }
     outln!("{}", live::table(&rows));

@@ -154,7 +154,9 @@ impl<'a> View<'a> {
 
 /// `FENCER__A__B_C` variables by the dotted setting they set (`a.b_c`),
 /// the way the loader maps them.
-pub(crate) fn env_settings(vars: impl Iterator<Item = (String, String)>) -> BTreeMap<String, String> {
+pub(crate) fn env_settings(
+    vars: impl Iterator<Item = (String, String)>,
+) -> BTreeMap<String, String> {
     vars.filter_map(|(k, _)| {
         let rest = k.strip_prefix("FENCER__")?;
         Some((rest.to_lowercase().replace("__", "."), k))

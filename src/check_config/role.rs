@@ -54,7 +54,10 @@ impl Role {
         } else if settings.gateway.fence_store.is_some() {
             Some((Role::Gateway, "gateway.fence_store is set"))
         } else if named("gateway") && !named("sidecar") && !named("proxy") && !named("backend") {
-            Some((Role::Gateway, "[gateway] without [sidecar], [proxy] or [backend]"))
+            Some((
+                Role::Gateway,
+                "[gateway] without [sidecar], [proxy] or [backend]",
+            ))
         } else if named("inject") {
             Some((Role::Inject, "[inject] is set"))
         } else if named("storage") {
@@ -137,7 +140,8 @@ fn sidecar(settings: &Settings, read_files: bool, f: &mut Findings) {
         let dir = &settings.sidecar.state_dir;
         if !dir.is_empty() && read_files {
             // The proxy writes its sequence reservation there at start.
-            let ok = std::fs::metadata(dir).is_ok_and(|m| m.is_dir() && !m.permissions().readonly());
+            let ok =
+                std::fs::metadata(dir).is_ok_and(|m| m.is_dir() && !m.permissions().readonly());
             if !ok {
                 f.check::<()>(Err(invalid(
                     "sidecar.state_dir",

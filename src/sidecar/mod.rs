@@ -51,23 +51,19 @@ pub fn build_backend(
     let delay = Duration::from_millis(settings.sidecar.lock_delay_ms);
     Ok(match backend_kind(settings)? {
         BackendKind::Memory => Arc::new(MemoryBackend::new(delay, wake)),
-        BackendKind::Redis => {
-            Arc::new(RedisBackend::new(
-                &settings.backend.redis,
-                delay,
-                wake,
-                registry,
-            )?)
-        }
+        BackendKind::Redis => Arc::new(RedisBackend::new(
+            &settings.backend.redis,
+            delay,
+            wake,
+            registry,
+        )?),
         BackendKind::RedLock => Arc::new(RedLockBackend::new(
             &settings.backend.redlock,
             delay,
             wake,
             registry,
         )?),
-        BackendKind::Postgres => {
-            Arc::new(PgBackend::new(&settings.backend.postgres, delay, wake)?)
-        }
+        BackendKind::Postgres => Arc::new(PgBackend::new(&settings.backend.postgres, delay, wake)?),
         BackendKind::MySql => Arc::new(MySqlBackend::new(
             &settings.backend.mysql,
             delay,

@@ -328,6 +328,7 @@ fn every_shipped_config_passes_with_its_files_in_place() {
         ("FENCER__INJECT__TLS_KEY_FILE", key.to_str().unwrap()),
     ];
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+    let secret_line = regex::Regex::new(r#"(?m)^secret_file = ".*"$"#).unwrap();
     let mut roles = Vec::new();
     for entry in std::fs::read_dir(&root).unwrap() {
         let path = entry.unwrap().path();
@@ -336,8 +337,7 @@ fn every_shipped_config_passes_with_its_files_in_place() {
         }
         let text = std::fs::read_to_string(&path).unwrap();
         // A gateway's keys name their files: point each at the secret.
-        let text = regex::Regex::new(r#"(?m)^secret_file = ".*"$"#)
-            .unwrap()
+        let text = secret_line
             .replace_all(&text, format!("secret_file = \"{secret}\""))
             .into_owned();
         let files: &[(&str, &str)] = if text.contains("[inject]") {

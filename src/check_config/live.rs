@@ -195,7 +195,6 @@ async fn lock_backend(s: &Settings) -> Row {
 
 /// The gateway's fence store, connected as the gateway connects it.
 async fn fence_store(s: &Settings) -> Row {
-    use crate::gateway::fence_store::FenceStore;
     let started = Instant::now();
     let g = &s.gateway;
     let (target, result) = match g.fence_store {
@@ -216,13 +215,10 @@ async fn fence_store(s: &Settings) -> Row {
                 startup: CHECK_TIMEOUT,
             };
             let connect = crate::gateway::fence_store::postgres::PgFences::connect(&options);
-            let r = bounded(async {
-                let store = connect.await.map_err(|e| e.to_string())?;
-                store.ping().await.map_err(|e| e.to_string())?;
-                Ok("postgres answered".to_owned())
-            })
-            .await;
-            (redact_url(&g.postgres_url), r)
+            (
+                redact_url(&g.postgres_url),
+                ping_store("postgres", connect).await,
+            )
         }
         Some(FenceStoreKind::Mysql) => {
             let options = crate::gateway::fence_store::mysql::MyFenceOptions {
@@ -233,16 +229,25 @@ async fn fence_store(s: &Settings) -> Row {
                 startup: CHECK_TIMEOUT,
             };
             let connect = crate::gateway::fence_store::mysql::MyFences::connect(&options);
-            let r = bounded(async {
-                let store = connect.await.map_err(|e| e.to_string())?;
-                store.ping().await.map_err(|e| e.to_string())?;
-                Ok("mysql answered".to_owned())
-            })
-            .await;
-            (redact_url(&g.mysql_url), r)
+            (redact_url(&g.mysql_url), ping_store("mysql", connect).await)
         }
     };
     row("fence store", target, started, result)
+}
+
+/// A fence store's connect (the gateway's start-up retries, cut at
+/// [`CHECK_TIMEOUT`]) and then its readiness ping.
+async fn ping_store<S, C>(name: &str, connect: C) -> Result<String, String>
+where
+    S: crate::gateway::fence_store::FenceStore,
+    C: std::future::Future<Output = Result<S, crate::gateway::fence_store::FenceError>>,
+{
+    bounded(async {
+        let store = connect.await.map_err(|e| e.to_string())?;
+        store.ping().await.map_err(|e| e.to_string())?;
+        Ok(format!("{name} answered"))
+    })
+    .await
 }
 
 /// The demo storage's PostgreSQL.

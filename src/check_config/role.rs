@@ -124,19 +124,33 @@ fn invalid(field: &'static str, message: impl Into<String>) -> ConfigError {
     }
 }
 
+/// An upstream URL as the proxy's and the gateway's forwarder takes it.
+fn upstream(
+    field: &'static str,
+    url: &str,
+    connect_ms: u64,
+    timeout_ms: u64,
+) -> Result<(), ConfigError> {
+    crate::proxy::forward::Forwarder::new(
+        url,
+        Duration::from_millis(connect_ms),
+        Duration::from_millis(timeout_ms),
+    )
+    .map(|_| ())
+    .map_err(|e| invalid(field, e.to_string()))
+}
+
 fn sidecar(settings: &Settings, read_files: bool, f: &mut Findings) {
     f.check(crate::sidecar::backend_kind(settings).map_err(config));
     f.check(settings.validate_sidecar());
     let p = &settings.proxy;
     if p.enabled {
-        f.check(
-            crate::proxy::forward::Forwarder::new(
-                &p.upstream,
-                Duration::from_millis(p.connect_timeout_ms),
-                Duration::from_millis(p.upstream_timeout_ms),
-            )
-            .map_err(|e| invalid("proxy.upstream", e.to_string())),
-        );
+        f.check(upstream(
+            "proxy.upstream",
+            &p.upstream,
+            p.connect_timeout_ms,
+            p.upstream_timeout_ms,
+        ));
         let dir = &settings.sidecar.state_dir;
         if !dir.is_empty() && read_files {
             // The proxy writes its sequence reservation there at start.
@@ -179,14 +193,12 @@ fn sidecar(settings: &Settings, read_files: bool, f: &mut Findings) {
 fn gateway(settings: &Settings, read_files: bool, f: &mut Findings) {
     let g = &settings.gateway;
     f.check(crate::gateway::fence_store_kind(settings).map_err(config));
-    f.check(
-        crate::proxy::forward::Forwarder::new(
-            &g.upstream,
-            Duration::from_millis(g.connect_timeout_ms),
-            Duration::from_millis(g.upstream_timeout_ms),
-        )
-        .map_err(|e| invalid("gateway.upstream", e.to_string())),
-    );
+    f.check(upstream(
+        "gateway.upstream",
+        &g.upstream,
+        g.connect_timeout_ms,
+        g.upstream_timeout_ms,
+    ));
     if read_files {
         // Every accepted key's secret, read and length-checked as the
         // gateway reads it.

@@ -389,7 +389,8 @@ def binary_knows_inject(binary):
     with tempfile.TemporaryDirectory() as tmp:
         cfg = pathlib.Path(tmp, "fencer.toml")
         cfg.write_text('[inject]\nlisten = "0.0.0.0:8443"\n')
-        return subprocess.run([binary, "--config", str(cfg), "check-config"], capture_output=True).returncode == 0
+        args = check_manifests.check_config_args(binary)
+        return subprocess.run([binary, "--config", str(cfg), *args], capture_output=True).returncode == 0
 
 
 def main():

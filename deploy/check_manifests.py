@@ -39,6 +39,7 @@ usage: check_manifests.py RENDERED.yaml FENCER_BINARY [production|trial]
        check_manifests.py --compose docker-compose.yaml FENCER_BINARY
 """
 import base64
+import functools
 import json
 import os
 import pathlib
@@ -216,6 +217,15 @@ def secret_data(secret):
     return out
 
 
+@functools.cache
+def check_config_args(binary):
+    """`check-config` plus `--no-files` where the binary has it: the
+    secret and certificate files a manifest names are mounted in the
+    cluster, not here (a binary from before the flag did not read them)."""
+    out = subprocess.run([binary, "check-config", "--help"], capture_output=True, text=True)
+    return ["check-config"] + (["--no-files"] if "--no-files" in out.stdout else [])
+
+
 def run_check_config(where, binary, env, text=None):
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [binary]
@@ -223,7 +233,7 @@ def run_check_config(where, binary, env, text=None):
             cfg = pathlib.Path(tmp, "fencer.toml")
             cfg.write_text(text)
             cmd += ["--config", str(cfg)]
-        cmd += ["check-config"]
+        cmd += check_config_args(binary)
         run_env = {k: v for k, v in os.environ.items() if not k.startswith("FENCER")}
         run_env.update(env)
         out = subprocess.run(cmd, env=run_env, capture_output=True, text=True)

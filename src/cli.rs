@@ -59,8 +59,10 @@ pub enum Command {
     /// One hot-account worker process (for fault tests that pause it).
     #[command(hide = true)]
     HotAccountWorker(crate::hotaccount::WorkerArgs),
-    /// Validate the configuration and print the effective settings.
-    CheckConfig,
+    /// Check the configuration for a role (its rules and the files it
+    /// reads) and print the effective settings as TOML; `--live` connects
+    /// to what the role uses.
+    CheckConfig(crate::check_config::CheckArgs),
     /// Live terminal view of a running sidecar or gateway.
     Top(crate::top::TopArgs),
     /// Drive a running sidecar's lock API and report throughput and latency.

@@ -23,6 +23,7 @@ pub const VERSION: &str = concat!(
 
 pub mod admin;
 pub mod bench;
+pub mod check_config;
 pub mod cli;
 pub mod demo;
 pub mod dev;

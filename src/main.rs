@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use fencer::cli::{Cli, Command};
 use fencer::settings::Settings;
 use fencer::start::StartError;
-use fencer::{dev, errln, gateway, outln, sidecar, storage, telemetry};
+use fencer::{dev, errln, gateway, sidecar, storage, telemetry};
 
 /// mimalloc: the lock API's hot path is many small, short-lived allocations
 /// (request parsing, keys, JSON); glibc malloc spent ~17% of the sidecar's
@@ -43,24 +43,8 @@ fn run() -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
-    if let Command::CheckConfig = cli.command {
-        // A file that names a lock backend is a sidecar's.
-        if settings.backend.kind.is_some() {
-            if let Err(e) = settings.validate_sidecar() {
-                errln!("fencer: configuration error: {e}");
-                return ExitCode::from(EXIT_CONFIG);
-            }
-            for w in settings.sidecar_warnings() {
-                errln!("fencer: warning: {w}");
-            }
-        }
-        // A reader that has gone (`check-config | head -1`) has what it
-        // wanted: stop printing, still exit 0.
-        if outln!("configuration ok") {
-            // Passwords in URLs are replaced: this output lands in CI logs.
-            outln!("{:#?}", settings.redacted());
-        }
-        return ExitCode::SUCCESS;
+    if let Command::CheckConfig(args) = &cli.command {
+        return fencer::check_config::run(&settings, cli.config.as_deref(), args);
     }
     let mut log = settings.log.clone();
     if matches!(
@@ -137,7 +121,7 @@ fn run() -> ExitCode {
                     }
                 };
             }
-            Command::CheckConfig => unreachable!("handled above"),
+            Command::CheckConfig(_) => unreachable!("handled above"),
         };
         match result {
             Ok(()) => ExitCode::SUCCESS,

@@ -22,6 +22,9 @@ fn check_file(contents: &str, env: &[(&str, &str)]) -> Output {
     fencer(&["--config", path.to_str().unwrap(), "check-config"], env)
 }
 
+/// A signing secret of the minimum length, for a gateway's checks.
+const SECRET: &str = "0123456789abcdef0123456789abcdef";
+
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
@@ -33,8 +36,17 @@ fn shipped_example_configs_are_valid() {
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
         if path.extension().is_some_and(|e| e == "toml") {
-            // secret_file points at a mounted path; the check reads it only at run time.
-            let out = fencer(&["--config", path.to_str().unwrap(), "check-config"], &[]);
+            // secret_file points at a mounted path, not here: `--no-files`
+            // (tests/check_config.rs checks them with their files in place).
+            let out = fencer(
+                &[
+                    "--config",
+                    path.to_str().unwrap(),
+                    "check-config",
+                    "--no-files",
+                ],
+                &[],
+            );
             assert!(out.status.success(), "{}: {}", path.display(), stderr(&out));
             n += 1;
         }
@@ -90,9 +102,12 @@ fn environment_overrides_file_which_overrides_defaults() {
     );
     assert!(out.status.success(), "{}", stderr(&out));
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("default_ttl_ms: 7000"), "{text}");
-    assert!(text.contains("default_wait_ms: 10"), "{text}");
-    assert!(text.contains("max_waiters: 10000"), "{text}");
+    assert!(
+        text.contains("default_ttl_ms = 7000  # FENCER__SIDECAR__DEFAULT_TTL_MS\n"),
+        "{text}"
+    );
+    assert!(text.contains("default_wait_ms = 10\n"), "{text}");
+    assert!(text.contains("max_waiters = 10000\n"), "{text}");
 }
 
 #[test]
@@ -190,8 +205,8 @@ fn a_proxy_timeout_below_the_gateways_budget_is_refused() {
     );
     // A gateway's file (no lock backend) is not held to the sidecar's rule.
     let gw = check_file(
-        "[gateway]\nserialize_timeout_ms = 30000\nfence_store = \"memory\"\n",
-        &[],
+        "[gateway]\nserialize_timeout_ms = 30000\nfence_store = \"memory\"\n[signing]\nsecret_env = \"S\"\n",
+        &[("S", SECRET)],
     );
     assert!(gw.status.success(), "{}", stderr(&gw));
     let ok = check_file(
@@ -534,6 +549,9 @@ fn gateway_mysql_settings_are_checked_and_redacted() {
             "FENCER__GATEWAY__MYSQL_URL",
             "mysql://fencer:s3cret-pw@db-0.example:3306/fencer",
         ),
+        // A gateway needs its key (check-config checks it as the start does).
+        ("FENCER__SIGNING__SECRET_ENV", "S"),
+        ("S", SECRET),
     ];
     let out = fencer(&["check-config"], &base);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -584,6 +602,8 @@ fn gateway_mysql_settings_are_checked_and_redacted() {
             ("FENCER__GATEWAY__FENCE_STORE", "postgres"),
             ("FENCER__GATEWAY__POSTGRES_URL", "postgres://f@db/f"),
             ("FENCER__GATEWAY__POSTGRES_REQUEST_TIMEOUT_MS", "3000"),
+            ("FENCER__SIGNING__SECRET_ENV", "S"),
+            ("S", SECRET),
         ],
     );
     assert!(out.status.success(), "{}", stderr(&out));
@@ -644,7 +664,19 @@ fn mysql_backend_settings_are_checked_and_redacted() {
 
 #[test]
 fn inject_settings_are_checked_and_name_the_field() {
-    let ok = check_file("[inject]\nimage = \"fencer@sha256:00\"\n", &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fencer.toml");
+    std::fs::write(&path, "[inject]\nimage = \"fencer@sha256:00\"\n").unwrap();
+    // Its certificate files are not here (tests/check_config.rs has them).
+    let ok = fencer(
+        &[
+            "--config",
+            path.to_str().unwrap(),
+            "check-config",
+            "--no-files",
+        ],
+        &[],
+    );
     assert!(ok.status.success(), "{}", stderr(&ok));
     for (toml, field) in [
         ("[inject]\nimage = \"\"\n", "inject.image"),

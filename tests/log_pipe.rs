@@ -274,7 +274,8 @@ async fn gateway_obeys_sigterm_when_the_log_reader_has_gone() {
 fn check_config(stdout: Stdio) -> Child {
     let config = concat!(env!("CARGO_MANIFEST_DIR"), "/config/sidecar.toml");
     Command::new(fencer_bin())
-        .args(["--config", config, "check-config"])
+        // The example's secret file is mounted in a pod, not here.
+        .args(["--config", config, "check-config", "--no-files"])
         .env_remove("RUST_LOG")
         .stdin(Stdio::null())
         .stdout(stdout)
@@ -309,7 +310,7 @@ fn check_config_into_a_closed_pipe_exits_quietly() {
     let mut lines = BufReader::new(child.stdout.take().unwrap());
     let mut first = String::new();
     lines.read_line(&mut first).unwrap();
-    assert_eq!(first, "configuration ok\n");
+    assert!(first.starts_with("# configuration ok"), "{first}");
     drop(lines);
     assert_quiet_exit(child);
 }

@@ -44,6 +44,17 @@ fn config_err(field: &'static str, message: impl std::fmt::Display) -> StartErro
     StartError::config(field, message)
 }
 
+/// The configured fence store. None is a configuration error, not the
+/// memory store: marks lost on restart must be chosen.
+pub fn fence_store_kind(settings: &Settings) -> Result<FenceStoreKind, StartError> {
+    settings.gateway.fence_store.ok_or_else(|| {
+        config_err(
+            "gateway.fence_store",
+            "required: `postgres` or `mysql` (durable, shared by replicas) or `memory` (development only: marks are lost on restart)",
+        )
+    })
+}
+
 /// Builds the gateway (connects the fence store, creating what is missing
 /// of its schema).
 pub async fn build(
@@ -55,19 +66,13 @@ pub async fn build(
     let groups = Arc::new(Groups::new(&settings.metrics));
     let metrics = Arc::new(GatewayMetrics::new(registry, groups));
     let kind = if crate::mutants::active("marks_in_memory") {
-        Some(FenceStoreKind::Memory)
+        FenceStoreKind::Memory
     } else {
-        g.fence_store
+        fence_store_kind(settings)?
     };
     let store: Arc<dyn FenceStore> = match kind {
-        None => {
-            return Err(config_err(
-                "gateway.fence_store",
-                "required: `postgres` or `mysql` (durable, shared by replicas) or `memory` (development only: marks are lost on restart)",
-            ))
-        }
-        Some(FenceStoreKind::Memory) => Arc::new(MemoryFences::default()),
-        Some(FenceStoreKind::Postgres) => Arc::new(
+        FenceStoreKind::Memory => Arc::new(MemoryFences::default()),
+        FenceStoreKind::Postgres => Arc::new(
             PgFences::connect(&PgFenceOptions {
                 url: &g.postgres_url,
                 ca_file: g.postgres_ca_file.as_deref(),
@@ -79,7 +84,7 @@ pub async fn build(
             .map_err(|e| StartError::Store(e.to_string()))?
             .with_metrics(metrics.remote_waits.clone()),
         ),
-        Some(FenceStoreKind::Mysql) => Arc::new(
+        FenceStoreKind::Mysql => Arc::new(
             MyFences::connect(&MyFenceOptions {
                 url: &g.mysql_url,
                 ca_file: g.mysql_ca_file.as_deref(),

@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::settings::check::{
     check_http_url, check_key_id, check_methods, check_range, config_enum, invalid, ConfigError,
@@ -19,7 +19,7 @@ pub enum FenceStoreKind {
 config_enum!(FenceStoreKind { Memory => "memory", Postgres => "postgres", Mysql => "mysql" });
 
 /// One accepted signing key of the gateway (several during a rotation).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct VerifyKey {
     pub key_id: String,
@@ -32,7 +32,7 @@ pub struct VerifyKey {
     pub key_prefixes: Vec<String>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct GatewaySettings {
     pub listen: SocketAddr,

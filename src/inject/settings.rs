@@ -7,11 +7,11 @@
 
 use std::net::SocketAddr;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::settings::check::{check_range, invalid, ConfigError};
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct InjectSettings {
     /// HTTPS listener for AdmissionReview requests (`/mutate`).

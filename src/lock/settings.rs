@@ -1,6 +1,6 @@
 //! Which lock backend a sidecar uses, and each backend's own section.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 pub use super::mysql::settings::MySqlSettings;
 pub use super::postgres::settings::PostgresSettings;
@@ -24,7 +24,7 @@ pub enum BackendKind {
 }
 config_enum!(BackendKind { Memory => "memory", Redis => "redis", RedLock => "redlock", Postgres => "postgres", ZooKeeper => "zookeeper", MySql => "mysql" });
 
-#[derive(Debug, Clone, Deserialize, Default)]
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
 #[serde(default, deny_unknown_fields)]
 pub struct BackendSettings {
     /// Required for `fencer sidecar`: `memory` must be chosen explicitly,

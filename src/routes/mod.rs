@@ -21,11 +21,11 @@
 pub mod path;
 mod var_chars;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 pub use var_chars::VarChars;
 
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct RouteSpec {
     /// Path pattern; `{name}` matches one path segment.

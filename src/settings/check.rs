@@ -63,7 +63,9 @@ pub(crate) fn read_secret(
     if let Some(path) = file {
         let data = std::fs::read(path)
             .map_err(|e| invalid(fields.0, format!("cannot read {path}: {e}")))?;
-        return check_secret(fields.0, data.trim_ascii().to_vec()).map(Some);
+        return check_secret(fields.0, data.trim_ascii().to_vec())
+            .map(Some)
+            .map_err(|e| in_file(e, path));
     }
     if let Some(var) = env {
         let value = std::env::var(var)
@@ -73,6 +75,15 @@ pub(crate) fn read_secret(
         return check_secret(fields.1, value.trim_ascii().as_bytes().to_vec()).map(Some);
     }
     Ok(None)
+}
+
+/// `e` with the file it concerns named first: "the secret is too short"
+/// alone does not say which of several mounted secrets to fix.
+fn in_file(e: ConfigError, path: &str) -> ConfigError {
+    match e {
+        ConfigError::Invalid { field, message } => invalid(field, format!("{path}: {message}")),
+        other => other,
+    }
 }
 
 pub(crate) fn check_range(
@@ -138,7 +149,7 @@ pub(crate) fn check_secret(field: &'static str, secret: Vec<u8>) -> Result<Vec<u
 }
 
 /// Implements `TryFrom<String>` for a config enum so that an unknown value
-/// is reported with the list of allowed ones.
+/// is reported with the list of allowed ones, and `Serialize` as that name.
 macro_rules! config_enum {
     ($ty:ident { $($variant:ident => $name:literal),+ $(,)? }) => {
         impl TryFrom<String> for $ty {
@@ -156,6 +167,13 @@ macro_rules! config_enum {
         impl $ty {
             pub fn as_str(self) -> &'static str {
                 match self { $($ty::$variant => $name,)+ }
+            }
+        }
+        /// Written as the name a configuration file uses, so printed
+        /// settings load back (`fencer check-config`).
+        impl serde::Serialize for $ty {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.as_str())
             }
         }
     };

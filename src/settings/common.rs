@@ -3,12 +3,12 @@
 
 use std::net::SocketAddr;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::check::config_enum;
 use super::check::{check_key_id, invalid, ConfigError};
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AdminSettings {
     /// `/healthz`, `/readyz`, `/metrics`.
@@ -27,7 +27,7 @@ impl Default for AdminSettings {
 /// listener of the process (lock API, proxy, gateway, admin, storage,
 /// injector). Without these bounds a client that connects and sends
 /// nothing — or only the h2 preface — holds a descriptor forever.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HttpSettings {
     /// From accept to the connection's first byte (TLS: its first
@@ -71,7 +71,7 @@ impl HttpSettings {
 
 /// Where the HMAC secret that signs fencing tokens comes from. Never inline:
 /// a committed config file must not carry a secret.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SigningSettings {
     pub key_id: String,
@@ -98,7 +98,7 @@ pub enum LogFormat {
 config_enum!(LogFormat { Text => "text", Json => "json" });
 
 /// The async runtime.
-#[derive(Debug, Clone, Deserialize, Default)]
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
 #[serde(default, deny_unknown_fields)]
 pub struct RuntimeSettings {
     /// Worker threads; 0 = the role's default: one for `sidecar` (a sidecar
@@ -114,7 +114,7 @@ impl RuntimeSettings {
     pub const MAX_WORKER_THREADS: usize = 256;
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LogSettings {
     /// A `tracing` filter (`info`, `fencer=debug,warn`); `RUST_LOG` wins.
@@ -131,7 +131,7 @@ impl Default for LogSettings {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct MetricsSettings {
     /// Lock keys become a bounded `group` label: the group of the first
@@ -144,7 +144,7 @@ pub struct MetricsSettings {
 }
 
 /// `{ pattern = "^tenant-[0-9]+/orders/", group = "orders" }`
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GroupRule {
     pub pattern: String,

@@ -9,10 +9,11 @@
 
 use std::path::Path;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 pub mod check;
 pub mod common;
+mod suggest;
 
 pub use crate::gateway::settings::{FenceStoreKind, GatewayKey, GatewaySettings, VerifyKey};
 pub use crate::inject::settings::InjectSettings;
@@ -32,7 +33,7 @@ pub use common::{
 /// Hard bounds shared by config validation and request validation.
 pub mod limits;
 
-#[derive(Debug, Clone, Deserialize, Default)]
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
 #[serde(default, deny_unknown_fields)]
 pub struct Settings {
     pub sidecar: SidecarSettings,
@@ -86,7 +87,7 @@ impl Settings {
             .map_err(|e| ConfigError::Load(e.to_string()))?;
         let settings: Settings = raw
             .try_deserialize()
-            .map_err(|e| ConfigError::Load(e.to_string()))?;
+            .map_err(|e| ConfigError::Load(suggest::explain(&e)))?;
         settings.validate()?;
         Ok(settings)
     }
@@ -171,6 +172,19 @@ impl Settings {
         s.gateway.postgres_url = redact_url(&s.gateway.postgres_url);
         s.gateway.mysql_url = redact_url(&s.gateway.mysql_url);
         s.storage.postgres_url = redact_url(&s.storage.postgres_url);
+        // HTTP URLs rarely carry a password, but one that does must not be
+        // printed; one that does not is left exactly as written.
+        for url in [
+            &mut s.proxy.upstream,
+            &mut s.gateway.upstream,
+            &mut s.sidecar.preregister_url,
+            &mut s.sidecar.lost_lease_webhook,
+            &mut s.inject.gateway_url,
+        ] {
+            if url::Url::parse(url).is_ok_and(|u| u.password().is_some()) {
+                *url = redact_url(url);
+            }
+        }
         s
     }
 

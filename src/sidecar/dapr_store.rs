@@ -3,13 +3,13 @@
 //! configuration and the API state can name a store without importing the
 //! Dapr request handlers.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::settings::check::{invalid, ConfigError};
 
 /// One Dapr lock store: the name applications use, and the prefix that
 /// keeps its keys apart from other stores' and from `/v1/locks` keys.
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct DaprLockStore {
     pub name: String,

@@ -49,43 +49,44 @@ pub fn build_backend(
     registry: &prometheus::Registry,
 ) -> Result<DynBackend, StartError> {
     let delay = Duration::from_millis(settings.sidecar.lock_delay_ms);
-    Ok(match settings.backend.kind {
-        None => {
-            return Err(StartError::config(
-                "backend.kind",
-                "required: redis, redlock, postgres, zookeeper, mysql, or memory (development only: locks vanish with the process)",
-            ))
-        }
-        Some(BackendKind::Memory) => Arc::new(MemoryBackend::new(delay, wake)),
-        Some(BackendKind::Redis) => {
-            Arc::new(RedisBackend::new(
-                &settings.backend.redis,
-                delay,
-                wake,
-                registry,
-            )?)
-        }
-        Some(BackendKind::RedLock) => Arc::new(RedLockBackend::new(
+    Ok(match backend_kind(settings)? {
+        BackendKind::Memory => Arc::new(MemoryBackend::new(delay, wake)),
+        BackendKind::Redis => Arc::new(RedisBackend::new(
+            &settings.backend.redis,
+            delay,
+            wake,
+            registry,
+        )?),
+        BackendKind::RedLock => Arc::new(RedLockBackend::new(
             &settings.backend.redlock,
             delay,
             wake,
             registry,
         )?),
-        Some(BackendKind::Postgres) => {
-            Arc::new(PgBackend::new(&settings.backend.postgres, delay, wake)?)
-        }
-        Some(BackendKind::MySql) => Arc::new(MySqlBackend::new(
+        BackendKind::Postgres => Arc::new(PgBackend::new(&settings.backend.postgres, delay, wake)?),
+        BackendKind::MySql => Arc::new(MySqlBackend::new(
             &settings.backend.mysql,
             delay,
             wake,
             registry,
         )?),
-        Some(BackendKind::ZooKeeper) => Arc::new(ZooKeeperBackend::new(
+        BackendKind::ZooKeeper => Arc::new(ZooKeeperBackend::new(
             &settings.backend.zookeeper,
             delay,
             wake,
             registry,
         )?),
+    })
+}
+
+/// The configured lock backend. None is a configuration error, not the
+/// memory backend: locks that vanish with the process must be chosen.
+pub fn backend_kind(settings: &Settings) -> Result<BackendKind, StartError> {
+    settings.backend.kind.ok_or_else(|| {
+        StartError::config(
+            "backend.kind",
+            "required: redis, redlock, postgres, zookeeper, mysql, or memory (development only: locks vanish with the process)",
+        )
     })
 }
 

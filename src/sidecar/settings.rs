@@ -3,12 +3,12 @@
 
 use std::net::SocketAddr;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::settings::check::{check_http_url, check_methods, check_range, invalid, ConfigError};
 use crate::settings::limits::*;
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SidecarSettings {
     /// Lock API listener. Keep it on loopback: the API is unauthenticated
@@ -97,7 +97,7 @@ impl Default for SidecarSettings {
 
 /// The sidecar's egress proxy: the application's storage writes go through
 /// it and leave with the lease's signed token.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ProxySettings {
     pub enabled: bool,

@@ -2,14 +2,14 @@
 
 use std::net::SocketAddr;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::settings::check::{invalid, ConfigError};
 
 use crate::gateway::settings::FenceStoreKind;
 
 /// The demo key-value storage (`fencer storage`, and inside `fencer dev`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct StorageSettings {
     pub listen: SocketAddr,

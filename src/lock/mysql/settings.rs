@@ -3,11 +3,11 @@
 
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::settings::check::{check_range, invalid, ConfigError};
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct MySqlSettings {
     /// `mysql://user:password@host:port/db` (`?require_ssl=true` for TLS).

@@ -1,10 +1,10 @@
 //! `[backend.postgres]`: the PostgreSQL lock table's connection and upkeep.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::settings::check::{check_range, invalid, ConfigError};
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PostgresSettings {
     /// `postgres://user:password@host:port/db` (libpq-style key=value works too).

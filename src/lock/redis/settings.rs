@@ -2,7 +2,7 @@
 //! master, or a Cluster), how tokens are minted there, and how many
 //! replicas must have a lock write before it counts.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::counters::CounterPolicy;
 use crate::settings::check::{check_range, config_enum, invalid, ConfigError};
@@ -38,7 +38,7 @@ pub enum RedisMode {
 }
 config_enum!(RedisMode { Single => "single", Sentinel => "sentinel", Cluster => "cluster" });
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RedisSettings {
     pub mode: RedisMode,

@@ -1,12 +1,12 @@
 //! `[backend.redlock]`: the independent Redis masters a RedLock spans, and
 //! the timing rules that make a majority grant worth anything.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::lock::redis::counters::CounterPolicy;
 use crate::settings::check::{check_range, invalid, ConfigError};
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RedLockSettings {
     /// `redis://[user:password@]host:port/db` (or `rediss://`) of each

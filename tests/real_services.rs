@@ -350,14 +350,31 @@ fn addr(port: u16) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sidecar_names_the_backend_address_it_could_not_reach() {
     let closed = free_port();
-    for (backend, url) in [
-        (Backend::Redis, format!("redis://127.0.0.1:{closed}/0")),
+    let zk_connect = addr(closed);
+    for (backend, url, extra) in [
+        (
+            Backend::Redis,
+            format!("redis://127.0.0.1:{closed}/0"),
+            None,
+        ),
         (
             Backend::Postgres,
             format!("postgres://fencer:pw@127.0.0.1:{closed}/fencer"),
+            None,
+        ),
+        (
+            Backend::MySql,
+            format!("mysql://fencer:pw@127.0.0.1:{closed}/fencer"),
+            None,
+        ),
+        (
+            Backend::ZooKeeper,
+            String::new(),
+            Some(("backend.zookeeper.connect", zk_connect.as_str())),
         ),
     ] {
-        let sidecar = Fencer::sidecar(backend, Some(&url), &[]);
+        let extra: Vec<(&str, &str)> = extra.into_iter().collect();
+        let sidecar = Fencer::sidecar(backend, Some(&url), &extra);
         let ready = send(
             &sidecar.http,
             "GET",
@@ -387,36 +404,38 @@ async fn a_sidecar_names_the_backend_address_it_could_not_reach() {
 async fn the_gateway_hops_name_the_address_they_could_not_reach() {
     let closed = free_port();
     let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("gateway.log");
-    let mut gateway = ServerProcess::new("gateway (closed store)", &log);
-    let mut cmd = Command::new(fencer_bin());
-    cmd.arg("gateway")
-        .env("FENCER__GATEWAY__FENCE_STORE", "postgres")
-        .env(
-            "FENCER__GATEWAY__POSTGRES_URL",
-            format!("postgres://fencer:pw@127.0.0.1:{closed}/fencer"),
-        )
-        .env("FENCER__GATEWAY__LISTEN", addr(free_port()))
-        .env("FENCER__ADMIN__LISTEN", addr(free_port()))
-        .env("FENCER__SIGNING__SECRET_ENV", "FENCER_TEST_SECRET")
-        .env("FENCER_TEST_SECRET", SECRET)
-        .env("FENCER__LOG__FORMAT", "json");
-    gateway.spawn(cmd);
-    let named = common::eventually(Duration::from_secs(20), || {
-        gateway
-            .logs()
-            .lines()
-            .any(|l| l.contains("fence store not ready") && l.contains(&addr(closed)))
-    })
-    .await;
-    assert!(
-        named,
-        "no retry line naming {}:\n{}",
-        addr(closed),
-        gateway.logs()
-    );
-    assert!(!gateway.logs().contains("pw@"), "password shown");
-    gateway.kill();
+    for store in ["postgres", "mysql"] {
+        let log = dir.path().join(format!("gateway-{store}.log"));
+        let mut gateway = ServerProcess::new(format!("gateway (closed {store})"), &log);
+        let mut cmd = Command::new(fencer_bin());
+        cmd.arg("gateway")
+            .env("FENCER__GATEWAY__FENCE_STORE", store)
+            .env(
+                format!("FENCER__GATEWAY__{}_URL", store.to_uppercase()),
+                format!("{store}://fencer:pw@127.0.0.1:{closed}/fencer"),
+            )
+            .env("FENCER__GATEWAY__LISTEN", addr(free_port()))
+            .env("FENCER__ADMIN__LISTEN", addr(free_port()))
+            .env("FENCER__SIGNING__SECRET_ENV", "FENCER_TEST_SECRET")
+            .env("FENCER_TEST_SECRET", SECRET)
+            .env("FENCER__LOG__FORMAT", "json");
+        gateway.spawn(cmd);
+        let named = common::eventually(Duration::from_secs(20), || {
+            gateway
+                .logs()
+                .lines()
+                .any(|l| l.contains("fence store not ready") && l.contains(&addr(closed)))
+        })
+        .await;
+        assert!(
+            named,
+            "{store}: no retry line naming {}:\n{}",
+            addr(closed),
+            gateway.logs()
+        );
+        assert!(!gateway.logs().contains("pw@"), "password shown");
+        gateway.kill();
+    }
 
     // Gateway -> storage.
     let gw = Fencer::gateway(&format!("http://{}", addr(closed)), &[]);

@@ -345,7 +345,15 @@ fn addr(port: u16) -> String {
     format!("127.0.0.1:{port}")
 }
 
-/// A sidecar whose Redis or PostgreSQL is not there says which address it
+/// `r` is the refusal `expected` and its message names `address`.
+fn assert_refused_naming(r: &common::Resp, expected: (u16, &str), address: &str) {
+    assert_eq!((r.status, r.code()), expected, "{}", r.body);
+    let message = r.body["message"].as_str().unwrap_or_default();
+    assert!(message.contains(address), "{address} not named: {message}");
+    assert!(!message.contains("pw@"), "password shown: {message}");
+}
+
+/// A sidecar whose Redis, PostgreSQL, MySQL or ZooKeeper is not there says which address it
 /// tried, in `/readyz` and in the 503 of an acquire.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sidecar_names_the_backend_address_it_could_not_reach() {
@@ -391,10 +399,7 @@ async fn a_sidecar_names_the_backend_address_it_could_not_reach() {
             backend.name()
         );
         let r = sidecar.acquire("k", 5_000, 0).await;
-        assert_eq!((r.status, r.code()), (503, "backend_unavailable"));
-        let message = r.body["message"].as_str().unwrap_or_default();
-        assert!(message.contains(&addr(closed)), "{message}");
-        assert!(!message.contains("pw@"), "password shown: {message}");
+        assert_refused_naming(&r, (503, "backend_unavailable"), &addr(closed));
     }
 }
 
@@ -450,12 +455,7 @@ async fn the_gateway_hops_name_the_address_they_could_not_reach() {
         Some("{}"),
     )
     .await;
-    assert_eq!((r.status, r.code()), (502, "upstream_error"), "{}", r.body);
-    assert!(
-        r.body["message"].as_str().unwrap().contains(&addr(closed)),
-        "{}",
-        r.body
-    );
+    assert_refused_naming(&r, (502, "upstream_error"), &addr(closed));
 
     // Sidecar -> gateway: pre-registration, then the proxy.
     let redis = RedisServer::start(Persistence::Off);
@@ -466,17 +466,7 @@ async fn the_gateway_hops_name_the_address_they_could_not_reach() {
         &[("sidecar.preregister_url", &prereg)],
     );
     let r = sidecar.acquire("k", 5_000, 0).await;
-    assert_eq!(
-        (r.status, r.code()),
-        (503, "gateway_unavailable"),
-        "{}",
-        r.body
-    );
-    assert!(
-        r.body["message"].as_str().unwrap().contains(&addr(closed)),
-        "{}",
-        r.body
-    );
+    assert_refused_naming(&r, (503, "gateway_unavailable"), &addr(closed));
     let upstream = format!("http://{}", addr(closed));
     let sidecar = Fencer::sidecar(
         Backend::Redis,
@@ -495,12 +485,7 @@ async fn the_gateway_hops_name_the_address_they_could_not_reach() {
         Some("{}"),
     )
     .await;
-    assert_eq!((r.status, r.code()), (502, "upstream_error"), "{}", r.body);
-    assert!(
-        r.body["message"].as_str().unwrap().contains(&addr(closed)),
-        "{}",
-        r.body
-    );
+    assert_refused_naming(&r, (502, "upstream_error"), &addr(closed));
 }
 
 /// `FENCER__GATEWAY__KEYS`, `FENCER__GATEWAY__ROUTES` and

@@ -28,6 +28,7 @@ pub mod cli;
 pub mod demo;
 pub mod dev;
 pub mod error;
+pub mod error_chain;
 pub mod gateway;
 pub mod hotaccount;
 pub mod http;

@@ -58,8 +58,13 @@ pub struct GatewaySettings {
     /// Bind paths to keys: a write to `/accounts/7` must carry a token for
     /// `account:7`.
     pub routes: Vec<crate::routes::RouteSpec>,
-    /// Accepted signing keys. Empty: the `[signing]` key.
+    /// Accepted signing keys. Empty (and no `keys_dir`): the `[signing]` key.
     pub keys: Vec<VerifyKey>,
+    /// A directory of keys besides `keys`, as Kubernetes mounts a Secret:
+    /// each file name a key id, its content the secret
+    /// (`settings::keys_dir`). The signing Secret mounted at one path in
+    /// the sidecars and the gateway then serves both.
+    pub keys_dir: Option<String>,
     /// Required for `fencer gateway`: `postgres` or `mysql` (durable,
     /// shared by replicas), or `memory` chosen explicitly for development
     /// (marks are lost on restart).
@@ -102,6 +107,7 @@ impl Default for GatewaySettings {
             require_token_for_reads: false,
             routes: Vec::new(),
             keys: Vec::new(),
+            keys_dir: None,
             fence_store: None,
             postgres_url: String::new(),
             postgres_ca_file: None,

@@ -20,6 +20,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use mysql_async::{Conn, Pool};
@@ -96,17 +97,26 @@ pub struct Runner {
     /// Connections for `KILL QUERY` only (see the module comment).
     side: Pool,
     timeout: Duration,
+    /// The server's URL, password redacted: a connection error names it.
+    target: Arc<str>,
 }
 
 impl Runner {
     /// `timeout` bounds how long callers of [`Runner::run`] wait, pool
-    /// checkout included; `side` is a small pool for kills.
-    pub fn new(pool: Pool, side: Pool, timeout: Duration) -> Runner {
+    /// checkout included; `side` is a small pool for kills; `url` is the
+    /// server, named (redacted) by connection errors.
+    pub fn new(pool: Pool, side: Pool, timeout: Duration, url: &str) -> Runner {
         Runner {
             pool,
             side,
             timeout,
+            target: crate::settings::check::redact_url(url).into(),
         }
+    }
+
+    /// The server as errors name it (URL, password redacted).
+    pub fn target(&self) -> &str {
+        &self.target
     }
 
     pub fn pool(&self) -> &Pool {
@@ -146,6 +156,7 @@ impl Runner {
         tokio::spawn(statement_task(
             self.pool.clone(),
             self.side.clone(),
+            self.target.clone(),
             work,
             compensate,
             tx,
@@ -174,6 +185,7 @@ async fn kill_query(side: Pool, id: u32) {
 async fn statement_task<T, W, F>(
     pool: Pool,
     side: Pool,
+    target: Arc<str>,
     work: W,
     compensate: Option<Compensation<T>>,
     mut tx: oneshot::Sender<Result<T, RunError>>,
@@ -186,7 +198,7 @@ async fn statement_task<T, W, F>(
         c = pool.get_conn() => match c {
             Ok(c) => c,
             Err(e) => {
-                let _ = tx.send(Err(RunError::Pool(super::describe(&e))));
+                let _ = tx.send(Err(RunError::Pool(format!("{target}: {}", super::describe(&e)))));
                 return;
             }
         },

@@ -133,6 +133,14 @@ pub fn pool(o: &PgOptions<'_>) -> Result<(tokio_postgres::Config, Tls, Pool), St
     Ok((config, tls, pool))
 }
 
+/// A pool's failure to hand out a connection, naming the server it tried
+/// (`target`: the URL with its password redacted) and the cause deadpool
+/// wraps: its own text is "error connecting to server" without the
+/// address or the refusal under it.
+pub fn pool_error(target: &str, e: &deadpool_postgres::PoolError) -> String {
+    format!("{target}: {}", crate::error_chain::chain(e))
+}
+
 /// A statement error with the server's own message (tokio-postgres prints
 /// only "db error" for those).
 pub fn describe(e: &tokio_postgres::Error) -> String {

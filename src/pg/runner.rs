@@ -117,17 +117,26 @@ pub struct Runner {
     tls: Tls,
     timeout: Duration,
     pending_undos: Arc<AtomicUsize>,
+    /// The server's URL, password redacted: a connection error names it.
+    target: Arc<str>,
 }
 
 impl Runner {
-    /// `timeout` bounds how long callers wait, pool checkout included.
-    pub fn new(pool: Pool, tls: Tls, timeout: Duration) -> Runner {
+    /// `timeout` bounds how long callers wait, pool checkout included;
+    /// `url` is the pool's server, named (redacted) by connection errors.
+    pub fn new(pool: Pool, tls: Tls, timeout: Duration, url: &str) -> Runner {
         Runner {
             pool,
             tls,
             timeout,
             pending_undos: Arc::new(AtomicUsize::new(0)),
+            target: crate::settings::check::redact_url(url).into(),
         }
+    }
+
+    /// The pool's server as errors name it (URL, password redacted).
+    pub fn target(&self) -> &str {
+        &self.target
     }
 
     pub fn pool(&self) -> &Pool {
@@ -181,12 +190,10 @@ impl Runner {
             let once = async {
                 // An undo cut short by the timeout is itself abandoned:
                 // `Lent` keeps its connection out of the pool.
-                let conn = Lent(Some(
-                    self.pool
-                        .get()
-                        .await
-                        .map_err(|e| RunError::Pool(e.to_string()))?,
-                ));
+                let conn =
+                    Lent(Some(self.pool.get().await.map_err(|e| {
+                        RunError::Pool(super::pool_error(&self.target, &e))
+                    })?));
                 let r = run_undo(&conn, &undo).await;
                 match &r {
                     Err(e) if super::connection_suspect(e) => drop(conn),
@@ -253,7 +260,7 @@ async fn statement_task<T, W, F>(
         c = runner.pool.get() => match c {
             Ok(c) => c,
             Err(e) => {
-                let _ = tx.send(Err(RunError::Pool(e.to_string())));
+                let _ = tx.send(Err(RunError::Pool(super::pool_error(&runner.target, &e))));
                 return;
             }
         },

@@ -54,6 +54,9 @@ pub struct Forwarder {
     authority: hyper::http::uri::Authority,
     host: HeaderValue,
     timeout: Duration,
+    /// `http://host:port`, named by every failure: a 502 that says only
+    /// "client error (Connect)" leaves the operator guessing which hop.
+    origin: String,
 }
 
 /// Headers that describe one connection, not the message (RFC 9110 §7.6.1).
@@ -126,6 +129,7 @@ impl Forwarder {
             client,
             scheme: uri.scheme().cloned().expect("checked above"),
             host: HeaderValue::from_str(authority.as_str()).map_err(|_| err("bad host"))?,
+            origin: format!("http://{authority}"),
             authority,
             timeout,
         })
@@ -147,7 +151,7 @@ impl Forwarder {
             .authority(self.authority.clone())
             .path_and_query(path_and_query)
             .build()
-            .map_err(|e| ForwardError::Failed(e.to_string()))?;
+            .map_err(|e| ForwardError::Failed(format!("{}: {e}", self.origin)))?;
         *req.version_mut() = hyper::Version::HTTP_11;
         // The caller stripped the client's hop-by-hop headers on arrival
         // (and `Connection` with them); headers it added since stay.
@@ -157,7 +161,11 @@ impl Forwarder {
         req.headers_mut().insert(header::HOST, self.host.clone());
         match tokio::time::timeout(self.timeout, self.client.request(req)).await {
             Err(_) => Err(ForwardError::Timeout(self.timeout)),
-            Ok(Err(e)) => Err(ForwardError::Failed(e.to_string())),
+            Ok(Err(e)) => Err(ForwardError::Failed(format!(
+                "{}: {}",
+                self.origin,
+                crate::error_chain::chain(&e)
+            ))),
             Ok(Ok(mut resp)) => {
                 strip_hop_by_hop(resp.headers_mut());
                 Ok(resp)

@@ -13,6 +13,8 @@ use serde::{Deserialize, Serialize};
 
 pub mod check;
 pub mod common;
+pub mod env_lists;
+mod keys_dir;
 mod suggest;
 
 pub use crate::gateway::settings::{FenceStoreKind, GatewayKey, GatewaySettings, VerifyKey};
@@ -70,8 +72,13 @@ impl Settings {
                     .required(true),
             );
         }
+        // The lists of tables (keys, routes) are parsed here, not by the
+        // generic source, which reads only scalars and lists of scalars.
+        let mut env = process_env()?;
+        let lists = env_lists::EnvLists::take(&mut env)?;
         builder = builder.add_source(
             config::Environment::with_prefix("FENCER")
+                .source(Some(env))
                 .prefix_separator("__")
                 .separator("__")
                 .try_parsing(true)
@@ -85,9 +92,10 @@ impl Settings {
         let raw = builder
             .build()
             .map_err(|e| ConfigError::Load(e.to_string()))?;
-        let settings: Settings = raw
+        let mut settings: Settings = raw
             .try_deserialize()
             .map_err(|e| ConfigError::Load(suggest::explain(&e)))?;
+        lists.apply(&mut settings);
         settings.validate()?;
         Ok(settings)
     }
@@ -258,18 +266,25 @@ impl Settings {
         )
     }
 
-    /// The gateway's accepted `(key id, secret, allowed key prefixes)`.
+    /// The gateway's accepted `(key id, secret, allowed key prefixes)`:
+    /// `[[gateway.keys]]` (or `FENCER__GATEWAY__KEYS`) and every key of
+    /// `gateway.keys_dir`; neither given, the `[signing]` key.
     pub fn gateway_keys(&self) -> Result<Vec<GatewayKey>, ConfigError> {
-        if self.gateway.keys.is_empty() {
+        let dir = match &self.gateway.keys_dir {
+            Some(dir) => keys_dir::read(dir)?,
+            None => Vec::new(),
+        };
+        if self.gateway.keys.is_empty() && dir.is_empty() {
             let secret = self.signing_secret()?.ok_or_else(|| {
                 invalid(
                     "gateway.keys",
-                    "the gateway needs the token-signing secret: set [signing] secret_file/secret_env or [[gateway.keys]]",
+                    "the gateway needs the token-signing secret: set [signing] secret_file/secret_env, [[gateway.keys]] or gateway.keys_dir",
                 )
             })?;
             return Ok(vec![(self.signing.key_id.clone(), secret, Vec::new())]);
         }
-        self.gateway
+        let mut keys = self
+            .gateway
             .keys
             .iter()
             .map(|k| {
@@ -281,8 +296,45 @@ impl Settings {
                         })?;
                 Ok((k.key_id.clone(), secret, k.key_prefixes.clone()))
             })
-            .collect()
+            .collect::<Result<Vec<GatewayKey>, ConfigError>>()?;
+        for key in dir {
+            if keys.iter().any(|k| k.0 == key.0) {
+                return Err(invalid(
+                    "gateway.keys_dir",
+                    format!(
+                        "key id `{}` is both in [[gateway.keys]] and a file of gateway.keys_dir; each key id names one secret",
+                        key.0
+                    ),
+                ));
+            }
+            keys.push(key);
+        }
+        Ok(keys)
     }
+}
+
+/// The process environment as the `config` crate would read it: names
+/// that are not Unicode are skipped (no setting has one); a `FENCER__`
+/// variable whose value is not Unicode is an error, as it is there.
+fn process_env() -> Result<std::collections::HashMap<String, String>, ConfigError> {
+    let mut env = std::collections::HashMap::new();
+    for (name, value) in std::env::vars_os() {
+        let Ok(name) = name.into_string() else {
+            continue;
+        };
+        match value.into_string() {
+            Ok(value) => {
+                env.insert(name, value);
+            }
+            Err(_) if name.to_ascii_uppercase().starts_with("FENCER__") => {
+                return Err(ConfigError::Load(format!(
+                    "environment variable {name} is not valid UTF-8"
+                )));
+            }
+            Err(_) => {}
+        }
+    }
+    Ok(env)
 }
 
 #[cfg(test)]

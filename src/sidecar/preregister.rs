@@ -59,11 +59,13 @@ impl Preregistrar {
             .body(Full::new(Bytes::new()))
             .map_err(|e| PreregisterError::Failed(e.to_string()))?;
         let call = async {
-            let resp = self
-                .client
-                .request(req)
-                .await
-                .map_err(|e| PreregisterError::Failed(e.to_string()))?;
+            let resp = self.client.request(req).await.map_err(|e| {
+                PreregisterError::Failed(format!(
+                    "{}: {}",
+                    self.base,
+                    crate::error_chain::chain(&e)
+                ))
+            })?;
             let status = resp.status();
             let body = resp
                 .into_body()
@@ -78,12 +80,18 @@ impl Preregistrar {
                     highest: json["highest_seen"].as_u64().unwrap_or(0),
                 }),
                 other => Err(PreregisterError::Failed(format!(
-                    "gateway answered {other}: {json}"
+                    "{} answered {other}: {json}",
+                    self.base
                 ))),
             }
         };
         tokio::time::timeout(self.timeout, call)
             .await
-            .map_err(|_| PreregisterError::Failed(format!("no answer within {:?}", self.timeout)))?
+            .map_err(|_| {
+                PreregisterError::Failed(format!(
+                    "{}: no answer within {:?}",
+                    self.base, self.timeout
+                ))
+            })?
     }
 }

@@ -159,6 +159,7 @@ impl MyFences {
                 pool,
                 crate::mysql::pool(&options(2)).map_err(FenceError::Unavailable)?,
                 o.request_timeout,
+                o.url,
             ),
             probe,
             remote_waits: None,
@@ -201,7 +202,13 @@ impl MyFences {
     /// serialized between starting gateways by a named lock. The catalog is
     /// read first: a start against an up-to-date database runs no DDL.
     async fn migrate(&self) -> Result<(), FenceError> {
-        let describe = |e: mysql_async::Error| unavailable(crate::mysql::describe(&e));
+        let describe = |e: mysql_async::Error| {
+            unavailable(format!(
+                "{}: {}",
+                self.runner.target(),
+                crate::mysql::describe(&e)
+            ))
+        };
         let mut conn = Conn::new(self.probe.clone()).await.map_err(describe)?;
         let result = crate::mysql::schema::ensure(&mut conn, &sql::pieces(), sql::MIGRATE_LOCK)
             .await
@@ -367,9 +374,13 @@ impl FenceStore for MyFences {
 
     async fn ping(&self) -> Result<(), FenceError> {
         let probe = async {
-            let mut conn = Conn::new(self.probe.clone())
-                .await
-                .map_err(|e| unavailable(crate::mysql::describe(&e)))?;
+            let mut conn = Conn::new(self.probe.clone()).await.map_err(|e| {
+                unavailable(format!(
+                    "{}: {}",
+                    self.runner.target(),
+                    crate::mysql::describe(&e)
+                ))
+            })?;
             let r = conn
                 .query_drop(sql::PROBE)
                 .await

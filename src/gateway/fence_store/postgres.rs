@@ -129,7 +129,7 @@ impl PgFences {
         listen_config.application_name("fencer-gateway-listener");
         let wakeups = Arc::new(KeyWakeups::default());
         let store = PgFences {
-            runner: Runner::new(pool, tls.clone(), o.request_timeout),
+            runner: Runner::new(pool, tls.clone(), o.request_timeout, o.url),
             probe: (probe_config, tls.clone()),
             listener: Listener::start(CHANNEL_PREFIX, listen_config, tls, wakeups.clone()),
             wakeups,
@@ -157,7 +157,12 @@ impl PgFences {
     /// Creates what is missing of the schema (see [`crate::pg::schema`]):
     /// a start-up against an up-to-date database takes no table lock.
     async fn migrate(&self) -> Result<(), FenceError> {
-        let mut conn = self.runner.pool().get().await.map_err(unavailable)?;
+        let mut conn = self
+            .runner
+            .pool()
+            .get()
+            .await
+            .map_err(|e| unavailable(crate::pg::pool_error(self.runner.target(), &e)))?;
         let created = crate::pg::schema::ensure(&mut conn, &sql::pieces(), sql::MIGRATE_LOCK)
             .await
             .map_err(|e| unavailable(crate::pg::describe(&e)))?;
@@ -329,7 +334,10 @@ impl FenceStore for PgFences {
     async fn ping(&self) -> Result<(), FenceError> {
         let (config, tls) = &self.probe;
         let probe = async {
-            let (client, conn) = config.connect(tls.clone()).await.map_err(unavailable)?;
+            let (client, conn) = config
+                .connect(tls.clone())
+                .await
+                .map_err(|e| unavailable(format!("{}: {e}", self.runner.target())))?;
             let driver = tokio::spawn(conn);
             let r = client
                 .simple_query("SELECT 1 FROM fencer_fences LIMIT 0")
@@ -342,6 +350,11 @@ impl FenceStore for PgFences {
         };
         tokio::time::timeout(PROBE_TIMEOUT, probe)
             .await
-            .map_err(|_| unavailable("readiness probe timed out"))?
+            .map_err(|_| {
+                unavailable(format!(
+                    "{}: readiness probe timed out",
+                    self.runner.target()
+                ))
+            })?
     }
 }

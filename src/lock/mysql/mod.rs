@@ -138,7 +138,7 @@ impl MySqlBackend {
         let kill_pool = crate::mysql::pool(&options(2)).map_err(unavailable)?;
         let request_timeout = Duration::from_millis(settings.request_timeout_ms);
         Ok(MySqlBackend {
-            runner: Runner::new(pool, kill_pool, request_timeout),
+            runner: Runner::new(pool, kill_pool, request_timeout, &settings.url),
             request_timeout,
             lock_delay_ms: ms(lock_delay),
             bells: Bells::start(bell_opts, settings.bell_connections, metrics.clone()),
@@ -559,7 +559,10 @@ impl LockBackend for MySqlBackend {
 
     async fn ping(&self) -> Result<(), BackendError> {
         if !self.ready.load(Ordering::Acquire) {
-            return Err(unavailable("mysql lock schema not created yet"));
+            return Err(unavailable(format!(
+                "mysql {}: lock schema not created yet (server not reached, or the schema check failed: see the log at debug level)",
+                self.runner.target()
+            )));
         }
         self.call("SELECT 1", Vec::new()).await.map(|_| ())
     }

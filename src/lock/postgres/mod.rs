@@ -71,7 +71,7 @@ impl PgBackend {
         .map_err(BackendError::Unavailable)?;
         config.application_name("fencer-listener");
         let backend = PgBackend {
-            runner: Runner::new(pool.clone(), tls.clone(), timeout),
+            runner: Runner::new(pool.clone(), tls.clone(), timeout, &settings.url),
             lock_delay_ms: ms(lock_delay),
             listener: Listener::start(CHANNEL_PREFIX, config, tls, wake),
         };

@@ -62,6 +62,9 @@ enum Watcher {
 
 pub struct RedisBackend {
     topology: Topology,
+    /// What a connection error names ([`target`]): an operator reading
+    /// "Connection refused" must see which address was tried.
+    target: String,
     scripts: Arc<Scripts>,
     prefix: String,
     timeout: Duration,
@@ -205,6 +208,7 @@ impl RedisBackend {
             }
         };
         let backend = RedisBackend {
+            target: target(settings),
             publish: if topology.is_cluster() {
                 "SPUBLISH"
             } else {
@@ -326,10 +330,13 @@ impl RedisBackend {
             None => call.await,
         };
         match outcome {
-            Err(_) => Err(BackendError::Unavailable("redis request timed out".into())),
+            Err(_) => Err(BackendError::Unavailable(format!(
+                "{}: request timed out",
+                self.target
+            ))),
             Ok(Err(e)) => {
                 self.saw_error(&e);
-                Err(classify(e))
+                Err(classify(&self.target, e))
             }
             Ok(Ok(reply)) => Ok(reply),
         }
@@ -391,12 +398,35 @@ impl RedisBackend {
     }
 }
 
+/// The configured Redis, as connection errors name it (passwords
+/// redacted): the URL, the sentinels and master name, or the seed nodes.
+fn target(settings: &RedisSettings) -> String {
+    use crate::settings::check::redact_url;
+    match settings.mode {
+        RedisMode::Single => format!("redis {}", redact_url(&settings.url)),
+        RedisMode::Sentinel => format!(
+            "redis master `{}` of sentinels {}",
+            settings.master_name,
+            settings.sentinels.join(",")
+        ),
+        RedisMode::Cluster => format!(
+            "redis cluster {}",
+            settings
+                .nodes
+                .iter()
+                .map(|n| redact_url(n))
+                .collect::<Vec<_>>()
+                .join(",")
+        ),
+    }
+}
+
 /// An error after which the command may or may not have run (I/O, a
 /// dropped connection, a timeout) is `Unavailable`; an error reply from
 /// Redis (the script refused, `READONLY`, `OOM`) is a known failure.
-fn classify(e: redis::RedisError) -> BackendError {
+fn classify(target: &str, e: redis::RedisError) -> BackendError {
     if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal() {
-        BackendError::Unavailable(e.to_string())
+        BackendError::Unavailable(format!("{target}: {e}"))
     } else {
         BackendError::Protocol(e.to_string())
     }
@@ -656,9 +686,12 @@ impl LockBackend for RedisBackend {
             Ok(Ok(_)) => self.eviction.admit().await.map(|_| ()),
             Ok(Err(e)) => {
                 self.saw_error(&e);
-                Err(BackendError::Unavailable(e.to_string()))
+                Err(BackendError::Unavailable(format!("{}: {e}", self.target)))
             }
-            Err(_) => Err(BackendError::Unavailable("redis ping timed out".into())),
+            Err(_) => Err(BackendError::Unavailable(format!(
+                "{}: ping timed out",
+                self.target
+            ))),
         }
     }
 }

@@ -204,7 +204,7 @@ impl ZooKeeperBackend {
         } else {
             zk::Acls::anyone_all()
         };
-        let sessions = Sessions::new(settings.session_timeout());
+        let sessions = Sessions::new(settings.session_timeout(), settings.hosts().join(","));
         let root = settings.root.clone();
         let inner = Arc::new(Inner {
             sessions: sessions.clone(),

@@ -61,6 +61,8 @@ pub struct Sessions {
     pub failovers: watch::Sender<u64>,
     /// The granted session timeout in ms (the asked one until connected).
     pub granted_ms: AtomicU64,
+    /// The ensemble (`host:port,…`), named when there is no session.
+    hosts: String,
 }
 
 impl Sessions {
@@ -69,7 +71,9 @@ impl Sessions {
             .read()
             .expect("session lock")
             .clone()
-            .ok_or_else(|| BackendError::Unavailable("no ZooKeeper session".into()))
+            .ok_or_else(|| {
+                BackendError::Unavailable(format!("no ZooKeeper session with {}", self.hosts))
+            })
     }
 
     pub fn generation(&self) -> Option<u64> {
@@ -106,11 +110,16 @@ impl Connect {
             } else {
                 connector.connect(&hosts).await
             }
-            .map_err(|e| BackendError::Unavailable(format!("ZooKeeper connect: {e}")))
+            .map_err(|e| BackendError::Unavailable(format!("ZooKeeper {hosts}: connect: {e}")))
         };
         tokio::time::timeout(s.connect_timeout(), connecting)
             .await
-            .map_err(|_| BackendError::Unavailable("ZooKeeper connect timed out".into()))?
+            .map_err(|_| {
+                BackendError::Unavailable(format!(
+                    "ZooKeeper {}: connect timed out",
+                    s.hosts().join(",")
+                ))
+            })?
     }
 
     /// Creates the root, its `locks` child and the token-offset node when
@@ -295,11 +304,13 @@ pub fn supervise(
 }
 
 impl Sessions {
-    pub fn new(asked: Duration) -> Arc<Sessions> {
+    /// `hosts`: the ensemble as errors name it (`host:port,…`).
+    pub fn new(asked: Duration, hosts: String) -> Arc<Sessions> {
         Arc::new(Sessions {
             current: RwLock::new(None),
             failovers: watch::channel(0).0,
             granted_ms: AtomicU64::new(asked.as_millis() as u64),
+            hosts,
         })
     }
 }

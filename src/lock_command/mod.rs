@@ -200,7 +200,7 @@ async fn supervise(
             event = stream.next() => match event {
                 Ok(Some(Event::Heartbeat)) => deadline = Instant::now() + silence,
                 Ok(Some(Event::Lost { reason })) => {
-                    return Outcome::Lost(format!("sidecar reported {reason}"))
+                    return Outcome::Lost(format!("sidecar reported \"{reason}\""))
                 }
                 Ok(Some(Event::Released { reason })) => {
                     return Outcome::Lost(format!("sidecar ended the hold: {reason}"))

@@ -1,4 +1,4 @@
-//! Command line: `fencer sidecar | gateway | dev | check-config`.
+//! Command line: `fencer sidecar | gateway | dev | check-config | lock …`.
 
 use std::path::PathBuf;
 
@@ -67,4 +67,52 @@ pub enum Command {
     Top(crate::top::TopArgs),
     /// Drive a running sidecar's lock API and report throughput and latency.
     Bench(crate::bench::BenchArgs),
+    /// Run a command while holding a lock (`fencer lock KEY -- CMD`); the
+    /// lease lives exactly as long as the command.
+    Lock(crate::lock_command::LockArgs),
+}
+
+impl Cli {
+    /// Parses the command line. A usage error of `fencer lock` exits 64
+    /// (EX_USAGE): scripts and cron jobs run it, and tell its exit codes
+    /// apart; every other command keeps clap's 2.
+    pub fn parse_args() -> Cli {
+        Cli::try_parse().unwrap_or_else(|e| {
+            if e.use_stderr() && is_lock(std::env::args_os().skip(1)) {
+                let _ = e.print();
+                std::process::exit(crate::lock_command::USAGE.into());
+            }
+            e.exit()
+        })
+    }
+}
+
+/// Whether the subcommand in `args` (argv without the program) is `lock`:
+/// the first word that is neither an option nor a global option's value.
+fn is_lock(args: impl IntoIterator<Item = std::ffi::OsString>) -> bool {
+    let mut args = args.into_iter();
+    while let Some(arg) = args.next() {
+        match arg.to_str() {
+            Some("--config" | "-c" | "--log-format") => {
+                args.next();
+            }
+            Some(a) if a.starts_with('-') => {}
+            other => return other == Some("lock"),
+        }
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn finds_the_lock_subcommand() {
+        let is_lock = |a: &[&str]| super::is_lock(a.iter().map(std::ffi::OsString::from));
+        assert!(is_lock(&["lock", "k", "--", "true"]));
+        assert!(is_lock(&["-c", "f.toml", "--log-format", "json", "lock"]));
+        assert!(is_lock(&["--config=f.toml", "lock"]));
+        assert!(!is_lock(&["sidecar"]));
+        assert!(!is_lock(&["-c", "lock", "sidecar"]));
+        assert!(!is_lock(&[]));
+    }
 }

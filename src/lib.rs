@@ -34,6 +34,7 @@ pub mod hotaccount;
 pub mod http;
 pub mod inject;
 pub mod lock;
+pub mod lock_command;
 pub mod metrics;
 pub mod mutants;
 pub mod mysql;

@@ -4,7 +4,6 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
 use fencer::cli::{Cli, Command};
@@ -35,7 +34,7 @@ fn main() -> ExitCode {
 fn run() -> ExitCode {
     // One TLS crypto provider for every client (rediss://, PostgreSQL TLS).
     fencer::pg::install_crypto_provider();
-    let cli = Cli::parse();
+    let cli = Cli::parse_args();
     let settings = match Settings::load(cli.config.as_deref()) {
         Ok(s) => s,
         Err(e) => {
@@ -49,7 +48,7 @@ fn run() -> ExitCode {
     let mut log = settings.log.clone();
     if matches!(
         cli.command,
-        Command::HotAccountWorker(_) | Command::Bench(_) | Command::Top(_)
+        Command::HotAccountWorker(_) | Command::Bench(_) | Command::Top(_) | Command::Lock(_)
     ) {
         // These print their own report; keep the stack's logs to problems.
         log.level = "warn".into();
@@ -121,6 +120,7 @@ fn run() -> ExitCode {
                     }
                 };
             }
+            Command::Lock(args) => return fencer::lock_command::run(args).await,
             Command::CheckConfig(_) => unreachable!("handled above"),
         };
         match result {

@@ -272,3 +272,27 @@ fn demo_prints_its_table_without_log_lines_or_colour_codes() {
     assert!(noise.is_empty(), "log lines during the demo:\n{stderr}");
     assert!(stdout.contains("LOST UPDATES"), "no table:\n{stdout}");
 }
+
+/// `fencer --version` names the commit a bug report is about: in a git
+/// checkout, the one checked out when the binary was built.
+#[test]
+fn version_names_the_git_commit() {
+    let out = Command::new(env!("CARGO_BIN_EXE_fencer"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let head = Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    let commit = head.unwrap_or_else(|| "unknown".into());
+    assert_eq!(
+        text,
+        format!("fencer {} (commit {commit})", env!("CARGO_PKG_VERSION"))
+    );
+}

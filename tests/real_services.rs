@@ -313,6 +313,28 @@ fn the_real_services_page_works_as_written() {
             logs()
         );
     }
+
+    // README says its quick-start walkthrough runs unchanged against this
+    // stack (same ports as `fencer dev`): run it too, on another account
+    // (the page's B still holds account:1), with the ports moved.
+    let mut walk = fencer::dev::WALKTHROUGH
+        .replace("account:1", "account:7")
+        .replace("accounts/1", "accounts/7");
+    for port in [7411u16, 7412, 8080, 8081] {
+        walk = walk.replace(
+            &format!("localhost:{port}/"),
+            &format!("127.0.0.1:{}/", subst.port(port)),
+        );
+    }
+    let out = run_sh(&walk, dir, bin_dir, Duration::from_secs(60));
+    let answers: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}\n{out}")))
+        .collect();
+    assert_eq!(answers.len(), 7, "README's walkthrough printed\n{out}\n{}", logs());
+    assert_eq!(answers[4]["error"], "lease_lost", "{out}");
+    assert_eq!(answers[5]["error"], "stale_fencing_token", "{out}");
+    assert_eq!(answers[6]["value"]["balance"], 200, "{out}");
 }
 
 /// config/local/ passes check-config (the key directory need not exist

@@ -337,11 +337,15 @@ fn the_real_services_page_works_as_written() {
     assert_eq!(answers[6]["value"]["balance"], 200, "{out}");
 }
 
-/// config/local/ passes check-config (the key directory need not exist
-/// for that: it is read at start).
+/// config/local/ passes check-config once the page's signing key exists
+/// (check-config reads every secret file a role reads; the key is moved
+/// to a temporary directory so the test does not depend on /tmp state).
 #[test]
 fn local_configs_pass_check_config() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/local");
+    let keys = tempfile::tempdir().unwrap();
+    let k1 = keys.path().join("k1");
+    std::fs::write(&k1, "0123456789abcdef0123456789abcdef0123456789abcdef\n").unwrap();
     let mut n = 0;
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
@@ -349,6 +353,11 @@ fn local_configs_pass_check_config() {
             .arg("--config")
             .arg(&path)
             .arg("check-config")
+            // The role each file is for: its name (the key variables
+            // below would otherwise make storage.toml look like a gateway's).
+            .args(["--role", path.file_stem().unwrap().to_str().unwrap()])
+            .env("FENCER__SIGNING__SECRET_FILE", &k1)
+            .env("FENCER__GATEWAY__KEYS_DIR", keys.path())
             .output()
             .unwrap();
         assert!(

@@ -331,7 +331,12 @@ fn the_real_services_page_works_as_written() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}\n{out}")))
         .collect();
-    assert_eq!(answers.len(), 7, "README's walkthrough printed\n{out}\n{}", logs());
+    assert_eq!(
+        answers.len(),
+        7,
+        "README's walkthrough printed\n{out}\n{}",
+        logs()
+    );
     assert_eq!(answers[4]["error"], "lease_lost", "{out}");
     assert_eq!(answers[5]["error"], "stale_fencing_token", "{out}");
     assert_eq!(answers[6]["value"]["balance"], 200, "{out}");

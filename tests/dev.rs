@@ -6,25 +6,14 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::dev::Dev;
 use common::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dev_runs_every_role_behind_one_metrics_endpoint() {
-    let [api, proxy, gw, st, admin] = [
-        free_port(),
-        free_port(),
-        free_port(),
-        free_port(),
-        free_port(),
-    ];
-    let mut child = Command::new(env!("CARGO_BIN_EXE_fencer"))
-        .arg("dev")
-        .env("FENCER__SIDECAR__LISTEN", format!("127.0.0.1:{api}"))
-        .env("FENCER__PROXY__LISTEN", format!("127.0.0.1:{proxy}"))
-        .env("FENCER__GATEWAY__LISTEN", format!("127.0.0.1:{gw}"))
-        .env("FENCER__STORAGE__LISTEN", format!("127.0.0.1:{st}"))
-        .env("FENCER__ADMIN__LISTEN", format!("127.0.0.1:{admin}"))
-        .stdout(Stdio::piped())
+    let (mut cmd, [api, proxy, gw, _st, admin]) = Dev::command();
+    let mut child = cmd
+        .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
@@ -109,26 +98,9 @@ fn readme_walkthrough() -> String {
 /// test's free ports) and its answers checked, so neither can rot.
 #[test]
 fn dev_prints_the_readme_walkthrough_and_it_ends_with_a_stale_write_refused() {
-    let ports = [
-        free_port(),
-        free_port(),
-        free_port(),
-        free_port(),
-        free_port(),
-    ];
+    let (mut cmd, ports) = Dev::command();
     let defaults = [7411, 7412, 8080, 8081, 9411];
-    let vars = [
-        "FENCER__SIDECAR__LISTEN",
-        "FENCER__PROXY__LISTEN",
-        "FENCER__GATEWAY__LISTEN",
-        "FENCER__STORAGE__LISTEN",
-        "FENCER__ADMIN__LISTEN",
-    ];
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fencer"));
-    cmd.arg("dev").stdout(Stdio::piped()).stderr(Stdio::null());
-    for (var, port) in vars.iter().zip(ports) {
-        cmd.env(var, format!("127.0.0.1:{port}"));
-    }
+    cmd.stdout(Stdio::piped()).stderr(Stdio::null());
     let mut child = cmd.spawn().unwrap();
     let mut stdout = child.stdout.take().unwrap();
     let printed = std::thread::spawn(move || {

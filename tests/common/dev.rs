@@ -16,22 +16,36 @@ pub struct Dev {
 }
 
 impl Dev {
-    /// Starts it (logs at warn, thrown away) and waits for `/readyz`.
-    pub fn start() -> Dev {
-        let [api, proxy, gw, st, admin] = [
+    /// The command line of a `fencer dev` on free ports, and those ports
+    /// (lock API, proxy, gateway, storage, metrics) — for a test that
+    /// reads its output itself.
+    pub fn command() -> (Command, [u16; 5]) {
+        let ports = [
             free_port(),
             free_port(),
             free_port(),
             free_port(),
             free_port(),
         ];
-        let child = Command::new(env!("CARGO_BIN_EXE_fencer"))
-            .arg("dev")
-            .env("FENCER__SIDECAR__LISTEN", format!("127.0.0.1:{api}"))
-            .env("FENCER__PROXY__LISTEN", format!("127.0.0.1:{proxy}"))
-            .env("FENCER__GATEWAY__LISTEN", format!("127.0.0.1:{gw}"))
-            .env("FENCER__STORAGE__LISTEN", format!("127.0.0.1:{st}"))
-            .env("FENCER__ADMIN__LISTEN", format!("127.0.0.1:{admin}"))
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_fencer"));
+        cmd.arg("dev");
+        let vars = [
+            "FENCER__SIDECAR__LISTEN",
+            "FENCER__PROXY__LISTEN",
+            "FENCER__GATEWAY__LISTEN",
+            "FENCER__STORAGE__LISTEN",
+            "FENCER__ADMIN__LISTEN",
+        ];
+        for (var, port) in vars.iter().zip(ports) {
+            cmd.env(var, format!("127.0.0.1:{port}"));
+        }
+        (cmd, ports)
+    }
+
+    /// Starts it (logs at warn, thrown away) and waits for `/readyz`.
+    pub fn start() -> Dev {
+        let (mut cmd, [api, proxy, gw, _st, admin]) = Dev::command();
+        let child = cmd
             .env("FENCER__LOG__LEVEL", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::null())

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{fencer_bin, free_port, http_ok};
+use common::http_ok;
 
 const EXAMPLE_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -70,15 +70,9 @@ struct Dev {
 
 impl Dev {
     fn start() -> Dev {
-        let [api, proxy, gateway, storage, admin] = [(); 5].map(|_| free_port());
+        let (mut cmd, [api, proxy, _, storage, admin]) = common::dev::Dev::command();
         let log = tempfile::NamedTempFile::new().unwrap();
-        let child = Command::new(fencer_bin())
-            .arg("dev")
-            .env("FENCER__SIDECAR__LISTEN", format!("127.0.0.1:{api}"))
-            .env("FENCER__PROXY__LISTEN", format!("127.0.0.1:{proxy}"))
-            .env("FENCER__GATEWAY__LISTEN", format!("127.0.0.1:{gateway}"))
-            .env("FENCER__STORAGE__LISTEN", format!("127.0.0.1:{storage}"))
-            .env("FENCER__ADMIN__LISTEN", format!("127.0.0.1:{admin}"))
+        let child = cmd
             .env("NO_COLOR", "1")
             .stdout(Stdio::null())
             .stderr(log.reopen().unwrap())

@@ -5,7 +5,7 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -19,15 +19,9 @@ struct Dev {
 
 impl Dev {
     fn start() -> Dev {
-        let [api, proxy, gw, st, admin] = [(); 5].map(|()| free_port());
-        let child = Command::new(fencer_bin())
-            .arg("dev")
+        let (mut cmd, [api, proxy, _, _, admin]) = common::dev::Dev::command();
+        let child = cmd
             .env_remove("RUST_LOG")
-            .env("FENCER__SIDECAR__LISTEN", format!("127.0.0.1:{api}"))
-            .env("FENCER__PROXY__LISTEN", format!("127.0.0.1:{proxy}"))
-            .env("FENCER__GATEWAY__LISTEN", format!("127.0.0.1:{gw}"))
-            .env("FENCER__STORAGE__LISTEN", format!("127.0.0.1:{st}"))
-            .env("FENCER__ADMIN__LISTEN", format!("127.0.0.1:{admin}"))
             // A lost lease shows on the hold stream at the next beat.
             .env("FENCER__SIDECAR__HOLD_HEARTBEAT_MS", "200")
             .stdout(Stdio::null())

@@ -4,7 +4,7 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{free_port, http_ok};
+use super::{fencer_bin, free_port, http_ok};
 
 pub struct Dev {
     child: Child,
@@ -27,7 +27,7 @@ impl Dev {
             free_port(),
             free_port(),
         ];
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_fencer"));
+        let mut cmd = Command::new(fencer_bin());
         cmd.arg("dev");
         let vars = [
             "FENCER__SIDECAR__LISTEN",

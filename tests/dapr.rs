@@ -134,7 +134,9 @@ async fn dapr_lock_conformance_checks_pass_on_fencer_dev() {
         .await
         .unwrap();
     assert!(
-        metrics.contains(r#"fencer_dapr_requests_total{op="unlock",result="other_owner"} 1"#),
+        metrics.contains(
+            r#"fencer_dapr_requests_total{op="unlock",protocol="http",result="other_owner"} 1"#
+        ),
         "{metrics}"
     );
 }
@@ -168,7 +170,8 @@ async fn configured_stores_map_to_the_backend_with_their_prefix() {
         try_lock(&s.api, "billing", "r", "b", 30).await.body["success"],
         true
     );
-    // And the store's key is the prefixed one, visible to the lock API.
+    // And the store's key is the prefixed one, visible to the lock API —
+    // but not its owner: a Dapr lease's owner string is its credential.
     let view = s
         .http
         .get(format!("{}/v1/locks/orders%2Fr", s.api))
@@ -177,7 +180,8 @@ async fn configured_stores_map_to_the_backend_with_their_prefix() {
         .unwrap();
     assert_eq!(view.status(), 200);
     let view: Value = view.json().await.unwrap();
-    assert_eq!(view["owner"], "a");
+    assert_eq!(view["key"], "orders/r");
+    assert!(view.get("owner").is_none(), "{view}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

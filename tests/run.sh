@@ -56,6 +56,19 @@ python3 -c "import helm_python" >/dev/null 2>&1 || python3 -m pip install -q "he
 # Python client examples (tests/examples.rs).
 command -v st >/dev/null 2>&1 || python3 -m pip install -q "schemathesis==4.32.5"
 python3 -c "import requests" >/dev/null 2>&1 || python3 -m pip install -q requests
+# --- issue 31: a true Dapr drop-in ---
+# Dapr's official SDKs against fencer's Dapr APIs (tests/dapr_sdk.rs):
+# the Node SDK pinned by tests/dapr_sdk/package-lock.json, Python's `dapr`.
+if ! command -v npm >/dev/null 2>&1; then
+  sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends npm
+fi
+[ -f tests/dapr_sdk/node_modules/@dapr/dapr/package.json ] \
+  || (cd tests/dapr_sdk && npm ci --no-audit --no-fund --loglevel=error)
+python3 -c "import dapr.clients" >/dev/null 2>&1 || python3 -m pip install -q "dapr==1.19.0"
+# --- end ---
 echo "install (apt-get, pip) $(( $(date +%s) - install_start ))" >> "$FENCER_CI_DIR/phases"
 
 build_phase="build (test profile)"

@@ -20,6 +20,8 @@ pub struct Stack {
     pub gateway: SocketAddr,
     pub storage: SocketAddr,
     pub admin: SocketAddr,
+    /// Dapr's gRPC API, unless it is off or its port was taken.
+    pub dapr_grpc: Option<SocketAddr>,
     pub shutdown: CancellationToken,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -108,7 +110,10 @@ impl Stack {
             silence,
             shutdown.clone(),
         )));
-        let listeners = sidecar.bind().await?;
+        let listeners = sidecar
+            .bind_with(crate::sidecar::DaprGrpcBind::BestEffort)
+            .await?;
+        let dapr_grpc = listeners.dapr_grpc_addr();
         let sc_shutdown = shutdown.clone();
         tasks.push(tokio::spawn(async move {
             if let Err(e) = crate::sidecar::run_with(sidecar, listeners, sc_shutdown).await {
@@ -121,6 +126,7 @@ impl Stack {
             gateway: gateway_addr,
             storage: storage_addr,
             admin,
+            dapr_grpc,
             shutdown,
             tasks,
         })
@@ -152,6 +158,13 @@ pub async fn run(mut settings: Settings, shutdown: CancellationToken) -> Result<
         &mut settings.gateway.listen,
         "127.0.0.1:8080",
     );
+    // Dapr's default gRPC port, where Dapr's SDKs look first (taken
+    // already: served without it, see `DaprGrpcBind::BestEffort`).
+    if std::env::var("FENCER__SIDECAR__DAPR_GRPC_LISTEN").is_err()
+        && settings.sidecar.dapr_grpc_listen.is_empty()
+    {
+        settings.sidecar.dapr_grpc_listen = DAPR_GRPC_DEFAULT.into();
+    }
     let stack = Stack::start(settings, shutdown.clone()).await?;
     let (api, proxy, gw, st, admin) = (
         stack.api,
@@ -160,9 +173,13 @@ pub async fn run(mut settings: Settings, shutdown: CancellationToken) -> Result<
         stack.storage,
         stack.admin,
     );
+    let dapr_grpc = stack
+        .dapr_grpc
+        .map_or_else(|| "off".to_owned(), |a| a.to_string());
     crate::outln!(
         "fencer dev is running (in-process locks, fences and storage):
-  lock API       http://{api}
+  lock API       http://{api}   (also Dapr's HTTP API: DAPR_HTTP_PORT={})
+  Dapr gRPC API  {dapr_grpc}   (store \"lockstore\"; docs/dapr.md)
   egress proxy   http://{proxy}   -> gateway http://{gw} -> storage http://{st}
   metrics        http://{admin}/metrics
 
@@ -170,12 +187,16 @@ The fencing story, in another terminal (needs curl and jq):
 
 {}
 Ctrl-C to stop.",
+        api.port(),
         walkthrough(&[api, proxy, gw, st, admin])
     );
     shutdown.cancelled().await;
     stack.stop().await;
     Ok(())
 }
+
+/// Dapr's default gRPC address, which `fencer dev` takes when it is free.
+pub const DAPR_GRPC_DEFAULT: &str = "127.0.0.1:50001";
 
 /// The README's quick start (between its `walkthrough` markers, compared by
 /// tests/dev.rs), written for the default ports.

@@ -47,7 +47,7 @@ pub struct Metrics {
     /// Leases released because nobody held them any more (a cancelled
     /// acquire's, a renewal reply after the deadline).
     pub orphan_releases: IntCounterVec,
-    /// Dapr lock API calls by op (lock, unlock) and result.
+    /// Dapr API calls by protocol, op and result.
     pub dapr_requests: IntCounterVec,
 }
 
@@ -118,9 +118,9 @@ impl Metrics {
             dapr_requests: reg!(IntCounterVec::new(
                 Opts::new(
                     "fencer_dapr_requests_total",
-                    "Dapr lock API calls by op (lock, unlock) and result: success, held (lock refused: held), not_found, other_owner, bad_request, error."
+                    "Dapr lock API calls by protocol (http, grpc), op (lock, unlock, lease: fencer's lease look-up) and result: success, held (lock refused: held), not_found, other_owner, bad_request, error, unimplemented (a Dapr method fencer does not serve), busy (over the gRPC concurrency bound), deadline."
                 ),
-                &["op", "result"]
+                &["protocol", "op", "result"]
             )
             .unwrap()),
             lost_leases: reg!(IntCounterVec::new(

@@ -18,4 +18,6 @@ pub struct ApiState {
     pub shutdown: tokio_util::sync::CancellationToken,
     /// Dapr lock stores served at `/v1.0-alpha1/{lock,unlock}/{store}`.
     pub dapr_stores: Vec<DaprLockStore>,
+    /// The sidecar's `/readyz`, also Dapr's `/v1.0/healthz`.
+    pub readiness: Arc<dyn crate::admin::Readiness>,
 }

@@ -131,6 +131,9 @@ pub struct LeaseView {
     pub lost_reason: Option<&'static str>,
     /// `manual`, `auto` or `hold`.
     pub renewal: &'static str,
+    /// The Dapr lock store it was taken through, if any.
+    #[serde(skip)]
+    pub dapr_store: Option<String>,
 }
 
 /// What any local client may see of a lease (`GET /v1/locks`, `GET
@@ -163,7 +166,14 @@ impl LeaseView {
             token: self.token,
             lease_tag: crate::token::lease_tag(&self.lease_id),
             ttl_ms: self.ttl_ms,
-            owner: self.owner.clone(),
+            // A Dapr lease's owner string is its credential (it unlocks,
+            // and it looks up the lease id: `super::dapr_lock::lease_of`),
+            // so only its holder knows it.
+            owner: if self.dapr_store.is_some() {
+                None
+            } else {
+                self.owner.clone()
+            },
             state: self.state,
             remaining_ms: self.remaining_ms,
             held_ms: self.held_ms,
@@ -200,6 +210,7 @@ impl LeaseRecord {
             .as_millis() as u64,
             lost_reason,
             renewal: self.renewal.as_str(),
+            dapr_store: self.dapr_store.clone(),
         }
     }
 

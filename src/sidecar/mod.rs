@@ -3,6 +3,9 @@
 pub mod api;
 pub mod api_state;
 pub mod dapr;
+pub mod dapr_grpc;
+pub mod dapr_lock;
+pub mod dapr_meta;
 pub mod dapr_store;
 pub mod egress;
 pub mod hold;
@@ -243,9 +246,10 @@ impl Sidecar {
         })
     }
 
-    pub fn api_router(&self) -> axum::Router {
+    /// What the lock API's and the Dapr APIs' handlers share.
+    fn api_state(&self) -> Arc<api_state::ApiState> {
         let s = &self.settings.sidecar;
-        let state = Arc::new(api_state::ApiState {
+        Arc::new(api_state::ApiState {
             locks: self.locks.clone(),
             metrics: self.metrics.clone(),
             defaults: request::Defaults {
@@ -256,8 +260,12 @@ impl Sidecar {
             hold_heartbeat: Duration::from_millis(s.hold_heartbeat_ms),
             shutdown: self.shutdown.clone(),
             dapr_stores: s.dapr_lock_stores.clone(),
-        });
-        api::router(state, dapr::routes())
+            readiness: self.readiness(),
+        })
+    }
+
+    pub fn api_router(&self) -> axum::Router {
+        api::router(self.api_state(), dapr::routes())
     }
 
     /// The egress proxy, if enabled.
@@ -403,16 +411,42 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     Ok(())
 }
 
-/// The sidecar's bound lock-API and (if enabled) proxy listeners.
+/// The sidecar's bound lock-API and (if enabled) proxy and Dapr gRPC
+/// listeners.
 pub struct Listeners {
     api: TcpListener,
     api_unix: Option<UnixSocket>,
     proxy: Option<(Arc<Egress>, TcpListener)>,
+    dapr_grpc: Option<TcpListener>,
+}
+
+impl Listeners {
+    /// Where Dapr's gRPC API listens, if it does.
+    pub fn dapr_grpc_addr(&self) -> Option<std::net::SocketAddr> {
+        self.dapr_grpc.as_ref().and_then(|l| l.local_addr().ok())
+    }
+}
+
+/// Whether a Dapr gRPC address that cannot be bound stops the start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DaprGrpcBind {
+    /// `fencer sidecar`: a configured listener is part of the contract.
+    Required,
+    /// `fencer dev`, which takes Dapr's default port unasked: a port that
+    /// is taken (a real daprd, another `fencer dev`) turns the gRPC API
+    /// off, with an error saying so, rather than the whole stack.
+    BestEffort,
 }
 
 impl Sidecar {
-    /// Binds the lock API and the egress proxy.
+    /// Binds the lock API, the egress proxy and Dapr's gRPC API (all that
+    /// are configured); a listener that cannot be bound stops the start.
     pub async fn bind(&self) -> Result<Listeners, StartError> {
+        self.bind_with(DaprGrpcBind::Required).await
+    }
+
+    /// [`Self::bind`], with the Dapr gRPC listener `required` or not.
+    pub async fn bind_with(&self, dapr_grpc: DaprGrpcBind) -> Result<Listeners, StartError> {
         let api = bind("lock API", self.settings.sidecar.listen).await?;
         let api_unix = match self.settings.sidecar.listen_unix.as_str() {
             "" => None,
@@ -425,10 +459,26 @@ impl Sidecar {
             )),
             None => None,
         };
+        let dapr_grpc = match self.settings.sidecar.dapr_grpc_addr()? {
+            None => None,
+            Some(addr) => match bind("Dapr gRPC API", addr).await {
+                Ok(l) => Some(l),
+                Err(e) if dapr_grpc == DaprGrpcBind::BestEffort => {
+                    tracing::error!(error = %e, "Dapr gRPC API off: its port is taken");
+                    crate::errln!(
+                        "fencer dev: {e}. Dapr's gRPC API is off (is a daprd or another fencer dev running?); \
+                         set FENCER__SIDECAR__DAPR_GRPC_LISTEN to a free address to serve it."
+                    );
+                    None
+                }
+                Err(e) => return Err(e),
+            },
+        };
         Ok(Listeners {
             api,
             api_unix,
             proxy,
+            dapr_grpc,
         })
     }
 }
@@ -475,6 +525,16 @@ pub async fn run_with(
         silence,
         shutdown.clone(),
     ));
+    let grpc_task = listeners.dapr_grpc.map(|listener| {
+        tracing::info!(dapr_grpc = %sidecar.settings.sidecar.dapr_grpc_listen, "Dapr gRPC API listening");
+        tokio::spawn(serve(
+            "dapr_grpc",
+            listener,
+            dapr_grpc::router(sidecar.api_state()),
+            silence,
+            shutdown.clone(),
+        ))
+    });
     let unix_task = listeners.api_unix.map(|socket| {
         tracing::info!(api_unix = %sidecar.settings.sidecar.listen_unix, "lock API on unix socket");
         tokio::spawn(serve_unix(
@@ -488,7 +548,7 @@ pub async fn run_with(
     // Waiters were cancelled by the token; let in-flight calls finish so an
     // acquire that completes now is released below, not left to its TTL.
     let _ = tokio::time::timeout(Duration::from_secs(2), api_task).await;
-    if let Some(task) = unix_task {
+    for task in [unix_task, grpc_task].into_iter().flatten() {
         let _ = tokio::time::timeout(Duration::from_secs(2), task).await;
     }
     if let Some(task) = proxy_task {

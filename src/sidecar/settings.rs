@@ -57,6 +57,11 @@ pub struct SidecarSettings {
     /// each a key prefix on this sidecar's backend. Empty: the Dapr API
     /// answers 400 ERR_LOCK_STORE_NOT_FOUND.
     pub dapr_lock_stores: Vec<super::dapr_store::DaprLockStore>,
+    /// Dapr's gRPC API (`TryLockAlpha1`, `UnlockAlpha1`, `GetMetadata` of
+    /// `dapr.proto.runtime.v1.Dapr`) on this address, e.g.
+    /// `127.0.0.1:50001` (Dapr's default gRPC port, which `fencer dev`
+    /// takes). Empty: off. Keep it on loopback, like the lock API.
+    pub dapr_grpc_listen: String,
     /// A directory that survives a restart of this sidecar (in Kubernetes:
     /// an `emptyDir`, which the injector mounts), where the proxy reserves
     /// write sequence numbers ahead of handing them out. With it, leases
@@ -90,6 +95,7 @@ impl Default for SidecarSettings {
             lost_lease_webhook: String::new(),
             webhook_timeout_ms: 2_000,
             dapr_lock_stores: Vec::new(),
+            dapr_grpc_listen: String::new(),
             state_dir: String::new(),
         }
     }
@@ -148,9 +154,30 @@ impl Default for ProxySettings {
 }
 
 impl SidecarSettings {
+    /// `dapr_grpc_listen` as an address; `None` when off.
+    pub fn dapr_grpc_addr(&self) -> Result<Option<SocketAddr>, ConfigError> {
+        if self.dapr_grpc_listen.is_empty() {
+            return Ok(None);
+        }
+        self.dapr_grpc_listen.parse().map(Some).map_err(|_| {
+            invalid(
+                "sidecar.dapr_grpc_listen",
+                "must be host:port with a literal IP (e.g. 127.0.0.1:50001), or empty for off",
+            )
+        })
+    }
+
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         let s = self;
         super::dapr_store::validate(&s.dapr_lock_stores)?;
+        if let Some(addr) = s.dapr_grpc_addr()? {
+            if addr == s.listen {
+                return Err(invalid(
+                    "sidecar.dapr_grpc_listen",
+                    "must differ from sidecar.listen (gRPC has a listener of its own)",
+                ));
+            }
+        }
         if !s.listen_unix.is_empty()
             && (!s.listen_unix.starts_with('/') || s.listen_unix.len() > 100)
         {

@@ -13,6 +13,8 @@ pub struct Dev {
     pub gateway: String,
     pub admin: String,
     pub admin_port: u16,
+    /// Dapr's gRPC API, `127.0.0.1:PORT` (no scheme).
+    pub dapr_grpc: String,
 }
 
 impl Dev {
@@ -20,6 +22,13 @@ impl Dev {
     /// (lock API, proxy, gateway, storage, metrics) — for a test that
     /// reads its output itself.
     pub fn command() -> (Command, [u16; 5]) {
+        let (cmd, ports, _) = Dev::command_with_dapr_grpc();
+        (cmd, ports)
+    }
+
+    /// [`Dev::command`], and the port of Dapr's gRPC API (never Dapr's
+    /// default 50001: tests run side by side).
+    pub fn command_with_dapr_grpc() -> (Command, [u16; 5], u16) {
         let ports = [
             free_port(),
             free_port(),
@@ -39,12 +48,17 @@ impl Dev {
         for (var, port) in vars.iter().zip(ports) {
             cmd.env(var, format!("127.0.0.1:{port}"));
         }
-        (cmd, ports)
+        let grpc = free_port();
+        cmd.env(
+            "FENCER__SIDECAR__DAPR_GRPC_LISTEN",
+            format!("127.0.0.1:{grpc}"),
+        );
+        (cmd, ports, grpc)
     }
 
     /// Starts it (logs at warn, thrown away) and waits for `/readyz`.
     pub fn start() -> Dev {
-        let (mut cmd, [api, proxy, gw, _st, admin]) = Dev::command();
+        let (mut cmd, [api, proxy, gw, _st, admin], grpc) = Dev::command_with_dapr_grpc();
         let child = cmd
             .env("FENCER__LOG__LEVEL", "warn")
             .stdout(Stdio::null())
@@ -58,6 +72,7 @@ impl Dev {
             gateway: format!("http://127.0.0.1:{gw}"),
             admin: format!("http://127.0.0.1:{admin}"),
             admin_port: admin,
+            dapr_grpc: format!("127.0.0.1:{grpc}"),
         };
         let deadline = Instant::now() + Duration::from_secs(20);
         while !http_ok(&format!("{}/readyz", dev.admin)) {

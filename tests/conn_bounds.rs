@@ -74,10 +74,17 @@ async fn silent_connections_are_closed_after_the_first_byte_bound_on_every_liste
     let socket = socket_dir.path().join("api.sock");
     let socket_s = socket.to_string_lossy().into_owned();
     let upstream = Recorder::start().await;
+    let dapr_grpc = format!("127.0.0.1:{}", common::free_port());
     let sidecar = Fencer::sidecar(
         Backend::Memory,
         None,
-        &with(&b, &[("sidecar.listen_unix", socket_s.as_str())]),
+        &with(
+            &b,
+            &[
+                ("sidecar.listen_unix", socket_s.as_str()),
+                ("sidecar.dapr_grpc_listen", dapr_grpc.as_str()),
+            ],
+        ),
     );
     let gateway = Fencer::gateway(&upstream.url(), &with(&b, &[]));
     let storage = Fencer::storage(&with(&b, &[]));
@@ -86,6 +93,7 @@ async fn silent_connections_are_closed_after_the_first_byte_bound_on_every_liste
         ("sidecar api", addr(&sidecar.api)),
         ("sidecar proxy", addr(&sidecar.proxy)),
         ("sidecar admin", addr(&sidecar.admin)),
+        ("sidecar dapr grpc", dapr_grpc.clone()),
         ("gateway", addr(&gateway.api)),
         ("gateway admin", addr(&gateway.admin)),
         ("storage", addr(&storage.api)),
@@ -137,7 +145,10 @@ async fn silent_connections_are_closed_after_the_first_byte_bound_on_every_liste
 
     // Counted, per listener and reason; and every listener still serves.
     for (f, listeners) in [
-        (&sidecar, &["api", "api_unix", "proxy", "admin"][..]),
+        (
+            &sidecar,
+            &["api", "api_unix", "proxy", "admin", "dapr_grpc"][..],
+        ),
         (&gateway, &["gateway", "admin"][..]),
     ] {
         let m = f.metrics().await;

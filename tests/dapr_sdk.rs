@@ -168,6 +168,11 @@ async fn dapr_methods_fencer_does_not_serve_answer_unimplemented_at_once() {
     ));
 }
 
+async fn post_json(url: &str, body: &'static str) -> Value {
+    let r = reqwest::Client::new().post(url).body(body).send().await;
+    r.unwrap().json().await.unwrap()
+}
+
 fn try_lock(resource: &str, owner: &str, expiry: i32) -> Vec<u8> {
     TryLockRequest {
         store_name: "lockstore".into(),
@@ -189,15 +194,11 @@ async fn grpc_lock_calls_answer_the_lease_as_metadata_and_keep_their_bounds() {
     assert!(a.headers.contains_key("fencing-token"));
     assert_eq!(a.headers["fencing-key"], "grpc:1");
     // The same lease as the HTTP look-up names.
-    let view: Value = reqwest::Client::new()
-        .post(format!("{}/v1/dapr/lockstore/lease", dev.api))
-        .body(r#"{"resourceId":"grpc:1","lockOwner":"o1"}"#)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let view = post_json(
+        &format!("{}/v1/dapr/lockstore/lease", dev.api),
+        r#"{"resourceId":"grpc:1","lockOwner":"o1"}"#,
+    )
+    .await;
     assert_eq!(view["lease_id"], lease.as_str());
 
     // The shared checks, as INVALID_ARGUMENT.
@@ -283,15 +284,11 @@ async fn dapr_http_start_checks_answer_in_daprs_shape() {
             .body(body)
             .send()
     };
-    let lock: Value = http
-        .post(format!("{}/v1.0-alpha1/lock/lockstore", dev.api))
-        .body(r#"{"resourceId":"look:1","lockOwner":"me","expiryInSeconds":30}"#)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let lock = post_json(
+        &format!("{}/v1.0-alpha1/lock/lockstore", dev.api),
+        r#"{"resourceId":"look:1","lockOwner":"me","expiryInSeconds":30}"#,
+    )
+    .await;
     assert_eq!(lock["success"], true);
     let own = lease(r#"{"resourceId":"look:1","lockOwner":"me"}"#, "lockstore")
         .await
@@ -319,9 +316,7 @@ async fn dapr_http_start_checks_answer_in_daprs_shape() {
         assert_eq!(r.status(), status, "{body} {store}");
     }
     // A Dapr lease's owner (its credential) is not shown to other clients.
-    let listed: Value = http
-        .get(format!("{}/v1/locks/look:1", dev.api))
-        .send()
+    let listed: Value = reqwest::get(format!("{}/v1/locks/look:1", dev.api))
         .await
         .unwrap()
         .json()

@@ -56,6 +56,11 @@ fn answer(op: Op, e: DaprFailure) -> Response {
     err.with("errorCode", code).into_response()
 }
 
+/// A request refused before it reached [`dapr_lock`]: counted there.
+fn refused(state: &ApiState, op: Op, e: DaprFailure) -> Response {
+    answer(op, dapr_lock::failed(state, Protocol::Http, op, e))
+}
+
 /// The body as an object with only `allowed` fields (a misspelt
 /// `expiryInSecond` is refused, not silently defaulted).
 fn object(
@@ -130,12 +135,7 @@ pub async fn lock(
 ) -> Response {
     let req = match lock_request(store, raw) {
         Ok(r) => r,
-        Err(e) => {
-            return answer(
-                Op::Lock,
-                dapr_lock::failed(&state, Protocol::Http, Op::Lock, e),
-            )
-        }
+        Err(e) => return refused(&state, Op::Lock, e),
     };
     match dapr_lock::try_lock(&state, Protocol::Http, req).await {
         Ok(Some(view)) => {
@@ -172,12 +172,7 @@ pub async fn unlock(
 ) -> Response {
     let req = match owner_request(store, raw) {
         Ok(r) => r,
-        Err(e) => {
-            return answer(
-                Op::Unlock,
-                dapr_lock::failed(&state, Protocol::Http, Op::Unlock, e),
-            )
-        }
+        Err(e) => return refused(&state, Op::Unlock, e),
     };
     match dapr_lock::unlock(&state, Protocol::Http, req).await {
         Ok(status) => Json(json!({ "status": status as i32 })).into_response(),
@@ -194,12 +189,7 @@ pub async fn lease(
 ) -> Response {
     let req = match owner_request(store, raw) {
         Ok(r) => r,
-        Err(e) => {
-            return answer(
-                Op::Lease,
-                dapr_lock::failed(&state, Protocol::Http, Op::Lease, e),
-            )
-        }
+        Err(e) => return refused(&state, Op::Lease, e),
     };
     match dapr_lock::lease_of(&state, Protocol::Http, &req) {
         Ok(Some(view)) => Json(view).into_response(),

@@ -56,6 +56,13 @@ python3 -c "import helm_python" >/dev/null 2>&1 || python3 -m pip install -q "he
 # Python client examples (tests/examples.rs).
 command -v st >/dev/null 2>&1 || python3 -m pip install -q "schemathesis==4.32.5"
 python3 -c "import requests" >/dev/null 2>&1 || python3 -m pip install -q requests
+# --- issue 31: client libraries (tests/clients.rs) ---
+# pip builds clients/python from its folder offline (--no-build-isolation:
+# the machine's setuptools and wheel); tsc checks clients/node's types.
+python3 -c "import setuptools, wheel" >/dev/null 2>&1 || python3 -m pip install -q "setuptools>=61" wheel
+[ -x "$HOME/.cache/fencer-tsc/node_modules/.bin/tsc" ] ||
+  npm install --prefix "$HOME/.cache/fencer-tsc" --no-audit --no-fund --silent "typescript@5"
+# --- end ---
 echo "install (apt-get, pip) $(( $(date +%s) - install_start ))" >> "$FENCER_CI_DIR/phases"
 
 build_phase="build (test profile)"

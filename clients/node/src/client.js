@@ -122,8 +122,8 @@ export class FencerClient {
     if (waitMs !== undefined) body.wait_ms = waitMs;
     if (owner !== undefined) body.owner = owner;
     const controller = new AbortController();
-    const response = await this.#send('POST', path(key, 'hold'), body, { signal: controller.signal, stream: true });
-    return new HoldStream(response, controller);
+    const response = await this.#send('POST', path(key, 'hold'), body, { waitMs, signal: controller.signal, stream: true });
+    return new HoldStream(response, controller, this.timeoutMs);
   }
 
   /**
@@ -225,21 +225,35 @@ function path(key, action) {
  * of JSON objects; closing it releases the lock.
  */
 export class HoldStream {
-  /** @param {Response} response @param {AbortController} controller */
-  constructor(response, controller) {
+  /**
+   * @param {Response} response
+   * @param {AbortController} controller
+   * @param {number} silenceMs heartbeats arrive every second: silence this long means the sidecar is gone
+   */
+  constructor(response, controller, silenceMs) {
     this.#response = response;
     this.#controller = controller;
+    this.#silenceMs = silenceMs;
   }
 
   #response;
   #controller;
+  #silenceMs;
 
   /** Yields each event; leaving the loop closes the stream. */
   async *[Symbol.asyncIterator]() {
     const decoder = new TextDecoder();
     let buffered = '';
+    let silence;
+    const watch = () => {
+      clearTimeout(silence);
+      silence = setTimeout(() => this.#controller.abort(
+        new TransportError(0, 'transport_error', `hold stream silent for ${this.#silenceMs} ms`)), this.#silenceMs);
+    };
     try {
+      watch();
       for await (const chunk of this.#response.body) {
+        watch();
         buffered += decoder.decode(chunk, { stream: true });
         let newline;
         while ((newline = buffered.indexOf('\n')) >= 0) {
@@ -248,7 +262,10 @@ export class HoldStream {
           if (line) yield JSON.parse(line);
         }
       }
+    } catch (err) {
+      throw this.#controller.signal.reason instanceof TransportError ? this.#controller.signal.reason : err;
     } finally {
+      clearTimeout(silence);
       this.close();
     }
   }

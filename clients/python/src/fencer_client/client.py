@@ -206,10 +206,15 @@ class HoldStream:
         self._response = response
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
-        for line in self._response:
-            line = line.strip()
-            if line:
-                yield json.loads(line)
+        # Heartbeats arrive every second: a read that waits the client's whole
+        # timeout means the sidecar is gone (the lock is then as good as lost).
+        try:
+            for line in self._response:
+                line = line.strip()
+                if line:
+                    yield json.loads(line)
+        except (OSError, ValueError) as e:
+            raise TransportError(0, "transport_error", f"hold stream broke: {e}") from None
 
     def close(self) -> None:
         """Closes the stream: the sidecar releases the lock at once."""

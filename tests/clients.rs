@@ -25,13 +25,7 @@ fn root() -> PathBuf {
 
 /// Fails the test, naming what to install, unless `cmd args` runs and exits 0.
 fn require(what: &str, install: &str, cmd: &str, args: &[&str]) {
-    let ok = Command::new(cmd)
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(ok, "the client tests need {what}: install {install}");
+    common::require_tool("the client tests", what, install, cmd, args)
 }
 
 /// Runs `cmd` to completion, prints its output and time, asserts exit 0.
@@ -357,27 +351,9 @@ fn packages_install_from_their_folders() {
     assert!(out.contains(site.to_str().unwrap()), "{out}");
 
     // npm: from the folder into a fresh project.
-    require("npm", "npm", "npm", &["--version"]);
     let app = dir.path().join("app");
     std::fs::create_dir(&app).unwrap();
-    std::fs::write(
-        app.join("package.json"),
-        r#"{"name":"app","private":true,"type":"module"}"#,
-    )
-    .unwrap();
-    run(
-        "npm install clients/node",
-        Command::new("npm")
-            .args([
-                "install",
-                "--offline",
-                "--no-audit",
-                "--no-fund",
-                "--silent",
-            ])
-            .arg(root().join("clients/node"))
-            .current_dir(&app),
-    );
+    common::clients::install_node_client(&app);
     let out = run(
         "import 'fencer-client' (installed)",
         Command::new("node")

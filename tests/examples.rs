@@ -142,17 +142,7 @@ fn http_get(url: &str) -> (u16, String) {
 
 /// Fails the test, naming what to install, unless `cmd` runs and exits 0.
 fn require(what: &str, install: &str, cmd: &str, args: &[&str]) {
-    let ok = Command::new(cmd)
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(
-        ok,
-        "the examples need {what} (`{cmd} {}` failed): install {install}",
-        args.join(" ")
-    );
+    common::require_tool("the examples", what, install, cmd, args)
 }
 
 /// The numbers matched by `#` if `line` matches `pattern`.
@@ -387,7 +377,6 @@ fn node_examples() {
 /// ES modules find packages in `node_modules` only, and the copy keeps the
 /// source tree free of it.
 fn node_place() -> Place {
-    require("npm", "npm", "npm", &["--version"]);
     let copy = tempfile::tempdir().unwrap();
     for entry in std::fs::read_dir(repo().join("examples/node")).unwrap() {
         let path = entry.unwrap().path();
@@ -395,28 +384,7 @@ fn node_place() -> Place {
             std::fs::copy(&path, copy.path().join(path.file_name().unwrap())).unwrap();
         }
     }
-    std::fs::write(
-        copy.path().join("package.json"),
-        r#"{"name":"fencer-examples","private":true,"type":"module"}"#,
-    )
-    .unwrap();
-    let out = Command::new("npm")
-        .args([
-            "install",
-            "--offline",
-            "--no-audit",
-            "--no-fund",
-            "--silent",
-        ])
-        .arg(repo().join("clients/node"))
-        .current_dir(copy.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "npm install clients/node: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::clients::install_node_client(copy.path());
     Place {
         dir: copy.path().to_owned(),
         env: Vec::new(),

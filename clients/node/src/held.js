@@ -55,6 +55,7 @@ export class HeldLock {
   #renewTimer = undefined;
   #watchdog = undefined;
   #closing = false;
+  #released = false;
 
   /** The lock's key. */
   get key() {
@@ -91,19 +92,21 @@ export class HeldLock {
   }
 
   /**
-   * Stops renewing and releases the lock. Throws the `LeaseLostError` if the
+   * Stops renewing and releases the lock (once: later calls do nothing). Throws the `LeaseLostError` if the
    * lease was lost (the work done under it may have raced a newer holder).
    * @returns {Promise<void>}
    */
   async release() {
     this.#stop();
     this.check();
+    if (this.#released) return;
     try {
       await this.client.release(this.lease);
     } catch (err) {
       if (err instanceof LeaseLostError) this.lost = err;
       throw err;
     }
+    this.#released = true;
   }
 
   /** `await using held = await client.lock(key)`: released at the end of the block (throws if lost). */

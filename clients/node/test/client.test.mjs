@@ -85,6 +85,7 @@ test('await using / asyncDispose releases', async () => {
   const key = fresh('dispose');
   const held = await client.lock(key, { ttlMs: 5000 });
   await held[Symbol.asyncDispose]();
+  await held.release(); // a second release does nothing
   await client.release(await client.acquire(key, { waitMs: 0 }));
 });
 

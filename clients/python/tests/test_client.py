@@ -5,6 +5,7 @@ Run alone: start `fencer dev`, then
   FENCER_GATEWAY=http://127.0.0.1:8080 PYTHONPATH=clients/python/src \\
     python3 -m unittest discover -s clients/python/tests
 """
+import asyncio
 import json
 import os
 import threading
@@ -91,6 +92,22 @@ class HeldLockTest(unittest.TestCase):
             with self.client.lock(key, ttl_ms=5000):
                 1 / 0
         self.client.release(self.client.acquire(key, wait_ms=0))
+
+    def test_async_with_releases_on_exit(self):
+        key = fresh("async")
+
+        async def hold_it():
+            async with self.client.lock(key, ttl_ms=300) as held:
+                await asyncio.sleep(0.5)  # past the TTL: renewed meanwhile
+                held.check()
+                self.assertEqual(self.client.status(key)["state"], "held")
+            held.release()  # a second release does nothing
+            return held.lease.token
+
+        token = asyncio.run(hold_it())
+        lease = self.client.acquire(key, wait_ms=0)
+        self.assertGreater(lease.token, token)
+        self.client.release(lease)
 
     def test_keepalive_holds_past_the_ttl(self):
         key = fresh("keepalive")

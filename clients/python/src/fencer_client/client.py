@@ -143,7 +143,7 @@ class Client:
              owner: Optional[str] = None,
              on_lost: Optional[Callable[[FencerError], None]] = None) -> "HeldLock":
         """A lock kept alive by this client while it is held: use it as
-        ``with client.lock("job:1") as held: ...``. It renews at a third of
+        ``with client.lock("job:1") as held: ...`` (or ``async with``). It renews at a third of
         ``ttl_ms`` in a background thread; when the lease is lost it calls
         ``on_lost(error)``, and ``held.check()``, every request sent through
         ``held.session()`` and leaving the ``with`` raise :class:`LeaseLost`.

@@ -13,6 +13,7 @@ the lease's deadline, not whenever the hung call returns:
 The deadline is counted from when a renew was *sent*, on the monotonic
 clock, so a late answer never stretches it past what the sidecar granted.
 """
+import asyncio
 import logging
 import threading
 import time
@@ -54,6 +55,7 @@ class HeldLock:
         self._changed = threading.Condition()
         self._stopped = False
         self._closing = False  # the holder stopped it: later failures are not losses
+        self._released = False
         self._threads = []
 
     # --- life cycle ---
@@ -71,18 +73,20 @@ class HeldLock:
         return self.lease
 
     def release(self) -> None:
-        """Stops renewing and releases the lock. Raises :class:`LeaseLost` if
+        """Stops renewing and releases the lock (once: later calls do
+        nothing). Raises :class:`LeaseLost` if
         the lease was lost before (the work done under it may have raced a
         newer holder)."""
         self._stop()
         self.check()
-        if self.lease is None:
+        if self.lease is None or self._released:
             return
         try:
             self.client.release(self.lease)
         except LeaseLost as e:
             self.lost = e
             raise
+        self._released = True
 
     def _stop(self) -> None:
         with self._changed:
@@ -96,6 +100,17 @@ class HeldLock:
     def __enter__(self) -> "HeldLock":
         self.start()
         return self
+
+    async def __aenter__(self) -> "HeldLock":
+        """``async with client.lock(key) as held:`` acquires in a worker
+        thread (a waiting acquire does not block the event loop); renewal
+        runs in its threads as with ``with``."""
+        await asyncio.get_running_loop().run_in_executor(None, self.start)
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        """Releases in a worker thread; raises :class:`LeaseLost` as ``with`` does."""
+        await asyncio.get_running_loop().run_in_executor(None, self.__exit__, exc_type, exc, tb)
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:

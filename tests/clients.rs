@@ -253,7 +253,7 @@ fn python_client() {
 #[test]
 fn node_client() {
     require(
-        "Node.js 20 or later",
+        "Node.js 20.3 or later (fetch, AbortSignal.any)",
         "nodejs (20)",
         "node",
         &[

@@ -355,10 +355,13 @@ fn python_examples() {
 #[test]
 fn node_examples() {
     require(
-        "Node.js 18 or later (built-in fetch)",
+        "Node.js 20.3 or later (fetch, AbortSignal.any: the client library)",
         "nodejs (20)",
         "node",
-        &["-e", "process.exit(typeof fetch === 'function' ? 0 : 1)"],
+        &[
+            "-e",
+            "process.exit(typeof AbortSignal.any === 'function' ? 0 : 1)",
+        ],
     );
     let files = [
         "acquire.mjs",

@@ -7,7 +7,6 @@
 
 See docs/clients.md in fencer's repository.
 """
-from . import errors
 from .client import DEFAULT_API, DEFAULT_PROXY, Client, HoldStream, Lease, error_from_response
 from .errors import *  # noqa: F401,F403 - one class per error code
 from .errors import ERROR_CLASSES, FENCED_CODES, FencerError, TransportError, error_from_body

@@ -11,9 +11,12 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional
 
 from .errors import FencerError, TransportError, error_from_body
+
+if TYPE_CHECKING:  # held.py imports this module
+    from .held import HeldLock
 
 #: The lock API when neither an address nor ``$FENCER_API`` is given.
 DEFAULT_API = "http://127.0.0.1:7411"

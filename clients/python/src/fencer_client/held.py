@@ -56,7 +56,6 @@ class HeldLock:
         self._stopped = False
         self._closing = False  # the holder stopped it: later failures are not losses
         self._released = False
-        self._threads = []
 
     # --- life cycle ---
 
@@ -69,14 +68,12 @@ class HeldLock:
         for name, target in (("renew", self._renewer), ("watchdog", self._watchdog)):
             thread = threading.Thread(target=target, name=f"fencer-{name}:{self.key}", daemon=True)
             thread.start()
-            self._threads.append(thread)
         return self.lease
 
     def release(self) -> None:
         """Stops renewing and releases the lock (once: later calls do
-        nothing). Raises :class:`LeaseLost` if
-        the lease was lost before (the work done under it may have raced a
-        newer holder)."""
+        nothing). Raises :class:`LeaseLost` if the lease was lost before (the
+        work done under it may have raced a newer holder)."""
         self._stop()
         self.check()
         if self.lease is None or self._released:
@@ -89,13 +86,12 @@ class HeldLock:
         self._released = True
 
     def _stop(self) -> None:
+        # No join: a renewal still in flight may hang, and whatever it
+        # answers is ignored once stopped (after a release, lease_lost).
         with self._changed:
             self._stopped = True
             self._closing = True
             self._changed.notify_all()
-        for thread in self._threads:
-            if thread is not threading.current_thread():
-                thread.join(timeout=1.0)
 
     def __enter__(self) -> "HeldLock":
         self.start()

@@ -7,6 +7,10 @@
 //! storage behind the gateway: the proxied write landed, and the write the
 //! proxy refused after the lease was lost did not.
 //!
+//! The Python and Node examples use the client libraries in `clients/`:
+//! Python finds `clients/python/src` on `PYTHONPATH`; Node runs a copy of
+//! the examples with `clients/node` installed by `npm install` (offline).
+//!
 //! A missing interpreter fails the test, naming what to install.
 
 mod common;
@@ -14,7 +18,7 @@ mod common;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -138,17 +142,7 @@ fn http_get(url: &str) -> (u16, String) {
 
 /// Fails the test, naming what to install, unless `cmd` runs and exits 0.
 fn require(what: &str, install: &str, cmd: &str, args: &[&str]) {
-    let ok = Command::new(cmd)
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(
-        ok,
-        "the examples need {what} (`{cmd} {}` failed): install {install}",
-        args.join(" ")
-    );
+    common::require_tool("the examples", what, install, cmd, args)
 }
 
 /// The numbers matched by `#` if `line` matches `pattern`.
@@ -172,11 +166,13 @@ fn matches(pattern: &str, line: &str) -> Option<Vec<u64>> {
 /// Runs one example (in its language's directory) against `dev`; asserts
 /// exit code 0 and exactly the `expected` lines. Returns the numbers the
 /// `#`s matched, in order.
-fn run(dev: &Dev, dir: &Path, cmd: &[&str], expected: &[&str]) -> Vec<u64> {
+fn run(dev: &Dev, place: &Place, cmd: &[&str], expected: &[&str]) -> Vec<u64> {
+    let dir = &place.dir;
     let started = Instant::now();
     let mut child = Command::new(cmd[0])
         .args(&cmd[1..])
         .current_dir(dir)
+        .envs(place.env.iter().map(|(k, v)| (k, v)))
         .env("FENCER_API", &dev.api)
         .env("FENCER_PROXY", &dev.proxy)
         .env("NO_PROXY", "127.0.0.1,localhost")
@@ -251,11 +247,37 @@ fn tail(text: &str, bytes: usize) -> &str {
     &text[start..]
 }
 
+/// Where one language's examples run (their folder, or a copy of it) and
+/// what they need in their environment (e.g. where the client library is).
+struct Place {
+    dir: PathBuf,
+    env: Vec<(&'static str, String)>,
+    _copy: Option<tempfile::TempDir>,
+}
+
+impl Place {
+    /// The examples' own folder.
+    fn examples(lang: &str) -> Place {
+        Place {
+            dir: repo().join("examples").join(lang),
+            env: Vec::new(),
+            _copy: None,
+        }
+    }
+}
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
 /// Runs the five scenarios of one language; `cmd(file)` is its command line.
 fn run_language(lang: &str, files: [&str; 5], cmd: impl Fn(&str) -> Vec<String>) {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("examples")
-        .join(lang);
+    run_language_in(Place::examples(lang), lang, files, cmd)
+}
+
+/// Runs the five scenarios of one language in `place`.
+fn run_language_in(place: Place, lang: &str, files: [&str; 5], cmd: impl Fn(&str) -> Vec<String>) {
+    let dir = place.dir.clone();
     let dev = Dev::start();
     let started = Instant::now();
     let mut results = Vec::new();
@@ -270,7 +292,7 @@ fn run_language(lang: &str, files: [&str; 5], cmd: impl Fn(&str) -> Vec<String>)
         );
         let argv = cmd(file);
         let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-        results.push(run(&dev, &dir, &argv, expected));
+        results.push(run(&dev, &place, &argv, expected));
     }
     println!(
         "{:>6.2} s  {lang}: all five examples",
@@ -320,16 +342,26 @@ fn python_examples() {
         "proxy_write.py",
         "lease_lost.py",
     ];
-    run_language("python", files, |f| vec!["python3".into(), f.into()]);
+    // The examples use the client library from its folder (clients/python),
+    // as `pip install clients/python` would provide it.
+    let mut place = Place::examples("python");
+    place.env.push((
+        "PYTHONPATH",
+        repo().join("clients/python/src").display().to_string(),
+    ));
+    run_language_in(place, "python", files, |f| vec!["python3".into(), f.into()]);
 }
 
 #[test]
 fn node_examples() {
     require(
-        "Node.js 18 or later (built-in fetch)",
+        "Node.js 20.3 or later (fetch, AbortSignal.any: the client library)",
         "nodejs (20)",
         "node",
-        &["-e", "process.exit(typeof fetch === 'function' ? 0 : 1)"],
+        &[
+            "-e",
+            "process.exit(typeof AbortSignal.any === 'function' ? 0 : 1)",
+        ],
     );
     let files = [
         "acquire.mjs",
@@ -338,7 +370,29 @@ fn node_examples() {
         "proxy-write.mjs",
         "lease-lost.mjs",
     ];
-    run_language("node", files, |f| vec!["node".into(), f.into()]);
+    run_language_in(node_place(), "node", files, |f| {
+        vec!["node".into(), f.into()]
+    });
+}
+
+/// A copy of examples/node with the client library (clients/node)
+/// installed by `npm install` from its folder, offline, as a user would:
+/// ES modules find packages in `node_modules` only, and the copy keeps the
+/// source tree free of it.
+fn node_place() -> Place {
+    let copy = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(repo().join("examples/node")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "mjs") {
+            std::fs::copy(&path, copy.path().join(path.file_name().unwrap())).unwrap();
+        }
+    }
+    common::clients::install_node_client(copy.path());
+    Place {
+        dir: copy.path().to_owned(),
+        env: Vec::new(),
+        _copy: Some(copy),
+    }
 }
 
 #[test]

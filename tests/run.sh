@@ -69,6 +69,13 @@ fi
   || (cd tests/dapr_sdk && npm ci --no-audit --no-fund --loglevel=error)
 python3 -c "import dapr.clients" >/dev/null 2>&1 || python3 -m pip install -q "dapr==1.19.0"
 # --- end ---
+# --- issue 31: client libraries (tests/clients.rs) ---
+# pip builds clients/python from its folder offline (--no-build-isolation:
+# the machine's setuptools and wheel); tsc checks clients/node's types.
+python3 -c "import setuptools, wheel" >/dev/null 2>&1 || python3 -m pip install -q "setuptools>=61" wheel
+[ -x "$HOME/.cache/fencer-tsc/node_modules/.bin/tsc" ] ||
+  npm install --prefix "$HOME/.cache/fencer-tsc" --no-audit --no-fund --silent "typescript@5"
+# --- end ---
 echo "install (apt-get, pip) $(( $(date +%s) - install_start ))" >> "$FENCER_CI_DIR/phases"
 
 build_phase="build (test profile)"

@@ -2,50 +2,34 @@
 // we show we are alive (a keepalive call, or a proxied request under the
 // lease, within keepalive_ms). If this process hangs or dies, renewal stops
 // and the lease runs out within keepalive_ms + ttl_ms.
+//
+// (To have this process renew instead, use client.withLock(key, fn): see
+// proxy-write.mjs.) Uses the fencer-client library (`npm install ../../clients/node`).
 import { setTimeout as sleep } from "node:timers/promises";
+import { FencerClient } from "fencer-client";
 
-const API = process.env.FENCER_API ?? "http://127.0.0.1:7411";
 const KEY = "example:auto-renew";
 
-class FencerError extends Error {
-  constructor(status, body) {
-    super(`${status} ${body.error}: ${body.message}`);
-    this.code = body.error;
-  }
-}
-
-async function call(method, url, body) {
-  const res = await fetch(url, {
-    method,
-    headers: { "Content-Type": "application/json" },
-    body: body && JSON.stringify(body),
-  });
-  const json = await res.json();
-  if (!res.ok) throw new FencerError(res.status, json);
-  return json;
-}
-
 async function main() {
-  const lease = await call("POST", `${API}/v1/locks/${KEY}/acquire`, {
-    ttl_ms: 1000, auto_renew: true, keepalive_ms: 2000, wait_ms: 5000,
-  });
-  console.log(`acquired token=${lease.token} ttl_ms=${lease.ttl_ms}`);
+  const client = new FencerClient(); // $FENCER_API, else http://127.0.0.1:7411
+  const lease = await client.acquire(KEY, { ttlMs: 1000, autoRenew: true, keepaliveMs: 2000, waitMs: 5000 });
+  console.log(`acquired token=${lease.token} ttl_ms=${lease.ttlMs}`);
   try {
     for (let step = 1; step <= 6; step++) {
       await sleep(500); // one chunk of work
-      // "I am alive"; 409 lease_lost here means: stop working, the lock is gone
-      await call("POST", `${API}/v1/locks/${KEY}/keepalive`, { lease_id: lease.lease_id });
+      // "I am alive"; LeaseLostError here means: stop working, the lock is gone
+      await client.keepalive(lease);
       console.log(`step ${step}: keepalive ok`);
     }
-    const { state } = await call("GET", `${API}/v1/locks/${KEY}`);
+    const { state } = await client.status(KEY);
     console.log(`after 3000 ms with a 1000 ms ttl: ${state}`);
   } finally {
-    await call("POST", `${API}/v1/locks/${KEY}/release`, { lease_id: lease.lease_id });
+    await client.release(lease);
     console.log("released");
   }
 }
 
 main().catch((e) => {
-  console.error(`error: ${e.message}${e.cause ? ` (${e.cause.message})` : ""}`);
+  console.error(`error: ${e.message}`);
   process.exit(1);
 });

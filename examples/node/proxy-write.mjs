@@ -2,44 +2,34 @@
 // egress proxy with `Fencing-Lease: <lease_id>`. The proxy adds the signed
 // fencing token; the gateway in front of the storage refuses any write whose
 // token is older than one it has already accepted for the key.
-const API = process.env.FENCER_API ?? "http://127.0.0.1:7411";
-const PROXY = process.env.FENCER_PROXY ?? "http://127.0.0.1:7412";
+//
+// withLock keeps the lease alive in the background while the function runs
+// and releases it at the end (it rejects with LeaseLostError if the lease is
+// lost meanwhile); held.fetch adds `Fencing-Lease`, sends relative URLs to
+// the proxy ($FENCER_PROXY) and is aborted when the lease is lost.
+// Uses the fencer-client library (`npm install ../../clients/node`).
+import { FencerClient } from "fencer-client";
+
 const KEY = "example:write";
 
-class FencerError extends Error {
-  constructor(status, body) {
-    super(`${status} ${body.error}: ${body.message}`);
-    this.code = body.error;
-  }
-}
-
-async function call(method, url, body, headers = {}) {
-  const res = await fetch(url, {
-    method,
-    headers: { "Content-Type": "application/json", ...headers },
-    body: body && JSON.stringify(body),
-  });
-  const json = await res.json();
-  if (!res.ok) throw new FencerError(res.status, json);
-  return json;
-}
-
 async function main() {
-  const lease = await call("POST", `${API}/v1/locks/${KEY}/acquire`, { ttl_ms: 10000, wait_ms: 5000 });
-  console.log(`acquired token=${lease.token}`);
-  const fenced = { "Fencing-Lease": lease.lease_id };
-  try {
-    await call("PUT", `${PROXY}/kv/example/write`, { balance: 100 }, fenced);
+  const client = new FencerClient(); // $FENCER_API and $FENCER_PROXY
+  await client.withLock(KEY, async (held) => {
+    console.log(`acquired token=${held.lease.token}`);
+    const put = await held.fetch("/kv/example/write", {
+      method: "PUT",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ balance: 100 }),
+    });
+    if (!put.ok) throw new Error(`write: ${put.status} ${await put.text()}`);
     console.log("write ok");
-    const { value } = await call("GET", `${PROXY}/kv/example/write`, undefined, fenced);
+    const { value } = await (await held.fetch("/kv/example/write")).json();
     console.log(`read back balance=${value.balance}`);
-  } finally {
-    await call("POST", `${API}/v1/locks/${KEY}/release`, { lease_id: lease.lease_id });
-    console.log("released");
-  }
+  }, { ttlMs: 10000, waitMs: 5000 });
+  console.log("released");
 }
 
 main().catch((e) => {
-  console.error(`error: ${e.message}${e.cause ? ` (${e.cause.message})` : ""}`);
+  console.error(`error: ${e.message}`);
   process.exit(1);
 });

@@ -1,44 +1,30 @@
 """Notice a lost lease and stop writing. The lease has a short TTL and nobody
 renews it; a pause longer than the TTL (a GC pause, a stalled VM) lets it
 expire. The proxy then refuses the next write under it with 409 lease_lost
-instead of forwarding it, and the worker must stop: another worker may hold
-the lock now."""
-import os
+(LeaseLost) instead of forwarding it, and the worker must stop: another
+worker may hold the lock now.
+
+Uses the fencer_client library (`pip install clients/python`) and, for the
+writes, its standard-library helper fenced_urlopen."""
 import sys
 import time
 
-import requests
+from fencer_client import Client, FencerError, LeaseLost, fenced_urlopen
 
-API = os.environ.get("FENCER_API", "http://127.0.0.1:7411")
-PROXY = os.environ.get("FENCER_PROXY", "http://127.0.0.1:7412")
 KEY = "example:lost"
 
 
-class FencerError(Exception):
-    def __init__(self, status, body):
-        super().__init__(f"{status} {body.get('error')}: {body.get('message')}")
-        self.status, self.code = status, body.get("error")
-
-
-def call(method, url, body=None, headers=None):
-    r = requests.request(method, url, json=body, headers=headers, timeout=30)
-    if r.status_code != 200:
-        raise FencerError(r.status_code, r.json())
-    return r.json()
-
-
 def main():
-    lease = call("POST", f"{API}/v1/locks/{KEY}/acquire", {"ttl_ms": 1000, "wait_ms": 5000})
-    print(f"acquired token={lease['token']} ttl_ms={lease['ttl_ms']}")
-    fenced = {"Fencing-Lease": lease["lease_id"]}
+    client = Client()  # $FENCER_API and $FENCER_PROXY
+    lease = client.acquire(KEY, ttl_ms=1000, wait_ms=5000)
+    print(f"acquired token={lease.token} ttl_ms={lease.ttl_ms}")
     for balance in (1, 2, 3):
         try:
-            call("PUT", f"{PROXY}/kv/example/lost", {"balance": balance}, fenced)
-        except FencerError as e:
-            if e.code == "lease_lost":
-                print("lease lost: stopping")
-                return
-            raise
+            fenced_urlopen(lease, "/kv/example/lost", data={"balance": balance}, method="PUT",
+                           base_url=client.proxy).close()
+        except LeaseLost:
+            print("lease lost: stopping")
+            return
         print(f"write ok balance={balance}")
         print("pausing 1500 ms (longer than the ttl, no renew)")
         time.sleep(1.5)
@@ -48,5 +34,5 @@ def main():
 if __name__ == "__main__":
     try:
         main()
-    except (FencerError, requests.RequestException) as e:
+    except (FencerError, OSError) as e:
         sys.exit(f"error: {e}")

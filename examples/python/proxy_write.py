@@ -1,42 +1,32 @@
 """Write to storage under a lock: send the request through the sidecar's
 egress proxy with `Fencing-Lease: <lease_id>`. The proxy adds the signed
 fencing token; the gateway in front of the storage refuses any write whose
-token is older than one it has already accepted for the key."""
-import os
+token is older than one it has already accepted for the key.
+
+`client.lock()` keeps the lease alive in the background while the `with`
+block runs and releases it at the end; `held.session()` is a
+requests.Session that adds `Fencing-Lease` to every request and sends
+relative URLs to the proxy ($FENCER_PROXY). Uses the fencer_client library
+with its requests extra (`pip install 'clients/python[requests]'`)."""
 import sys
 
 import requests
 
-API = os.environ.get("FENCER_API", "http://127.0.0.1:7411")
-PROXY = os.environ.get("FENCER_PROXY", "http://127.0.0.1:7412")
+from fencer_client import Client, FencerError
+
 KEY = "example:write"
 
 
-class FencerError(Exception):
-    def __init__(self, status, body):
-        super().__init__(f"{status} {body.get('error')}: {body.get('message')}")
-        self.status, self.code = status, body.get("error")
-
-
-def call(method, url, body=None, headers=None):
-    r = requests.request(method, url, json=body, headers=headers, timeout=30)
-    if r.status_code != 200:
-        raise FencerError(r.status_code, r.json())
-    return r.json()
-
-
 def main():
-    lease = call("POST", f"{API}/v1/locks/{KEY}/acquire", {"ttl_ms": 10000, "wait_ms": 5000})
-    print(f"acquired token={lease['token']}")
-    fenced = {"Fencing-Lease": lease["lease_id"]}
-    try:
-        call("PUT", f"{PROXY}/kv/example/write", {"balance": 100}, fenced)
+    client = Client()  # $FENCER_API and $FENCER_PROXY
+    with client.lock(KEY, ttl_ms=10000, wait_ms=5000) as held:
+        print(f"acquired token={held.lease.token}")
+        session = held.session()
+        session.put("/kv/example/write", json={"balance": 100}).raise_for_status()
         print("write ok")
-        value = call("GET", f"{PROXY}/kv/example/write", headers=fenced)["value"]
+        value = session.get("/kv/example/write").json()["value"]
         print(f"read back balance={value['balance']}")
-    finally:
-        call("POST", f"{API}/v1/locks/{KEY}/release", {"lease_id": lease["lease_id"]})
-        print("released")
+    print("released")
 
 
 if __name__ == "__main__":

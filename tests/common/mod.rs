@@ -6,6 +6,7 @@
 
 #![allow(dead_code)]
 
+pub mod clients;
 pub mod dev;
 pub mod launcher;
 pub mod mariadb;
@@ -32,6 +33,22 @@ pub const SECRET: &str = "test-secret-0123456789-abcdefghijklmnopqrstuvwxyz";
 /// and watch it fail).
 pub fn fencer_bin() -> String {
     std::env::var("FENCER_TEST_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_fencer").to_owned())
+}
+
+/// Fails the test, naming what to install, unless `cmd args` runs and
+/// exits 0: `who` (e.g. "the examples") needs `what`.
+pub fn require_tool(who: &str, what: &str, install: &str, cmd: &str, args: &[&str]) {
+    let ok = Command::new(cmd)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        ok,
+        "{who} need {what} (`{cmd} {}` failed): install {install}",
+        args.join(" ")
+    );
 }
 
 /// A free port below the ephemeral range (see `fencer::bench::local::free_port`).

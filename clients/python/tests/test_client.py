@@ -1,0 +1,237 @@
+"""fencer_client against a real `fencer dev` (tests/clients.rs starts it and
+sets FENCER_API, FENCER_PROXY, FENCER_GATEWAY and FENCER_ERROR_CODES).
+
+Run alone: start `fencer dev`, then
+  FENCER_GATEWAY=http://127.0.0.1:8080 PYTHONPATH=clients/python/src \\
+    python3 -m unittest discover -s clients/python/tests
+"""
+import asyncio
+import json
+import os
+import threading
+import time
+import unittest
+import uuid
+
+import fencer_client
+from fencer_client import (Client, FencerError, LeaseLost, LockHeld, LockNotHeld, InvalidRequest,
+                           NotFound, StaleFencingToken, fenced_urlopen)
+
+GATEWAY = os.environ.get("FENCER_GATEWAY", "http://127.0.0.1:8080")
+
+
+def fresh(name):
+    """A key no other test uses (tests share one fencer dev)."""
+    return f"py:{name}:{uuid.uuid4().hex[:8]}"
+
+
+class BlockedRenew(Client):
+    """A client whose renewals hang (a stalled network) until released."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.unblock = threading.Event()
+
+    def renew(self, lease, ttl_ms=None):
+        self.unblock.wait(10)
+        return super().renew(lease, ttl_ms)
+
+
+class AcquireTest(unittest.TestCase):
+    def setUp(self):
+        self.client = Client()
+
+    def test_acquire_refused_then_waits_for_release(self):
+        key = fresh("acquire")
+        first = self.client.acquire(key, ttl_ms=5000)
+        self.assertGreater(first.token, 0)
+        self.assertTrue(first.fencing_token and first.lease_id)
+        started = time.monotonic()
+        with self.assertRaises(LockHeld) as refused:
+            self.client.acquire(key, wait_ms=200)
+        self.assertGreaterEqual(time.monotonic() - started, 0.19)
+        self.assertEqual((refused.exception.status, refused.exception.body["key"]), (409, key))
+
+        # A waiter gets the lock as soon as the holder releases it.
+        threading.Timer(0.3, self.client.release, [first]).start()
+        second = self.client.acquire(key, ttl_ms=5000, wait_ms=5000)
+        self.assertGreater(second.token, first.token)
+        renewed = self.client.renew(second, ttl_ms=5000)
+        self.assertEqual((renewed.token, renewed.lease_id), (second.token, second.lease_id))
+        self.client.release(second)
+        with self.assertRaises(LeaseLost):
+            self.client.release(second)
+
+    def test_hold_stream_releases_on_close(self):
+        key = fresh("hold")
+        with self.client.hold(key, ttl_ms=2000) as stream:
+            events = iter(stream)
+            acquired = next(events)
+            self.assertEqual(acquired["type"], "acquired")
+            self.assertEqual(next(events)["type"], "heartbeat")
+        after = self.client.acquire(key, wait_ms=2000)
+        self.assertGreater(after.token, acquired["token"])
+        self.client.release(after)
+
+
+class HeldLockTest(unittest.TestCase):
+    def setUp(self):
+        self.client = Client()
+
+    def test_with_releases_on_exit_and_on_error(self):
+        key = fresh("with")
+        with self.client.lock(key, ttl_ms=5000) as held:
+            self.assertEqual(self.client.status(key)["state"], "held")
+            with self.assertRaises(LockHeld):
+                self.client.acquire(key, wait_ms=0)
+        lease = self.client.acquire(key, wait_ms=0)  # free at once: released on exit
+        self.client.release(lease)
+        self.assertGreater(lease.token, held.lease.token)
+
+        with self.assertRaises(ZeroDivisionError):
+            with self.client.lock(key, ttl_ms=5000):
+                1 / 0
+        self.client.release(self.client.acquire(key, wait_ms=0))
+
+    def test_async_with_releases_on_exit(self):
+        key = fresh("async")
+
+        async def hold_it():
+            async with self.client.lock(key, ttl_ms=300) as held:
+                await asyncio.sleep(0.5)  # past the TTL: renewed meanwhile
+                held.check()
+                self.assertEqual(self.client.status(key)["state"], "held")
+            held.release()  # a second release does nothing
+            return held.lease.token
+
+        token = asyncio.run(hold_it())
+        lease = self.client.acquire(key, wait_ms=0)
+        self.assertGreater(lease.token, token)
+        self.client.release(lease)
+
+    def test_keepalive_holds_past_the_ttl(self):
+        key = fresh("keepalive")
+        with self.client.lock(key, ttl_ms=300) as held:
+            token = held.lease.token
+            time.sleep(1.2)  # four TTLs
+            held.check()
+            self.assertEqual(self.client.status(key)["state"], "held")
+            with self.assertRaises(LockHeld):
+                self.client.acquire(key, wait_ms=0)
+            self.assertEqual(held.lease.token, token)
+            self.assertGreater(held.lease.remaining_ms, 0)
+
+    def test_loss_by_another_party_is_known_at_once(self):
+        key = fresh("stolen")
+        lost = []
+        noticed = threading.Event()
+        held = self.client.lock(key, ttl_ms=600, on_lost=lambda e: (lost.append(e), noticed.set()))
+        with self.assertRaises(LeaseLost) as at_exit:
+            with held:
+                # Someone else with the lease id (an operator, a stale copy of
+                # this worker) releases it: the next renewal is refused.
+                Client().release(held.lease)
+                self.assertTrue(noticed.wait(2.0), "on_lost was not called")
+                self.assertIsInstance(lost[0], LeaseLost)
+                with self.assertRaises(LeaseLost):
+                    held.check()
+                with self.assertRaises(LeaseLost):
+                    held.urlopen("/kv/clients/never", data={"v": 1}, method="PUT")
+        self.assertIs(at_exit.exception, lost[0])
+        self.assertEqual(at_exit.exception.reason, "lease_lost")
+
+    def test_loss_while_renewal_hangs_is_known_at_the_deadline(self):
+        key = fresh("hung")
+        client = BlockedRenew()
+        noticed = threading.Event()
+        try:
+            with self.assertRaises(LeaseLost) as at_exit:
+                with client.lock(key, ttl_ms=300, on_lost=lambda e: noticed.set()) as held:
+                    started = time.monotonic()
+                    self.assertTrue(noticed.wait(2.0), "on_lost was not called")
+                    self.assertLess(time.monotonic() - started, 0.5)
+                    self.assertEqual(held.lost.reason, "deadline")
+            self.assertEqual(at_exit.exception.reason, "deadline")
+        finally:
+            client.unblock.set()
+
+
+class FencedHttpTest(unittest.TestCase):
+    def setUp(self):
+        self.client = Client()
+
+    def test_proxy_write_accepted_and_stale_write_refused(self):
+        key = fresh("stale")
+        path = f"/kv/clients/{key.replace(':', '-')}"
+        with self.client.lock(key, ttl_ms=5000) as old:
+            with old.urlopen(path, data={"by": "old"}, method="PUT") as r:
+                self.assertEqual(r.status, 200)
+            old_lease = old.lease
+        with self.client.lock(key, ttl_ms=5000) as new:
+            session = new.session()
+            self.assertEqual(session.put(path, json={"by": "new"}).status_code, 200)
+            self.assertEqual(session.get(path).json()["value"], {"by": "new"})
+            # The old lease through the proxy: refused there, never forwarded.
+            with self.assertRaises(LeaseLost):
+                fenced_urlopen(old_lease, path, data={"by": "old"}, method="PUT", base_url=self.client.proxy)
+            # The old signed token straight at the gateway: a newer one was seen.
+            stale = fencer_client.FencedSession(old_lease, base_url=GATEWAY, direct=True)
+            with self.assertRaises(StaleFencingToken) as refused:
+                stale.put(path, json={"by": "old"})
+            self.assertEqual(refused.exception.status, 409)
+            self.assertGreaterEqual(refused.exception.body["highest_seen"], new.lease.token)
+            with self.assertRaises(StaleFencingToken):
+                fenced_urlopen(old_lease, GATEWAY + path, data={"by": "old"}, method="PUT", direct=True)
+            self.assertEqual(session.get(path).json()["value"], {"by": "new"})
+
+    def test_storage_errors_are_not_fencer_errors(self):
+        key = fresh("missing")
+        with self.client.lock(key, ttl_ms=5000) as held:
+            response = held.session().get(f"/kv/clients/{key.replace(':', '-')}")
+            self.assertEqual(response.status_code, 404)  # the storage's own answer
+
+
+class ErrorCodeTest(unittest.TestCase):
+    def test_every_code_has_its_class(self):
+        codes = json.loads(os.environ.get("FENCER_ERROR_CODES") or "[]")
+        if not codes:
+            self.skipTest("FENCER_ERROR_CODES not set (tests/clients.rs sets it)")
+        missing = [c for c in codes if c not in fencer_client.ERROR_CLASSES]
+        self.assertEqual(missing, [], "error codes fencer answers that fencer_client lacks")
+        for code in codes:
+            err = fencer_client.error_from_body(409, {"error": code, "message": "m"})
+            self.assertIs(type(err), fencer_client.ERROR_CLASSES[code])
+            self.assertIsNot(type(err), FencerError)
+            self.assertEqual((err.code, err.status, err.message), (code, 409, "m"))
+            self.assertTrue(type(err).__doc__)
+            self.assertIs(getattr(fencer_client, type(err).__name__), type(err))
+
+    def test_every_code_of_the_proxy_and_gateway_is_a_fenced_code(self):
+        codes = json.loads(os.environ.get("FENCER_FENCED_CODES") or "[]")
+        if not codes:
+            self.skipTest("FENCER_FENCED_CODES not set (tests/clients.rs sets it)")
+        self.assertEqual(sorted(set(codes) - fencer_client.FENCED_CODES), [])
+        self.assertEqual(sorted(fencer_client.FENCED_CODES - set(fencer_client.ERROR_CLASSES)), [])
+
+    def test_unknown_code_is_a_plain_fencer_error(self):
+        err = fencer_client.error_from_body(418, {"error": "from_the_future", "message": "m"})
+        self.assertIs(type(err), FencerError)
+        self.assertEqual(err.code, "from_the_future")
+
+    def test_live_answers_map_to_their_classes(self):
+        client = Client()
+        with self.assertRaises(InvalidRequest) as bad:
+            client.acquire(fresh("bad"), ttl_ms=1)
+        self.assertEqual(bad.exception.body["field"], "ttl_ms")
+        with self.assertRaises(NotFound):
+            client.status(fresh("nobody"))
+        never = fencer_client.Lease(key=fresh("never"), token=1, fencing_token="", lease_id=uuid.uuid4().hex,
+                                    ttl_ms=1000, deadline=time.monotonic() + 1)
+        with self.assertRaises(LockNotHeld):
+            fenced_urlopen(never, "/kv/clients/never", data={"v": 1}, method="PUT", base_url=client.proxy)
+        with self.assertRaises(fencer_client.TransportError):
+            Client(api="http://127.0.0.1:9").acquire(fresh("nowhere"))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -184,6 +184,20 @@ impl RedisServer {
     }
 }
 
+/// Runs `openssl` with `args` in `dir`; panics with its stderr on failure.
+pub fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// A test CA and a server certificate for 127.0.0.1/localhost (files
 /// `ca.crt`, `server.crt`, `server.key`), readable by the PostgreSQL user.
 pub fn make_certs() -> tempfile::TempDir {
@@ -192,18 +206,7 @@ pub fn make_certs() -> tempfile::TempDir {
         .tempdir_in("/tmp")
         .unwrap();
     let d = dir.path();
-    let run = |args: &[&str]| {
-        let out = Command::new("openssl")
-            .args(args)
-            .current_dir(d)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
+    let run = |args: &[&str]| openssl(d, args);
     std::fs::write(
         d.join("san.ext"),
         "subjectAltName=IP:127.0.0.1,DNS:localhost\n",

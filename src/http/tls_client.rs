@@ -222,6 +222,7 @@ impl tower::Service<Uri> for Connector {
     }
 
     fn call(&mut self, uri: Uri) -> Self::Future {
+        let origin = format!("https://{}", uri.authority().map_or("", |a| a.as_str()));
         let host = uri
             .host()
             .unwrap_or_default()
@@ -236,7 +237,7 @@ impl tower::Service<Uri> for Connector {
                 let Some(tls) = tls else {
                     return Ok(Stream::Plain(tcp));
                 };
-                tls.handshake(tcp, &host).await
+                tls.handshake(tcp, &host, &origin).await
             };
             match tokio::time::timeout(timeout, connect).await {
                 Ok(result) => result.map(TokioIo::new),
@@ -250,7 +251,7 @@ impl tower::Service<Uri> for Connector {
 }
 
 impl TlsLink {
-    async fn handshake(&self, tcp: TcpStream, host: &str) -> io::Result<Stream> {
+    async fn handshake(&self, tcp: TcpStream, host: &str, origin: &str) -> io::Result<Stream> {
         let name = match &self.server_name {
             Some(n) => n.clone(),
             None => ServerName::try_from(host.to_owned())
@@ -261,6 +262,7 @@ impl TlsLink {
         // count it here so it shows as a handshake failure too.
         let mut guard = TimeoutGuard {
             link: self.link.label,
+            origin,
             armed: true,
         };
         let result = self.connector.connect(name, tcp).await;
@@ -274,7 +276,7 @@ impl TlsLink {
                     .with_label_values(&[self.link.label, reason])
                     .inc();
                 tracing::warn!(
-                    link = self.link.label, server_name = %shown, reason, error = %e,
+                    link = self.link.label, upstream = origin, server_name = %shown, reason, error = %e,
                     "TLS handshake with upstream failed"
                 );
                 Err(io::Error::new(
@@ -288,19 +290,25 @@ impl TlsLink {
 
 /// Counts a handshake abandoned by the connect timeout (dropped while
 /// still armed).
-struct TimeoutGuard {
+struct TimeoutGuard<'a> {
     link: &'static str,
+    origin: &'a str,
     armed: bool,
 }
 
-impl Drop for TimeoutGuard {
+impl Drop for TimeoutGuard<'_> {
     fn drop(&mut self) {
         if self.armed {
             crate::metrics::TLS
                 .handshake_failures
                 .with_label_values(&[self.link, "timeout"])
                 .inc();
-            tracing::warn!(link = self.link, "TLS handshake with upstream timed out");
+            tracing::warn!(
+                link = self.link,
+                upstream = self.origin,
+                reason = "timeout",
+                "TLS handshake with upstream timed out"
+            );
         }
     }
 }

@@ -404,3 +404,39 @@ async fn an_https_upstream_that_answers_in_clear_gets_nothing() {
     );
     assert_eq!(storage_writes(&storage, "accounts/1").await, 0);
 }
+
+/// A server that accepts the connection and never answers the
+/// ClientHello: the proxy gives up within its connect timeout (TCP and
+/// handshake together), not the upstream timeout, and counts a timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handshake_that_never_finishes_is_bounded_by_the_connect_timeout() {
+    let pki = Pki::new();
+    // The kernel completes the TCP handshake; nobody ever reads.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut env = vec![
+        (
+            "proxy.upstream".to_owned(),
+            format!("https://localhost:{}", silent.local_addr().unwrap().port()),
+        ),
+        ("proxy.connect_timeout_ms".to_owned(), "300".to_owned()),
+    ];
+    env.extend(pki.link("proxy.upstream_tls", "ca.crt", true));
+    let s = Fencer::sidecar(Backend::Memory, None, &borrowed(&env));
+    let lease = s.acquire("account:1", 10_000, 0).await;
+    let url = format!("{}/kv/accounts/1", s.proxy);
+    let started = std::time::Instant::now();
+    let w = put(&s.http, &url, &[("Fencing-Lease", &lease.lease())]).await;
+    let took = started.elapsed();
+    assert_eq!((w.status, w.code()), (502, "upstream_error"), "{}", w.body);
+    assert!(took < Duration::from_secs(3), "took {took:?}");
+    assert_eq!(
+        s.metric(
+            "fencer_tls_handshake_failures_total",
+            &[("link", "proxy_upstream"), ("reason", "timeout")]
+        )
+        .await,
+        1.0,
+        "{}",
+        s.logs()
+    );
+}

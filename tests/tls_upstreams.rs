@@ -362,6 +362,25 @@ async fn wrong_ca_wrong_name_and_missing_client_certificate_are_refused() {
         "nothing reached the gateway's handler"
     );
 
+    // Pre-registration to a gateway from another CA: the acquire fails
+    // (the lease is released) instead of handing out an unregistered token.
+    let mut env = vec![(
+        "sidecar.preregister_url".to_owned(),
+        format!("{gw}/_fencer/v1/fences/"),
+    )];
+    env.extend(pki.link("sidecar.preregister_tls", "other-ca.crt", true));
+    let s = Fencer::sidecar(Backend::Memory, None, &borrowed(&env));
+    let refused = s.acquire("account:8", 10_000, 0).await;
+    assert_eq!(refused.status, 503, "{}", refused.body);
+    assert_eq!(
+        s.metric(
+            "fencer_tls_handshake_failures_total",
+            &[("link", "preregister"), ("reason", "unknown_ca")]
+        )
+        .await,
+        1.0
+    );
+
     // The same gateway, trusted and with a client certificate: accepted.
     let mut env = vec![("proxy.upstream".to_owned(), gw.clone())];
     env.extend(pki.link("proxy.upstream_tls", "ca.crt", true));

@@ -53,37 +53,16 @@ impl Pki {
         .unwrap();
         std::fs::write(d.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
         for (name, cn) in [("server", "localhost"), ("client", "fencer-sidecar")] {
-            let (keyout, csr, crt, ext, subj) = (
+            let (keyout, csr, subj) = (
                 format!("{name}.key"),
                 format!("{name}.csr"),
-                format!("{name}.crt"),
-                format!("{name}.ext"),
                 format!("/CN={cn}"),
             );
             let mut args = vec!["req"];
             args.extend(key);
             args.extend(["-keyout", &keyout, "-out", &csr, "-subj", &subj]);
             openssl(d, &args);
-            openssl(
-                d,
-                &[
-                    "x509",
-                    "-req",
-                    "-in",
-                    &csr,
-                    "-CA",
-                    "ca.crt",
-                    "-CAkey",
-                    "ca.key",
-                    "-CAcreateserial",
-                    "-out",
-                    &crt,
-                    "-days",
-                    "2",
-                    "-extfile",
-                    &ext,
-                ],
-            );
+            sign_csr(d, name, &format!("{name}.ext"));
         }
         Pki { dir }
     }
@@ -208,16 +187,11 @@ async fn put(client: &reqwest::Client, url: &str, headers: &[(&str, &str)]) -> R
     .await
 }
 
-async fn storage_writes(storage: &Fencer, path: &str) -> usize {
-    let log = send(
-        &storage.http,
-        "GET",
-        &format!("{}/_log/{path}", storage.api),
-        &[],
-        None,
-    )
-    .await;
-    log.body["writes"].as_array().map_or(0, Vec::len)
+/// The writes the storage applied at `path` (its `_log`).
+async fn storage_writes(storage: &Fencer, path: &str) -> Vec<serde_json::Value> {
+    let url = format!("{}/_log/{path}", storage.api);
+    let log = send(&storage.http, "GET", &url, &[], None).await;
+    log.body["writes"].as_array().cloned().unwrap_or_default()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -256,15 +230,8 @@ async fn a_write_crosses_every_link_over_tls_and_a_stale_token_is_refused() {
     let url = format!("{}/kv/accounts/1", s.proxy);
     let w = put(&s.http, &url, &[("Fencing-Lease", &second.lease())]).await;
     assert_eq!(w.status, 200, "{}\n{}", w.body, gateway.logs());
-    let log = send(
-        &storage.http,
-        "GET",
-        &format!("{}/_log/accounts/1", storage.api),
-        &[],
-        None,
-    )
-    .await;
-    assert_eq!(log.body["writes"][0]["token"], second.token());
+    let writes = storage_writes(&storage, "accounts/1").await;
+    assert_eq!(writes[0]["token"], second.token());
     assert!(front.handshakes.load(Ordering::SeqCst) >= 1);
 
     // The first holder's token, straight to the gateway over mTLS: stale.
@@ -281,7 +248,7 @@ async fn a_write_crosses_every_link_over_tls_and_a_stale_token_is_refused() {
         "{}",
         w.body
     );
-    assert_eq!(storage_writes(&storage, "accounts/1").await, 1);
+    assert_eq!(storage_writes(&storage, "accounts/1").await.len(), 1);
     let failures = s.metric("fencer_tls_handshake_failures_total", &[]).await;
     assert_eq!(failures, 0.0);
 }
@@ -354,7 +321,12 @@ async fn wrong_ca_wrong_name_and_missing_client_certificate_are_refused() {
             "{case}: {}",
             at.metrics().await
         );
-        assert_eq!(storage_writes(&storage, &format!("accounts/{n}")).await, 0);
+        assert_eq!(
+            storage_writes(&storage, &format!("accounts/{n}"))
+                .await
+                .len(),
+            0
+        );
     }
     assert_eq!(
         gateway.metric("fencer_gateway_requests_total", &[]).await,
@@ -397,7 +369,7 @@ async fn wrong_ca_wrong_name_and_missing_client_certificate_are_refused() {
     let url = format!("{}/kv/accounts/10", s.proxy);
     let w = put(&s.http, &url, &[("Fencing-Lease", &lease.lease())]).await;
     assert_eq!(w.status, 200, "{}", w.body);
-    assert_eq!(storage_writes(&storage, "accounts/10").await, 1);
+    assert_eq!(storage_writes(&storage, "accounts/10").await.len(), 1);
 }
 
 /// An https:// upstream whose server speaks plain HTTP is refused — the
@@ -421,7 +393,7 @@ async fn an_https_upstream_that_answers_in_clear_gets_nothing() {
         plain.metric("fencer_gateway_requests_total", &[]).await,
         0.0
     );
-    assert_eq!(storage_writes(&storage, "accounts/1").await, 0);
+    assert_eq!(storage_writes(&storage, "accounts/1").await.len(), 0);
 }
 
 /// A server that accepts the connection and never answers the

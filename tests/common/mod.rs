@@ -198,6 +198,32 @@ pub fn openssl(dir: &std::path::Path, args: &[&str]) {
     );
 }
 
+/// Signs `NAME.csr` in `dir` with the CA `ca.crt`/`ca.key` there into
+/// `NAME.crt` (2 days), with the extensions in the file `ext`.
+pub fn sign_csr(dir: &std::path::Path, name: &str, ext: &str) {
+    let (csr, crt) = (format!("{name}.csr"), format!("{name}.crt"));
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            &crt,
+            "-days",
+            "2",
+            "-extfile",
+            ext,
+        ],
+    );
+}
+
 /// A test CA and a server certificate for 127.0.0.1/localhost (files
 /// `ca.crt`, `server.crt`, `server.key`), readable by the PostgreSQL user.
 pub fn make_certs() -> tempfile::TempDir {
@@ -239,23 +265,7 @@ pub fn make_certs() -> tempfile::TempDir {
         "-subj",
         "/CN=127.0.0.1",
     ]);
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.crt",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        "server.crt",
-        "-days",
-        "2",
-        "-extfile",
-        "san.ext",
-    ]);
+    sign_csr(d, "server", "san.ext");
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
     std::fs::set_permissions(d.join("server.key"), std::fs::Permissions::from_mode(0o600)).unwrap();

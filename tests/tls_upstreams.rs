@@ -313,6 +313,17 @@ async fn wrong_ca_wrong_name_and_missing_client_certificate_are_refused() {
         if counted_at == "proxy_upstream" {
             labels.push(("reason", case));
             assert!(s.logs().contains(case), "{case}: {}", s.logs());
+        } else {
+            // The proxy learns of the refusal after its side of the
+            // handshake, from the server's alert, and counts it too.
+            let refused = [("link", "proxy_upstream"), ("reason", "alert_received")];
+            assert_eq!(
+                s.metric("fencer_tls_handshake_failures_total", &refused)
+                    .await,
+                1.0,
+                "{}",
+                s.logs()
+            );
         }
         assert!(
             at.metric("fencer_tls_handshake_failures_total", &labels)

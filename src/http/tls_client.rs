@@ -268,7 +268,10 @@ impl TlsLink {
         let result = self.connector.connect(name, tcp).await;
         guard.armed = false;
         match result {
-            Ok(stream) => Ok(Stream::Tls(Box::new(stream))),
+            Ok(stream) => Ok(Stream::Tls(Box::new(Tls {
+                stream,
+                unconfirmed: Some((self.link.label, origin.to_owned())),
+            }))),
             Err(e) => {
                 let reason = failure_reason(&e);
                 crate::metrics::TLS
@@ -349,14 +352,50 @@ pub const FAILURE_REASONS: &[&str] = &[
 /// An upstream connection: plain or TLS.
 pub enum Stream {
     Plain(TcpStream),
-    Tls(Box<TlsStream<TcpStream>>),
+    Tls(Box<Tls>),
+}
+
+/// A TLS connection, and until its first bytes arrive the link and origin
+/// to blame for a refusal: in TLS 1.3 a server that rejects the client's
+/// certificate (or its absence) says so only after the client's side of
+/// the handshake completed, as an alert on the first read. That is still
+/// a handshake failure, counted and logged as one.
+pub struct Tls {
+    stream: TlsStream<TcpStream>,
+    unconfirmed: Option<(&'static str, String)>,
+}
+
+impl Tls {
+    fn poll_read(&mut self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let result = Pin::new(&mut self.stream).poll_read(cx, buf);
+        if let Some((link, origin)) = &self.unconfirmed {
+            match &result {
+                Poll::Ready(Ok(())) if buf.filled().len() > before => self.unconfirmed = None,
+                Poll::Ready(Err(e)) if failure_reason(e) != "io" => {
+                    let reason = failure_reason(e);
+                    crate::metrics::TLS
+                        .handshake_failures
+                        .with_label_values(&[link, reason])
+                        .inc();
+                    tracing::warn!(
+                        link, upstream = %origin, reason, error = %e,
+                        "upstream refused the TLS connection after the handshake (client certificate?)"
+                    );
+                    self.unconfirmed = None;
+                }
+                _ => {}
+            }
+        }
+        result
+    }
 }
 
 impl Connection for Stream {
     fn connected(&self) -> Connected {
         match self {
             Stream::Plain(s) => s.connected(),
-            Stream::Tls(s) => s.get_ref().0.connected(),
+            Stream::Tls(s) => s.stream.get_ref().0.connected(),
         }
     }
 }
@@ -369,7 +408,7 @@ impl AsyncRead for Stream {
     ) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+            Stream::Tls(s) => s.poll_read(cx, buf),
         }
     }
 }
@@ -382,21 +421,21 @@ impl AsyncWrite for Stream {
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+            Stream::Tls(s) => Pin::new(&mut s.stream).poll_write(cx, buf),
         }
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Stream::Plain(s) => Pin::new(s).poll_flush(cx),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+            Stream::Tls(s) => Pin::new(&mut s.stream).poll_flush(cx),
         }
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+            Stream::Tls(s) => Pin::new(&mut s.stream).poll_shutdown(cx),
         }
     }
 }

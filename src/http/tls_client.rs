@@ -231,6 +231,11 @@ impl tower::Service<Uri> for Connector {
         let connecting = self.http.call(uri);
         let tls = self.tls.clone();
         let timeout = self.timeout;
+        let what = if tls.is_some() {
+            "connect and TLS handshake"
+        } else {
+            "connect"
+        };
         Box::pin(async move {
             let connect = async {
                 let tcp = connecting.await.map_err(io::Error::other)?.into_inner();
@@ -243,7 +248,7 @@ impl tower::Service<Uri> for Connector {
                 Ok(result) => result.map(TokioIo::new),
                 Err(_) => Err(io::Error::new(
                     io::ErrorKind::TimedOut,
-                    format!("connect and TLS handshake took longer than {timeout:?}"),
+                    format!("{what} took longer than {timeout:?}"),
                 )),
             }
         })

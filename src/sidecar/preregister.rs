@@ -36,11 +36,10 @@ impl Preregistrar {
     /// For `base` (validated by the settings); for `https://` the files
     /// of `tls` are read now.
     pub fn new(base: &str, tls: &UpstreamTls, timeout: Duration) -> Result<Preregistrar, String> {
-        let scheme = if base.starts_with("https://") {
-            "https"
-        } else {
-            "http"
-        };
+        let https = base
+            .get(..8)
+            .is_some_and(|p| p.eq_ignore_ascii_case("https://"));
+        let scheme = if https { "https" } else { "http" };
         let connector = Connector::new(PREREGISTER, scheme, tls, timeout)?;
         Ok(Preregistrar {
             client: Client::builder(TokioExecutor::new()).build(connector),

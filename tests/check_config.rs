@@ -476,3 +476,66 @@ fn live_checks_against_a_closed_port_fail_naming_the_address() {
         stderr(&out)
     );
 }
+
+/// TLS settings of the upstream links and the gateway's listener (issue
+/// 31 item 4): a missing CA file, a client certificate without its key,
+/// TLS settings on an `http://` upstream, a gateway certificate that is
+/// not there — each exit 2 naming the field; and the real start agrees.
+#[test]
+fn tls_settings_of_upstreams_and_the_gateway_listener_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = path_in(dir.path(), "ca.pem");
+    let cases = [
+        (
+            format!("[proxy]\nupstream = \"https://gw:8443\"\n[proxy.upstream_tls]\nca_file = \"{missing}\"\n"),
+            "proxy.upstream_tls",
+            missing.as_str(),
+        ),
+        (
+            "[proxy]\nupstream = \"https://gw:8443\"\n[proxy.upstream_tls]\nclient_cert_file = \"/c.pem\"\n".to_owned(),
+            "proxy.upstream_tls",
+            "client_key_file",
+        ),
+        (
+            format!("[proxy]\nupstream = \"http://gw:8080\"\n[proxy.upstream_tls]\nca_file = \"{missing}\"\n"),
+            "proxy.upstream_tls",
+            "not https://",
+        ),
+        (
+            format!("[sidecar]\npreregister_url = \"https://gw:8443/_fencer/v1/fences/\"\n[sidecar.preregister_tls]\nca_file = \"{missing}\"\n"),
+            "sidecar.preregister_tls",
+            missing.as_str(),
+        ),
+    ];
+    for (body, field, detail) in &cases {
+        let toml = format!("[backend]\nkind = \"memory\"\n{body}");
+        let out = check(&toml, &[], &[]);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{toml}\n{err}");
+        assert!(err.contains(field) && err.contains(detail), "{toml}\n{err}");
+    }
+    let gw = format!(
+        "[gateway]\nfence_store = \"memory\"\nupstream = \"https://storage:8443\"\ntls_cert_file = \"{missing}\"\ntls_key_file = \"{missing}\"\n[gateway.upstream_tls]\nserver_name = \"storage.internal\"\n[signing]\nsecret_env = \"S\"\n"
+    );
+    let out = check(&gw, &[], &[("S", SECRET)]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("gateway.tls_cert_file") && err.contains(&missing),
+        "{err}"
+    );
+    // The real start agrees.
+    let start = fencer(
+        &["sidecar"],
+        &[
+            ("FENCER__BACKEND__KIND", "memory"),
+            ("FENCER__PROXY__UPSTREAM", "https://gw:8443"),
+            ("FENCER__PROXY__UPSTREAM_TLS__CA_FILE", &missing),
+            ("FENCER__SIDECAR__LISTEN", "127.0.0.1:0"),
+            ("FENCER__PROXY__LISTEN", "127.0.0.1:0"),
+            ("FENCER__ADMIN__LISTEN", "127.0.0.1:0"),
+        ],
+    );
+    assert_eq!(start.status.code(), Some(2), "{}", stderr(&start));
+    assert!(stderr(&start).contains(&missing), "{}", stderr(&start));
+}

@@ -43,17 +43,35 @@ pub async fn run(settings: &Settings, role: Role) -> Vec<Row> {
             checks.push(Box::pin(lock_backend(settings)));
             let p = &settings.proxy;
             if p.enabled {
-                checks.push(Box::pin(http_get("proxy upstream", &p.upstream, "/", None)));
+                let tls = (crate::http::tls_client::PROXY, &p.upstream_tls);
+                checks.push(Box::pin(http_get(
+                    "proxy upstream",
+                    &p.upstream,
+                    tls,
+                    "/",
+                    None,
+                )));
             }
             let pre = &settings.sidecar.preregister_url;
             if !pre.is_empty() {
-                checks.push(Box::pin(fence_api(pre)));
+                let tls = (
+                    crate::http::tls_client::PREREGISTER,
+                    &settings.sidecar.preregister_tls,
+                );
+                checks.push(Box::pin(fence_api(pre, tls)));
             }
         }
         Role::Gateway => {
             checks.push(Box::pin(fence_store(settings)));
-            let up = &settings.gateway.upstream;
-            checks.push(Box::pin(http_get("gateway upstream", up, "/", None)));
+            let g = &settings.gateway;
+            let tls = (crate::http::tls_client::GATEWAY, &g.upstream_tls);
+            checks.push(Box::pin(http_get(
+                "gateway upstream",
+                &g.upstream,
+                tls,
+                "/",
+                None,
+            )));
         }
         Role::Storage if settings.storage.backend == FenceStoreKind::Postgres => {
             checks.push(Box::pin(storage_postgres(settings)));
@@ -272,19 +290,27 @@ where
         .unwrap_or_else(|_| Err(format!("no answer within {CHECK_TIMEOUT:?}")))
 }
 
+/// A link's TLS settings, as the forwarders take them.
+type Tls<'a> = (
+    crate::http::tls_client::Link,
+    &'a crate::http::tls_client::UpstreamTls,
+);
+
 /// `GET base+path` through the forwarder the role sends with; any HTTP
 /// answer passes unless `expect` names the one required (status, error
 /// code).
 async fn http_get(
     check: &'static str,
     base: &str,
+    tls: Tls<'_>,
     path: &str,
     expect: Option<(u16, &'static str)>,
 ) -> Row {
     let started = Instant::now();
     let target = format!("{}{}", redact_url(base).trim_end_matches('/'), path);
     let result = bounded(async {
-        let fwd = Forwarder::new(base, CHECK_TIMEOUT, CHECK_TIMEOUT).map_err(|e| e.to_string())?;
+        let fwd =
+            Forwarder::new(base, tls, CHECK_TIMEOUT, CHECK_TIMEOUT).map_err(|e| e.to_string())?;
         let req = hyper::Request::get(path)
             .body(crate::proxy::full(bytes::Bytes::new()))
             .map_err(|e| e.to_string())?;
@@ -334,7 +360,7 @@ async fn explain_connect(base: &str, error: String) -> String {
 
 /// The gateway's pre-registration endpoint: a `GET` (never a token, so
 /// no mark moves) must get the fence API's 405 `method_not_allowed`.
-async fn fence_api(url: &str) -> Row {
+async fn fence_api(url: &str, tls: Tls<'_>) -> Row {
     let parsed = url::Url::parse(url).ok();
     let (base, path) = match &parsed {
         Some(u) => (
@@ -346,6 +372,7 @@ async fn fence_api(url: &str) -> Row {
     http_get(
         "gateway fence API",
         &base,
+        tls,
         &path,
         Some((405, "method_not_allowed")),
     )

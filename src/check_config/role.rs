@@ -14,6 +14,7 @@ use clap::ValueEnum;
 
 use super::files::Findings;
 use crate::gateway::settings::FenceStoreKind;
+use crate::http::tls_client::{self, Link, UpstreamTls};
 use crate::lock::settings::BackendKind;
 use crate::settings::{ConfigError, Settings};
 use crate::start::StartError;
@@ -94,8 +95,11 @@ pub(crate) fn check(settings: &Settings, role: Role, read_files: bool) -> Vec<Co
                 // does not match its certificate fails here).
                 if f.errors.is_empty() {
                     f.check(
-                        crate::inject::tls::ReloadingCert::load(&i.tls_cert_file, &i.tls_key_file)
-                            .map_err(|e| invalid("inject.tls_cert_file", e)),
+                        crate::http::tls_cert::ReloadingCert::load(
+                            &i.tls_cert_file,
+                            &i.tls_key_file,
+                        )
+                        .map_err(|e| invalid("inject.tls_cert_file", e)),
                     );
                 }
             }
@@ -124,15 +128,19 @@ fn invalid(field: &'static str, message: impl Into<String>) -> ConfigError {
     }
 }
 
-/// An upstream URL as the proxy's and the gateway's forwarder takes it.
+/// An upstream URL as the proxy's and the gateway's forwarder takes it,
+/// and with `read_files` its TLS files as the forwarder loads them.
 fn upstream(
     field: &'static str,
     url: &str,
+    (link, tls, read_files): (Link, &UpstreamTls, bool),
     connect_ms: u64,
     timeout_ms: u64,
 ) -> Result<(), ConfigError> {
+    let unread = UpstreamTls::default();
     crate::proxy::forward::Forwarder::new(
         url,
+        (link, if read_files { tls } else { &unread }),
         Duration::from_millis(connect_ms),
         Duration::from_millis(timeout_ms),
     )
@@ -148,6 +156,7 @@ fn sidecar(settings: &Settings, read_files: bool, f: &mut Findings) {
         f.check(upstream(
             "proxy.upstream",
             &p.upstream,
+            (tls_client::PROXY, &p.upstream_tls, read_files),
             p.connect_timeout_ms,
             p.upstream_timeout_ms,
         ));
@@ -166,6 +175,19 @@ fn sidecar(settings: &Settings, read_files: bool, f: &mut Findings) {
     }
     if !read_files {
         return;
+    }
+    let s = &settings.sidecar;
+    if !s.preregister_url.is_empty() {
+        // The TLS files of an https:// pre-registration, as the sidecar
+        // loads them.
+        f.check(
+            crate::sidecar::preregister::Preregistrar::new(
+                &s.preregister_url,
+                &s.preregister_tls,
+                Duration::from_millis(s.preregister_timeout_ms),
+            )
+            .map_err(|e| invalid("sidecar.preregister_tls", e)),
+        );
     }
     // Optional for a sidecar (without one it signs with a random secret
     // no gateway accepts, and warns), but if set it must load.
@@ -196,6 +218,7 @@ fn gateway(settings: &Settings, read_files: bool, f: &mut Findings) {
     f.check(upstream(
         "gateway.upstream",
         &g.upstream,
+        (tls_client::GATEWAY, &g.upstream_tls, read_files),
         g.connect_timeout_ms,
         g.upstream_timeout_ms,
     ));
@@ -203,6 +226,18 @@ fn gateway(settings: &Settings, read_files: bool, f: &mut Findings) {
         // Every accepted key's secret, read and length-checked as the
         // gateway reads it.
         f.check(settings.gateway_keys());
+        if let (Some(cert), Some(key)) = (&g.tls_cert_file, &g.tls_key_file) {
+            f.certs("gateway.tls_cert_file", Some(cert));
+            f.key("gateway.tls_key_file", Some(key));
+            f.certs(
+                "gateway.tls_client_ca_file",
+                g.tls_client_ca_file.as_deref(),
+            );
+            // Together, as the gateway loads them.
+            if f.errors.is_empty() {
+                f.check(crate::gateway::tls_config(g).map_err(config));
+            }
+        }
         match g.fence_store {
             Some(FenceStoreKind::Postgres) => {
                 f.certs("gateway.postgres_ca_file", g.postgres_ca_file.as_deref())

@@ -32,7 +32,8 @@ use self::fence_store::FenceStore;
 use self::key_queue::KeyQueue;
 use self::state::Gateway;
 use crate::admin::{AdminState, Readiness, ReadyFuture};
-use crate::gateway::settings::FenceStoreKind;
+use crate::gateway::settings::{FenceStoreKind, GatewaySettings};
+use crate::http::tls_cert::ReloadingCert;
 use crate::metrics::{GatewayMetrics, Groups};
 use crate::proxy::forward::Forwarder;
 use crate::routes::Routes;
@@ -100,6 +101,7 @@ pub async fn build(
     metrics.init_known(store.name());
     let forwarder = Forwarder::new(
         &g.upstream,
+        (crate::http::tls_client::GATEWAY, &g.upstream_tls),
         Duration::from_millis(g.connect_timeout_ms),
         Duration::from_millis(g.upstream_timeout_ms),
     )
@@ -136,10 +138,76 @@ pub fn readiness(gateway: &Gateway) -> Arc<dyn Readiness> {
     Arc::new(StoreReady(gateway.store.clone()))
 }
 
-/// Serves the gateway on its listener until `shutdown`.
-pub async fn serve(
+/// How long a client may take over the TLS handshake on the gateway's
+/// listener: well inside the proxy's connect timeout would be too tight
+/// for a loaded gateway; a half-open client must not hold a slot longer.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The gateway listener's TLS (`gateway.tls_cert_file`, `tls_key_file`,
+/// `tls_client_ca_file`), files read now; `None` when not configured.
+pub fn tls_config(
+    g: &GatewaySettings,
+) -> Result<Option<(Arc<ReloadingCert>, rustls::ServerConfig)>, StartError> {
+    let (Some(cert_file), Some(key_file)) = (&g.tls_cert_file, &g.tls_key_file) else {
+        return Ok(None);
+    };
+    let cert = ReloadingCert::load(cert_file, key_file)
+        .map_err(|e| config_err("gateway.tls_cert_file", e))?;
+    let config = cert
+        .server_config_with(g.tls_client_ca_file.as_deref())
+        .map_err(|e| config_err("gateway.tls_client_ca_file", e))?;
+    Ok(Some((cert, config)))
+}
+
+/// Counts and logs a failed handshake on the gateway's listener
+/// (`None`: timed out): a client without the CA, without a client
+/// certificate when one is required, a port scanner.
+fn handshake_failed(error: Option<&std::io::Error>) {
+    let reason = error.map_or("timeout", crate::http::tls_client::failure_reason);
+    crate::metrics::TLS
+        .handshake_failures
+        .with_label_values(&["gateway_listener", reason])
+        .inc();
+    match error {
+        Some(e) => {
+            tracing::warn!(reason, error = %e, "TLS handshake on the gateway listener failed")
+        }
+        None => tracing::warn!(reason, "TLS handshake on the gateway listener timed out"),
+    }
+}
+
+/// Serves the gateway on `listener` until `shutdown`: over TLS when `tls`
+/// is given (its certificate re-read when the files change).
+pub async fn serve_maybe_tls(
     gateway: Arc<Gateway>,
     listener: tokio::net::TcpListener,
+    tls: Option<(Arc<ReloadingCert>, rustls::ServerConfig)>,
+    silence: crate::http::conn::Silence,
+    shutdown: CancellationToken,
+) {
+    match tls {
+        None => serve(gateway, listener, silence, shutdown).await,
+        Some((cert, config)) => {
+            tokio::spawn(cert.watch(
+                "gateway",
+                crate::metrics::TLS.gateway_cert_reloads.clone(),
+                shutdown.clone(),
+            ));
+            let listener = crate::http::tls_listen::TlsListener::new(
+                listener,
+                config,
+                HANDSHAKE_TIMEOUT,
+                handshake_failed,
+            );
+            serve(gateway, listener, silence, shutdown).await;
+        }
+    }
+}
+
+/// Serves the gateway on its listener until `shutdown`.
+pub async fn serve<L: crate::http::server::Accept>(
+    gateway: Arc<Gateway>,
+    listener: L,
     silence: crate::http::conn::Silence,
     shutdown: CancellationToken,
 ) {
@@ -187,11 +255,12 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     }
     let store_name = settings.gateway.fence_store.map_or("unset", |k| k.as_str());
     let registry = crate::metrics::registry("gateway", store_name);
+    let tls = tls_config(&settings.gateway)?;
     let gateway = build(&settings, &registry).await?;
     let listener = crate::http::listen::bind("gateway", settings.gateway.listen).await?;
     let admin = crate::http::listen::bind("admin", settings.admin.listen).await?;
     tracing::info!(
-        listen = %settings.gateway.listen, upstream = %settings.gateway.upstream,
+        listen = %settings.gateway.listen, tls = tls.is_some(), upstream = %settings.gateway.upstream,
         store = gateway.store.name(), enforce = gateway.enforce, "gateway listening"
     );
     let admin_state = Arc::new(AdminState {
@@ -205,7 +274,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         settings.http.silence(),
         shutdown.clone(),
     ));
-    serve(gateway, listener, settings.http.silence(), shutdown).await;
+    serve_maybe_tls(gateway, listener, tls, settings.http.silence(), shutdown).await;
     let _ = tokio::time::timeout(Duration::from_secs(1), admin_task).await;
     Ok(())
 }

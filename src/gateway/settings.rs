@@ -5,8 +5,9 @@ use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
+use crate::http::tls_client::{UpstreamTls, GATEWAY};
 use crate::settings::check::{
-    check_http_url, check_key_id, check_methods, check_range, config_enum, invalid, ConfigError,
+    check_key_id, check_methods, check_range, check_upstream_url, config_enum, invalid, ConfigError,
 };
 
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
@@ -36,8 +37,19 @@ pub struct VerifyKey {
 #[serde(default, deny_unknown_fields)]
 pub struct GatewaySettings {
     pub listen: SocketAddr,
-    /// The storage: `http://host:port`.
+    /// Serve `listen` over TLS with this PEM certificate chain (and
+    /// `tls_key_file`); re-read when the files change. Unset: plain HTTP.
+    pub tls_cert_file: Option<String>,
+    pub tls_key_file: Option<String>,
+    /// With TLS: require every client (sidecar proxies, pre-registration)
+    /// to present a certificate signed by a CA in this PEM bundle (mTLS).
+    pub tls_client_ca_file: Option<String>,
+    /// The storage: `http://host:port`, or `https://host:port` with TLS
+    /// configured by `upstream_tls`.
     pub upstream: String,
+    /// TLS to an `https://` storage: CA, client certificate, server name
+    /// (docs/tls.md).
+    pub upstream_tls: UpstreamTls,
     /// Off: a plain reverse proxy that checks nothing (for comparisons and
     /// staged roll-outs). Never run production writes with it off.
     pub enforce: bool,
@@ -100,7 +112,11 @@ impl Default for GatewaySettings {
     fn default() -> Self {
         Self {
             listen: "0.0.0.0:8080".parse().expect("static addr"),
+            tls_cert_file: None,
+            tls_key_file: None,
+            tls_client_ca_file: None,
             upstream: "http://127.0.0.1:8081".into(),
+            upstream_tls: UpstreamTls::default(),
             enforce: true,
             read_methods: vec!["GET".into(), "HEAD".into()],
             write_methods: Vec::new(),
@@ -161,7 +177,20 @@ pub type GatewayKey = (String, Vec<u8>, Vec<String>);
 impl GatewaySettings {
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         let g = self;
-        check_http_url("gateway.upstream", &g.upstream)?;
+        let scheme = check_upstream_url("gateway.upstream", &g.upstream)?;
+        g.upstream_tls.validate(GATEWAY, scheme)?;
+        if g.tls_cert_file.is_some() != g.tls_key_file.is_some() {
+            return Err(invalid(
+                "gateway.tls_cert_file",
+                "give tls_cert_file and tls_key_file together (or neither)",
+            ));
+        }
+        if g.tls_client_ca_file.is_some() && g.tls_cert_file.is_none() {
+            return Err(invalid(
+                "gateway.tls_client_ca_file",
+                "client certificates need TLS: set tls_cert_file and tls_key_file too",
+            ));
+        }
         check_methods("gateway.read_methods", &g.read_methods)?;
         check_methods("gateway.write_methods", &g.write_methods)?;
         if let Some(m) = g.write_methods.iter().find(|m| g.read_methods.contains(m)) {

@@ -8,3 +8,6 @@ pub mod conn;
 pub mod listen;
 pub mod pressure;
 pub mod server;
+pub mod tls_cert;
+pub mod tls_client;
+pub mod tls_listen;

@@ -355,14 +355,15 @@ impl<F: FnOnce()> Drop for OnDrop<F> {
 }
 
 /// [`serve_service`] for a plain async handler (proxy, gateway).
-pub async fn serve<H, F>(
+pub async fn serve<L, H, F>(
     name: &'static str,
-    listener: TcpListener,
+    listener: L,
     handler: Arc<H>,
     shutdown: CancellationToken,
     drain: Duration,
     silence: Silence,
 ) where
+    L: Accept,
     H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
     F: Future<Output = Response<ProxyBody>> + Send + 'static,
 {

@@ -19,7 +19,6 @@ pub mod quantity;
 pub mod review;
 pub mod server;
 pub mod settings;
-pub mod tls;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -70,8 +69,9 @@ impl Readiness for Ready {
 
 pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), StartError> {
     let inject = Arc::new(settings.inject.clone());
-    let cert = tls::ReloadingCert::load(&inject.tls_cert_file, &inject.tls_key_file)
-        .map_err(|e| StartError::config("inject.tls_cert_file", e))?;
+    let cert =
+        crate::http::tls_cert::ReloadingCert::load(&inject.tls_cert_file, &inject.tls_key_file)
+            .map_err(|e| StartError::config("inject.tls_cert_file", e))?;
     let registry = crate::metrics::registry("inject", "none");
     crate::metrics::INJECT.register(&registry);
     let listener = crate::http::listen::bind("inject", inject.listen).await?;
@@ -90,7 +90,11 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         settings.http.silence(),
         shutdown.clone(),
     ));
-    tokio::spawn(cert.clone().watch(shutdown.clone()));
+    tokio::spawn(cert.clone().watch(
+        "inject",
+        crate::metrics::INJECT.tls_reloads.clone(),
+        shutdown.clone(),
+    ));
     server::serve(listener, cert, inject, settings.http.silence(), shutdown).await;
     let _ = tokio::time::timeout(Duration::from_secs(1), admin_task).await;
     Ok(())

@@ -1,15 +1,12 @@
 //! The webhook's HTTPS listener and its one route, `POST /mutate`.
 //!
-//! TLS is handshaken lazily inside the connection's task (see [`LazyTls`]),
-//! so one slow or half-open client never holds up the accept loop, and the
-//! shared server ([`crate::http::server::serve_service`]) bounds
-//! connections, header time and the drain as for every other listener.
+//! TLS is handshaken lazily inside the connection's task
+//! ([`crate::http::tls_listen`]), so one slow or half-open client never
+//! holds up the accept loop, and the shared server
+//! ([`crate::http::server::serve_service`]) bounds connections, header
+//! time and the drain as for every other listener.
 
-use std::future::Future;
-use std::io;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::extract::{Request, State};
@@ -17,17 +14,15 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
-use tokio_rustls::server::TlsStream;
-use tokio_rustls::TlsAcceptor;
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use super::body::{self, BodyError, Budget};
 use super::review::{self, answer};
 use super::settings::InjectSettings;
-use super::tls::ReloadingCert;
 use crate::error::ApiError;
+use crate::http::tls_cert::ReloadingCert;
+use crate::http::tls_listen::TlsListener;
 use crate::metrics::INJECT;
 
 pub use super::body::MAX_REVIEW_BYTES;
@@ -47,10 +42,12 @@ pub async fn serve(
     silence: crate::http::conn::Silence,
     shutdown: CancellationToken,
 ) {
-    let tls = TlsListener {
-        tcp: listener,
-        acceptor: TlsAcceptor::from(Arc::new(cert.server_config())),
-    };
+    let tls = TlsListener::new(
+        listener,
+        cert.server_config(),
+        HANDSHAKE_TIMEOUT,
+        handshake_failed,
+    );
     let service = hyper_util::service::TowerToHyperService::new(router(settings));
     let limits = crate::http::server::Limits {
         listener: "inject",
@@ -166,90 +163,11 @@ fn refuse(e: BodyError) -> Response {
     response
 }
 
-struct TlsListener {
-    tcp: TcpListener,
-    acceptor: TlsAcceptor,
-}
-
-impl crate::http::server::Accept for TlsListener {
-    type Io = LazyTls;
-    async fn accept_io(&self) -> io::Result<LazyTls> {
-        let (stream, _) = self.tcp.accept().await?;
-        let _ = stream.set_nodelay(true);
-        let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, self.acceptor.accept(stream));
-        Ok(LazyTls::Handshaking(Box::pin(handshake)))
-    }
-}
-
-type Handshake = tokio::time::Timeout<tokio_rustls::Accept<TcpStream>>;
-
-/// A server TLS stream whose handshake runs on first use, in the
-/// connection's own task.
-pub enum LazyTls {
-    Handshaking(Pin<Box<Handshake>>),
-    Ready(Box<TlsStream<TcpStream>>),
-    Failed,
-}
-
-impl LazyTls {
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<&mut TlsStream<TcpStream>>> {
-        if let LazyTls::Handshaking(h) = self {
-            let result = ready!(h.as_mut().poll(cx));
-            *self = match result {
-                Ok(Ok(stream)) => LazyTls::Ready(Box::new(stream)),
-                Ok(Err(e)) => {
-                    INJECT.handshake_failures.inc();
-                    tracing::debug!(error = %e, "webhook TLS handshake failed");
-                    *self = LazyTls::Failed;
-                    return Poll::Ready(Err(e));
-                }
-                Err(_) => {
-                    INJECT.handshake_failures.inc();
-                    tracing::debug!("webhook TLS handshake timed out");
-                    *self = LazyTls::Failed;
-                    return Poll::Ready(Err(io::ErrorKind::TimedOut.into()));
-                }
-            };
-        }
-        match self {
-            LazyTls::Ready(s) => Poll::Ready(Ok(s)),
-            _ => Poll::Ready(Err(io::ErrorKind::NotConnected.into())),
-        }
-    }
-}
-
-impl AsyncRead for LazyTls {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let stream = ready!(self.get_mut().poll_ready(cx))?;
-        Pin::new(stream).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for LazyTls {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let stream = ready!(self.get_mut().poll_ready(cx))?;
-        Pin::new(stream).poll_write(cx, buf)
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            LazyTls::Ready(s) => Pin::new(s.as_mut()).poll_flush(cx),
-            _ => Poll::Ready(Ok(())),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            LazyTls::Ready(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-            _ => Poll::Ready(Ok(())),
-        }
+/// Counts and logs a failed webhook handshake (`None`: timed out).
+fn handshake_failed(error: Option<&std::io::Error>) {
+    INJECT.handshake_failures.inc();
+    match error {
+        Some(e) => tracing::debug!(error = %e, "webhook TLS handshake failed"),
+        None => tracing::debug!("webhook TLS handshake timed out"),
     }
 }

@@ -16,6 +16,7 @@ pub mod redis;
 pub mod redlock;
 pub mod sidecar;
 pub mod sql;
+pub mod tls;
 pub mod zookeeper;
 
 use prometheus::{Encoder, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
@@ -23,6 +24,7 @@ use prometheus::{Encoder, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncode
 pub use self::gateway::GatewayMetrics;
 pub use self::inject::INJECT;
 pub use self::sidecar::Metrics;
+pub use self::tls::TLS;
 
 use crate::settings::common::MetricsSettings;
 
@@ -126,6 +128,7 @@ pub fn registry(role: &str, backend: &str) -> Registry {
     registry
         .register(Box::new(LOG_LINES_DROPPED.clone()))
         .expect("registered once per registry");
+    TLS.register(&registry);
     sql::SQL.init_known();
     for c in [&sql::SQL.abandoned, &sql::SQL.undos] {
         registry

@@ -26,8 +26,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::CertificateDer;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 pub use self::runner::{RunError, Runner};
@@ -77,20 +75,7 @@ pub fn install_crypto_provider() {
 
 pub fn tls(ca_file: Option<&str>) -> Result<Tls, String> {
     install_crypto_provider();
-    let mut roots = rustls::RootCertStore::empty();
-    match ca_file {
-        Some(path) => {
-            for cert in
-                CertificateDer::pem_file_iter(path).map_err(|e| format!("CA file {path}: {e}"))?
-            {
-                let cert = cert.map_err(|e| format!("CA file {path}: {e}"))?;
-                roots
-                    .add(cert)
-                    .map_err(|e| format!("CA file {path}: {e}"))?;
-            }
-        }
-        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
-    }
+    let roots = crate::http::tls_client::roots(ca_file)?;
     let config = rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))

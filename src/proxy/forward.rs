@@ -5,11 +5,11 @@ use std::time::Duration;
 use hyper::body::Incoming;
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::{Request, Response, Uri};
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use super::ProxyBody;
+use crate::http::tls_client::{Connector, Link, UpstreamTls};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ForwardError {
@@ -46,15 +46,16 @@ pub struct UpstreamError {
     pub reason: String,
 }
 
-/// A pooled client bound to one upstream (`http://host:port`).
+/// A pooled client bound to one upstream (`http://host:port` or
+/// `https://host:port`).
 #[derive(Clone)]
 pub struct Forwarder {
-    client: Client<HttpConnector, ProxyBody>,
+    client: Client<Connector, ProxyBody>,
     scheme: hyper::http::uri::Scheme,
     authority: hyper::http::uri::Authority,
     host: HeaderValue,
     timeout: Duration,
-    /// `http://host:port`, named by every failure: a 502 that says only
+    /// `scheme://host:port`, named by every failure: a 502 that says only
     /// "client error (Connect)" leaves the operator guessing which hop.
     origin: String,
 }
@@ -94,8 +95,11 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 }
 
 impl Forwarder {
+    /// A forwarder to `upstream`; for `https://` the TLS files of `tls`
+    /// are read now (a bad file is a start-up error naming `link`).
     pub fn new(
         upstream: &str,
+        (link, tls): (Link, &UpstreamTls),
         connect_timeout: Duration,
         timeout: Duration,
     ) -> Result<Forwarder, UpstreamError> {
@@ -104,11 +108,10 @@ impl Forwarder {
             reason: reason.to_owned(),
         };
         let uri: Uri = upstream.parse().map_err(|_| err("not a URL"))?;
-        if uri.scheme_str() != Some("http") {
-            return Err(err(
-                "only http:// upstreams are supported (terminate TLS in front of the storage)",
-            ));
-        }
+        let scheme = match uri.scheme_str() {
+            Some(s @ ("http" | "https")) => s,
+            _ => return Err(err("expected an http:// or https:// URL")),
+        };
         if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
             return Err(err("give scheme, host and port only (no path)"));
         }
@@ -116,10 +119,7 @@ impl Forwarder {
             .authority()
             .cloned()
             .ok_or_else(|| err("missing host"))?;
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(connect_timeout));
-        connector.set_nodelay(true);
-        connector.set_keepalive(Some(Duration::from_secs(30)));
+        let connector = Connector::new(link, scheme, tls, connect_timeout).map_err(|e| err(&e))?;
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(60))
             .pool_max_idle_per_host(256)
@@ -129,7 +129,7 @@ impl Forwarder {
             client,
             scheme: uri.scheme().cloned().expect("checked above"),
             host: HeaderValue::from_str(authority.as_str()).map_err(|_| err("bad host"))?,
-            origin: format!("http://{authority}"),
+            origin: format!("{scheme}://{authority}"),
             authority,
             timeout,
         })

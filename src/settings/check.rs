@@ -112,10 +112,37 @@ pub(crate) fn check_key_id(field: &'static str, kid: &str) -> Result<(), ConfigE
 }
 
 pub(crate) fn check_http_url(field: &'static str, value: &str) -> Result<(), ConfigError> {
+    check_origin(field, value, false).map(|_| ())
+}
+
+/// An upstream's origin: `http://host:port` or, with `https`,
+/// `https://host:port` too. Returns the scheme.
+pub(crate) fn check_upstream_url(
+    field: &'static str,
+    value: &str,
+) -> Result<&'static str, ConfigError> {
+    check_origin(field, value, true)
+}
+
+fn check_origin(
+    field: &'static str,
+    value: &str,
+    https: bool,
+) -> Result<&'static str, ConfigError> {
+    let expected = if https {
+        "expected http://host:port or https://host:port"
+    } else {
+        "expected http://host:port"
+    };
     let url = url::Url::parse(value)
-        .map_err(|e| invalid(field, format!("not a URL ({e}); expected http://host:port")))?;
-    if url.scheme() != "http" || url.host_str().is_none() {
-        return Err(invalid(field, "expected http://host:port"));
+        .map_err(|e| invalid(field, format!("not a URL ({e}); {expected}")))?;
+    let scheme = match url.scheme() {
+        "http" => "http",
+        "https" if https => "https",
+        _ => return Err(invalid(field, expected)),
+    };
+    if url.host_str().is_none() {
+        return Err(invalid(field, expected));
     }
     if !matches!(url.path(), "" | "/") || url.query().is_some() {
         return Err(invalid(
@@ -123,7 +150,7 @@ pub(crate) fn check_http_url(field: &'static str, value: &str) -> Result<(), Con
             "give scheme, host and port only (no path or query)",
         ));
     }
-    Ok(())
+    Ok(scheme)
 }
 
 pub(crate) fn check_methods(field: &'static str, methods: &[String]) -> Result<(), ConfigError> {

@@ -202,12 +202,16 @@ impl Sidecar {
             signer(&settings)?,
             metrics.clone(),
             LockManagerConfig {
-                preregister: (!s.preregister_url.is_empty()).then(|| {
-                    Preregistrar::new(
-                        &s.preregister_url,
-                        Duration::from_millis(s.preregister_timeout_ms),
-                    )
-                }),
+                preregister: (!s.preregister_url.is_empty())
+                    .then(|| {
+                        Preregistrar::new(
+                            &s.preregister_url,
+                            &s.preregister_tls,
+                            Duration::from_millis(s.preregister_timeout_ms),
+                        )
+                        .map_err(|e| config_err("sidecar.preregister_url", e))
+                    })
+                    .transpose()?,
                 max_hold: (s.max_hold_ms > 0).then(|| Duration::from_millis(s.max_hold_ms)),
                 webhook: (!s.lost_lease_webhook.is_empty()).then(|| {
                     webhook::Webhook::start(
@@ -276,6 +280,7 @@ impl Sidecar {
         }
         let forwarder = Forwarder::new(
             &p.upstream,
+            (crate::http::tls_client::PROXY, &p.upstream_tls),
             Duration::from_millis(p.connect_timeout_ms),
             Duration::from_millis(p.upstream_timeout_ms),
         )

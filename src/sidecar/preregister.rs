@@ -10,15 +10,15 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
+use crate::http::tls_client::{Connector, UpstreamTls, PREREGISTER};
 use crate::lock::LockKey;
 
 pub struct Preregistrar {
-    client: Client<HttpConnector, Full<Bytes>>,
-    /// `http://gateway:8080/_fencer/v1/fences/`
+    client: Client<Connector, Full<Bytes>>,
+    /// `http://gateway:8080/_fencer/v1/fences/` (or `https://`)
     base: String,
     timeout: Duration,
 }
@@ -33,15 +33,19 @@ pub enum PreregisterError {
 }
 
 impl Preregistrar {
-    pub fn new(base: &str, timeout: Duration) -> Preregistrar {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(timeout));
-        connector.set_nodelay(true);
-        Preregistrar {
+    /// For `base` (validated by the settings); for `https://` the files
+    /// of `tls` are read now.
+    pub fn new(base: &str, tls: &UpstreamTls, timeout: Duration) -> Result<Preregistrar, String> {
+        let https = base
+            .get(..8)
+            .is_some_and(|p| p.eq_ignore_ascii_case("https://"));
+        let scheme = if https { "https" } else { "http" };
+        let connector = Connector::new(PREREGISTER, scheme, tls, timeout)?;
+        Ok(Preregistrar {
             client: Client::builder(TokioExecutor::new()).build(connector),
             base: base.to_owned(),
             timeout,
-        }
+        })
     }
 
     pub async fn register(

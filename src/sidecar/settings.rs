@@ -5,7 +5,10 @@ use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::settings::check::{check_http_url, check_methods, check_range, invalid, ConfigError};
+use crate::http::tls_client::{UpstreamTls, PREREGISTER, PROXY};
+use crate::settings::check::{
+    check_methods, check_range, check_upstream_url, invalid, ConfigError,
+};
 use crate::settings::limits::*;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -37,7 +40,11 @@ pub struct SidecarSettings {
     /// Gateway base URL (`http://gateway:8080`) at which each new token is
     /// registered before the acquire returns, so no earlier holder's write
     /// can land after the new holder's first read. Empty: off.
+    /// `https://` speaks TLS, configured by `preregister_tls`.
     pub preregister_url: String,
+    /// TLS to the gateway for an `https://` `preregister_url`: CA, client
+    /// certificate, server name (docs/tls.md).
+    pub preregister_tls: UpstreamTls,
     pub preregister_timeout_ms: u64,
     /// Auto-renewed leases stop being renewed after this much silence from
     /// the application (default for `keepalive_ms` in acquire).
@@ -86,6 +93,7 @@ impl Default for SidecarSettings {
             shutdown_release_timeout_ms: 5_000,
             lost_lease_retention_ms: 60_000,
             preregister_url: String::new(),
+            preregister_tls: UpstreamTls::default(),
             // Above the gateway's wait for a busy key (5 s by default).
             preregister_timeout_ms: 7_000,
             keepalive_ms: 30_000,
@@ -108,8 +116,12 @@ impl Default for SidecarSettings {
 pub struct ProxySettings {
     pub enabled: bool,
     pub listen: SocketAddr,
-    /// Where requests go (normally the gateway): `http://host:port`.
+    /// Where requests go (normally the gateway): `http://host:port`, or
+    /// `https://host:port` with TLS configured by `upstream_tls`.
     pub upstream: String,
+    /// TLS to an `https://` upstream: CA, client certificate, server name
+    /// (docs/tls.md).
+    pub upstream_tls: UpstreamTls,
     /// Writes that name no lock are refused with 428 instead of passed on.
     pub require_lock_for_writes: bool,
     /// A request under a lock must name the lease it was computed under
@@ -139,6 +151,7 @@ impl Default for ProxySettings {
             enabled: true,
             listen: "127.0.0.1:7412".parse().expect("static addr"),
             upstream: "http://127.0.0.1:8080".into(),
+            upstream_tls: UpstreamTls::default(),
             require_lock_for_writes: false,
             require_lease: true,
             read_methods: vec!["GET".into(), "HEAD".into()],
@@ -281,25 +294,34 @@ impl SidecarSettings {
                 ));
             }
         }
+        let mut scheme = "";
         if !s.preregister_url.is_empty() {
-            let ok = url::Url::parse(&s.preregister_url).is_ok_and(|u| {
-                u.scheme() == "http" && u.host_str().is_some() && u.path().ends_with('/')
+            let url = url::Url::parse(&s.preregister_url).ok().filter(|u| {
+                matches!(u.scheme(), "http" | "https")
+                    && u.host_str().is_some()
+                    && u.path().ends_with('/')
             });
-            if !ok {
+            let Some(url) = url else {
                 return Err(invalid(
                     "sidecar.preregister_url",
-                    "expected the gateway's fence API prefix, e.g. http://gateway:8080/_fencer/v1/fences/",
+                    "expected the gateway's fence API prefix, e.g. http://gateway:8080/_fencer/v1/fences/ (or https://)",
                 ));
-            }
+            };
+            scheme = if url.scheme() == "https" {
+                "https"
+            } else {
+                "http"
+            };
         }
-        Ok(())
+        s.preregister_tls.validate(PREREGISTER, scheme)
     }
 }
 
 impl ProxySettings {
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         let p = self;
-        check_http_url("proxy.upstream", &p.upstream)?;
+        let scheme = check_upstream_url("proxy.upstream", &p.upstream)?;
+        p.upstream_tls.validate(PROXY, scheme)?;
         check_methods("proxy.read_methods", &p.read_methods)?;
         check_methods("proxy.write_methods", &p.write_methods)?;
         if let Some(m) = p.write_methods.iter().find(|m| p.read_methods.contains(m)) {

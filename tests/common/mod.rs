@@ -201,6 +201,46 @@ impl RedisServer {
     }
 }
 
+/// Runs `openssl` with `args` in `dir`; panics with its stderr on failure.
+pub fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Signs `NAME.csr` in `dir` with the CA `ca.crt`/`ca.key` there into
+/// `NAME.crt` (2 days), with the extensions in the file `ext`.
+pub fn sign_csr(dir: &std::path::Path, name: &str, ext: &str) {
+    let (csr, crt) = (format!("{name}.csr"), format!("{name}.crt"));
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            &crt,
+            "-days",
+            "2",
+            "-extfile",
+            ext,
+        ],
+    );
+}
+
 /// A test CA and a server certificate for 127.0.0.1/localhost (files
 /// `ca.crt`, `server.crt`, `server.key`), readable by the PostgreSQL user.
 pub fn make_certs() -> tempfile::TempDir {
@@ -209,18 +249,7 @@ pub fn make_certs() -> tempfile::TempDir {
         .tempdir_in("/tmp")
         .unwrap();
     let d = dir.path();
-    let run = |args: &[&str]| {
-        let out = Command::new("openssl")
-            .args(args)
-            .current_dir(d)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
+    let run = |args: &[&str]| openssl(d, args);
     std::fs::write(
         d.join("san.ext"),
         "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
@@ -253,23 +282,7 @@ pub fn make_certs() -> tempfile::TempDir {
         "-subj",
         "/CN=127.0.0.1",
     ]);
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.crt",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        "server.crt",
-        "-days",
-        "2",
-        "-extfile",
-        "san.ext",
-    ]);
+    sign_csr(d, "server", "san.ext");
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
     std::fs::set_permissions(d.join("server.key"), std::fs::Permissions::from_mode(0o600)).unwrap();

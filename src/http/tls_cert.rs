@@ -1,4 +1,5 @@
-//! The webhook's TLS certificate, re-read when its files change.
+//! A listener's TLS certificate (the injector's webhook, the gateway),
+//! re-read when its files change.
 //!
 //! cert-manager (and a Helm upgrade with generated certificates) replace
 //! the Secret in place; the kubelet updates the mounted files within about
@@ -59,8 +60,14 @@ impl ReloadingCert {
         }))
     }
 
-    /// Polls the files until `shutdown`.
-    pub async fn watch(self: Arc<Self>, shutdown: CancellationToken) {
+    /// Polls the files until `shutdown`, counting each reload in
+    /// `reloads{result}` (ok, error); `what` names the listener in logs.
+    pub async fn watch(
+        self: Arc<Self>,
+        what: &'static str,
+        reloads: prometheus::IntCounterVec,
+        shutdown: CancellationToken,
+    ) {
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(RELOAD_INTERVAL) => {}
@@ -69,29 +76,48 @@ impl ReloadingCert {
             match self.reload_if_changed() {
                 None => {}
                 Some(Ok(())) => {
-                    crate::metrics::INJECT
-                        .tls_reloads
-                        .with_label_values(&["ok"])
-                        .inc();
-                    tracing::info!(cert = %self.cert_file.display(), "webhook certificate reloaded");
+                    reloads.with_label_values(&["ok"]).inc();
+                    tracing::info!(listener = what, cert = %self.cert_file.display(), "TLS certificate reloaded");
                 }
                 Some(Err(e)) => {
-                    crate::metrics::INJECT
-                        .tls_reloads
-                        .with_label_values(&["error"])
-                        .inc();
-                    tracing::warn!(error = %e, "webhook certificate changed but does not load; serving the previous one");
+                    reloads.with_label_values(&["error"]).inc();
+                    tracing::warn!(listener = what, error = %e, "TLS certificate changed but does not load; serving the previous one");
                 }
             }
         }
     }
 
     pub fn server_config(self: &Arc<Self>) -> rustls::ServerConfig {
-        let mut config = rustls::ServerConfig::builder()
-            .with_no_client_auth()
-            .with_cert_resolver(self.clone());
+        self.server_config_with(None)
+            .expect("no client verifier to build")
+    }
+
+    /// The server configuration; with `client_ca` (a PEM bundle) every
+    /// client must present a certificate that CA signed (mTLS).
+    pub fn server_config_with(
+        self: &Arc<Self>,
+        client_ca: Option<&str>,
+    ) -> Result<rustls::ServerConfig, String> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?;
+        let builder = match client_ca {
+            None => builder.with_no_client_auth(),
+            Some(path) => {
+                let roots = super::tls_client::roots(Some(path))?;
+                let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                    Arc::new(roots),
+                    provider,
+                )
+                .build()
+                .map_err(|e| format!("client CA file {path}: {e}"))?;
+                builder.with_client_cert_verifier(verifier)
+            }
+        };
+        let mut config = builder.with_cert_resolver(self.clone());
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-        config
+        Ok(config)
     }
 }
 

@@ -475,3 +475,37 @@ async fn tracing_off_exports_nothing_and_adds_no_traceparent() {
         0.0
     );
 }
+
+/// Spans still queued at SIGTERM are exported before the process exits
+/// (the export interval here is far longer than the test).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_queued_at_exit_are_flushed() {
+    let collector = Collector::start().await;
+    let mut sidecar = Fencer::sidecar(
+        Backend::Memory,
+        None,
+        &[
+            ("tracing.otlp_endpoint", &collector.url()),
+            ("tracing.export_interval_ms", "60000"),
+        ],
+    );
+    sidecar.wait_ready();
+    let resp = sidecar
+        .http
+        .post(format!(
+            "{}{}",
+            sidecar.api,
+            Fencer::path("exit:1", "acquire")
+        ))
+        .header("traceparent", traceparent("d000000000000001"))
+        .json(&serde_json::json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(collector.spans().is_empty(), "exported before the exit");
+    assert_eq!(sidecar.terminate(), Some(0));
+    let spans = collector.wait_for(TRACE, &["lock.acquire"]).await;
+    assert_eq!(one(&spans, "lock.acquire").parent, "d000000000000001");
+}

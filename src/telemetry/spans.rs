@@ -115,11 +115,17 @@ pub fn record_response<B>(span: &Span, resp: &Response<B>) {
 /// The result the role counted (`forwarded`, `stale_token`, …), on the
 /// current span.
 pub fn outcome(result: &str) {
+    if !super::tracing_enabled() {
+        return;
+    }
     Span::current().record("fencer.outcome", result);
 }
 
 /// The lock key (and token, where one is known) on the current span.
 pub fn lock(key: &str, token: Option<u64>) {
+    if !super::tracing_enabled() {
+        return;
+    }
     let span = Span::current();
     span.record("fencer.lock.key", key);
     if let Some(token) = token {

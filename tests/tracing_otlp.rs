@@ -220,6 +220,26 @@ fn print_tree(spans: &[Received], app_spans: &[(&str, &str)]) {
     println!("{out}");
 }
 
+/// A lock API call `op` on `key` from the app's span `span`; must answer 200.
+async fn lock_call(
+    sidecar: &Fencer,
+    key: &str,
+    op: &str,
+    span: &str,
+    body: serde_json::Value,
+) -> serde_json::Value {
+    let resp = sidecar
+        .http
+        .post(format!("{}{}", sidecar.api, Fencer::path(key, op)))
+        .header("traceparent", traceparent(span))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200, "{op}");
+    resp.json().await.unwrap()
+}
+
 fn one<'a>(spans: &'a [Received], name: &str) -> &'a Received {
     let found: Vec<&Received> = spans.iter().filter(|s| s.name == name).collect();
     assert_eq!(found.len(), 1, "one `{name}` span, got {found:#?}");
@@ -254,31 +274,23 @@ async fn one_trace_spans_proxy_gateway_and_storage() {
         "a000000000000003",
         "a000000000000004",
     );
-    let post = |path: String, span: &str, body: serde_json::Value| {
-        http.post(format!("{}{path}", sidecar.api))
-            .header("traceparent", traceparent(span))
-            .json(&body)
-            .send()
-    };
-    let acquired: serde_json::Value = post(
-        Fencer::path(key, "acquire"),
+    let acquired = lock_call(
+        &sidecar,
+        key,
+        "acquire",
         acquire_span,
         serde_json::json!({"ttl_ms": 10000}),
     )
-    .await
-    .unwrap()
-    .json()
-    .await
-    .unwrap();
+    .await;
     let lease = acquired["lease_id"].as_str().expect("acquired").to_owned();
-    let renewed = post(
-        Fencer::path(key, "renew"),
+    lock_call(
+        &sidecar,
+        key,
+        "renew",
         renew_span,
         serde_json::json!({"lease_id": lease}),
     )
-    .await
-    .unwrap();
-    assert_eq!(renewed.status(), 200);
+    .await;
 
     let written = http
         .put(format!("{}/kv/orders/7", sidecar.proxy))
@@ -291,14 +303,14 @@ async fn one_trace_spans_proxy_gateway_and_storage() {
         .unwrap();
     assert_eq!(written.status(), 200, "{}", written.text().await.unwrap());
 
-    let released = post(
-        Fencer::path(key, "release"),
+    lock_call(
+        &sidecar,
+        key,
+        "release",
         release_span,
         serde_json::json!({"lease_id": lease}),
     )
-    .await
-    .unwrap();
-    assert_eq!(released.status(), 200);
+    .await;
 
     let spans = collector
         .wait_for(
@@ -490,19 +502,14 @@ async fn spans_queued_at_exit_are_flushed() {
         ],
     );
     sidecar.wait_ready();
-    let resp = sidecar
-        .http
-        .post(format!(
-            "{}{}",
-            sidecar.api,
-            Fencer::path("exit:1", "acquire")
-        ))
-        .header("traceparent", traceparent("d000000000000001"))
-        .json(&serde_json::json!({}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
+    lock_call(
+        &sidecar,
+        "exit:1",
+        "acquire",
+        "d000000000000001",
+        serde_json::json!({}),
+    )
+    .await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(collector.spans().is_empty(), "exported before the exit");
     assert_eq!(sidecar.terminate(), Some(0));

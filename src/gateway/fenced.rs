@@ -237,10 +237,9 @@ impl Fenced {
         // uncertain window (issue 26 item 7: a GET's 504 held up the next
         // write for the whole hold). A write's outcome may be unknown.
         let is_read = self.kind == "read";
-        let span = crate::telemetry::spans::client("gateway.forward");
-        let uncertain = match gw.forwarder.forward(req).instrument(span.clone()).await {
+        let sending = gw.forwarder.forward(req);
+        let uncertain = match crate::telemetry::spans::forwarded("gateway.forward", sending).await {
             Ok(resp) => {
-                crate::telemetry::spans::record_response(&span, &resp);
                 gw.metrics
                     .upstream_duration
                     .with_label_values(&["ok"])

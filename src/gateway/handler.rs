@@ -16,7 +16,6 @@ use std::sync::Arc;
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use tokio::time::Instant;
-use tracing::Instrument;
 
 use super::state::{Gateway, SEQ_HEADER, TOKEN_HEADER};
 use crate::error::ApiError;
@@ -125,15 +124,8 @@ impl Gateway {
     /// everything with enforcement off): nothing to hold.
     async fn forward_unfenced(&self, req: Request<Incoming>) -> Response<ProxyBody> {
         let started = Instant::now();
-        let span = crate::telemetry::spans::client("gateway.forward");
-        let result = self
-            .forwarder
-            .forward(req.map(stream))
-            .instrument(span.clone())
-            .await;
-        if let Ok(resp) = &result {
-            crate::telemetry::spans::record_response(&span, resp);
-        }
+        let sending = self.forwarder.forward(req.map(stream));
+        let result = crate::telemetry::spans::forwarded("gateway.forward", sending).await;
         let elapsed = started.elapsed().as_secs_f64();
         match result {
             Ok(resp) => {

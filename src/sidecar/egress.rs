@@ -323,15 +323,9 @@ impl Egress {
         result: &str,
         started: Instant,
     ) -> Response<ProxyBody> {
-        let span = crate::telemetry::spans::client("proxy.forward");
-        let sent = self
-            .forwarder
-            .forward(req.map(stream))
-            .instrument(span.clone())
-            .await;
-        match sent {
+        let sending = self.forwarder.forward(req.map(stream));
+        match crate::telemetry::spans::forwarded("proxy.forward", sending).await {
             Ok(resp) => {
-                crate::telemetry::spans::record_response(&span, &resp);
                 self.done(result, started);
                 resp.map(stream)
             }

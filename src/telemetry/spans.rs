@@ -97,6 +97,36 @@ where
     .instrument(span)
 }
 
+/// Sends a request to the next hop inside a client span named `name`
+/// (whose context the request carries) and records the answer, or the
+/// failure (`fencer.error = <outcome>`, status error), on it.
+pub async fn forwarded<B, E: ForwardOutcome>(
+    name: &'static str,
+    sending: impl Future<Output = Result<Response<B>, E>>,
+) -> Result<Response<B>, E> {
+    let span = client(name);
+    let result = sending.instrument(span.clone()).await;
+    match &result {
+        Ok(resp) => record_response(&span, resp),
+        Err(e) => {
+            span.record("fencer.error", e.outcome());
+            span.record("otel.status_code", "error");
+        }
+    }
+    result
+}
+
+/// A failed forward's outcome label (`timeout`, `error`).
+pub trait ForwardOutcome {
+    fn outcome(&self) -> &'static str;
+}
+
+impl ForwardOutcome for crate::proxy::forward::ForwardError {
+    fn outcome(&self) -> &'static str {
+        crate::proxy::forward::ForwardError::outcome(self)
+    }
+}
+
 /// The status of an answer, and its error code if it is a JSON error.
 pub fn record_response<B>(span: &Span, resp: &Response<B>) {
     if span.is_disabled() {

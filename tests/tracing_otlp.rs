@@ -261,6 +261,12 @@ async fn one_trace_spans_proxy_gateway_and_storage() {
     );
     let mut sidecar_settings = exporting(&collector.url());
     sidecar_settings.push(("proxy.upstream", gateway.api.clone()));
+    // The acquire pre-registers its token at the gateway: that hop joins
+    // the acquire's trace.
+    sidecar_settings.push((
+        "sidecar.preregister_url",
+        format!("{}/_fencer/v1/fences/", gateway.api),
+    ));
     let sidecar = Fencer::sidecar(Backend::Memory, None, &borrowed(&sidecar_settings));
     sidecar.wait_ready();
     gateway.wait_ready();
@@ -354,12 +360,27 @@ async fn one_trace_spans_proxy_gateway_and_storage() {
         one(&spans, "lock.acquire").attrs["fencer.token"],
         acquired["token"].to_string()
     );
+    let pre: Vec<&Received> = spans
+        .iter()
+        .filter(|s| s.name == "gateway.request" && s.parent == one(&spans, "lock.acquire").span_id)
+        .collect();
+    assert_eq!(
+        pre.len(),
+        1,
+        "the pre-registration's gateway span under lock.acquire"
+    );
+    assert_eq!(pre[0].service, "fencer-gateway");
+    assert_eq!(pre[0].attrs["fencer.outcome"], "accepted");
+    assert_eq!(pre[0].attrs["fencer.lock.key"], key);
 
     // The write: app → proxy → gateway → storage, each hop the child of
     // the one before.
     let proxy = one(&spans, "proxy.request");
     let proxy_fwd = one(&spans, "proxy.forward");
-    let gw = one(&spans, "gateway.request");
+    let gw = spans
+        .iter()
+        .find(|s| s.name == "gateway.request" && s.parent == proxy_fwd.span_id)
+        .expect("the gateway continues the proxy's forward");
     let check = one(&spans, "gateway.check");
     let gw_fwd = one(&spans, "gateway.forward");
     assert_eq!(proxy.parent, write_span);

@@ -402,6 +402,7 @@ async fn one_trace_spans_proxy_gateway_and_storage() {
     assert_eq!(gw_fwd.attrs["http.response.status_code"], "200");
     let seen = storage.seen();
     assert_eq!(seen.len(), 1);
+    println!("storage received traceparent: {:?}", seen[0].traceparents);
     assert_eq!(
         seen[0].traceparents,
         [format!("00-{TRACE}-{}-01", gw_fwd.span_id)],

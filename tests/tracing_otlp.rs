@@ -12,6 +12,8 @@
 //!   storage still gets one, of a new trace.
 //! - Tracing off: nothing is exported, and no `traceparent` is added or
 //!   changed.
+//! - Spans queued at SIGTERM are exported before exit; a collector that
+//!   is not there costs a count and one warning, never a lock or a write.
 //!
 //! The trace is printed as a tree (`cargo test --test tracing_otlp --
 //! --nocapture`).
@@ -537,4 +539,63 @@ async fn spans_queued_at_exit_are_flushed() {
     assert_eq!(sidecar.terminate(), Some(0));
     let spans = collector.wait_for(TRACE, &["lock.acquire"]).await;
     assert_eq!(one(&spans, "lock.acquire").parent, "d000000000000001");
+}
+
+/// A collector that is not there: locks and writes go on, the failure is
+/// counted and logged once, and SIGTERM still exits promptly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_collector_costs_only_a_count() {
+    let closed = format!("http://127.0.0.1:{}", free_port());
+    let mut sidecar = Fencer::sidecar(
+        Backend::Memory,
+        None,
+        &[
+            ("tracing.otlp_endpoint", &closed),
+            ("tracing.export_interval_ms", "100"),
+            ("tracing.export_timeout_ms", "500"),
+        ],
+    );
+    sidecar.wait_ready();
+    for i in 0..3 {
+        let key = format!("down:{i}");
+        let lease = sidecar.acquire(&key, 10_000, 0).await.lease();
+        assert_eq!(sidecar.release(&key, &lease).await.status, 200);
+    }
+    let counted = eventually(Duration::from_secs(10), || {
+        sidecar.logs().contains("OTLP span export failed")
+    })
+    .await;
+    assert!(counted, "{}", sidecar.logs());
+    // A second batch, failing too.
+    let lease = sidecar.acquire("down:again", 10_000, 0).await.lease();
+    sidecar.release("down:again", &lease).await;
+    let mut failures = 0.0;
+    for _ in 0..50 {
+        failures = sidecar
+            .metric("fencer_otel_export_failures_total", &[])
+            .await;
+        if failures >= 2.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(failures >= 2.0, "{failures} failed exports");
+    assert!(
+        sidecar
+            .metric("fencer_otel_spans_total", &[("result", "failed")])
+            .await
+            >= 2.0
+    );
+    assert_eq!(
+        sidecar.logs().matches("OTLP span export failed").count(),
+        1,
+        "one warning, not one per batch"
+    );
+    let started = std::time::Instant::now();
+    assert_eq!(sidecar.terminate(), Some(0));
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "exit took {:?}",
+        started.elapsed()
+    );
 }

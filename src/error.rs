@@ -45,6 +45,11 @@ impl ApiError {
     }
 }
 
+/// The error code of an error response, in its extensions: the span of the
+/// request records it as its outcome without reading the body back.
+#[derive(Debug, Clone, Copy)]
+pub struct ErrorCode(pub &'static str);
+
 impl ApiError {
     fn body(self) -> (StatusCode, Value) {
         let mut body = self.extra;
@@ -55,10 +60,12 @@ impl ApiError {
 
     /// The same JSON error for the raw-hyper servers (egress proxy, gateway).
     pub fn into_hyper(self) -> hyper::Response<crate::proxy::ProxyBody> {
+        let code = ErrorCode(self.code);
         let (status, body) = self.body();
         hyper::Response::builder()
             .status(status)
             .header(hyper::header::CONTENT_TYPE, "application/json")
+            .extension(code)
             .body(crate::proxy::full(body.to_string()))
             .expect("static response parts")
     }
@@ -66,8 +73,11 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        let code = ErrorCode(self.code);
         let (status, body) = self.body();
-        (status, axum::Json(body)).into_response()
+        let mut resp = (status, axum::Json(body)).into_response();
+        resp.extensions_mut().insert(code);
+        resp
     }
 }
 

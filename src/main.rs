@@ -59,7 +59,21 @@ fn run() -> ExitCode {
         // its table. Only errors reach the screen.
         log.level = "error".into();
     }
-    telemetry::init(&log, cli.log_format.map(Into::into));
+    // Worker threads named for the role (`top -H`, `perf` by thread name).
+    let role = match &cli.command {
+        Command::Sidecar => "sidecar",
+        Command::Gateway => "gateway",
+        Command::Storage => "storage",
+        Command::Inject => "inject",
+        Command::Dev => "dev",
+        _ => "worker",
+    };
+    telemetry::init(
+        &log,
+        cli.log_format.map(Into::into),
+        &settings.tracing,
+        role,
+    );
     let threads = match (settings.runtime.worker_threads, &cli.command) {
         (0, Command::Sidecar) => 1,
         (0, _) => std::thread::available_parallelism().map_or(2, |n| n.get()),
@@ -74,14 +88,6 @@ fn run() -> ExitCode {
         let mut b = tokio::runtime::Builder::new_multi_thread();
         b.worker_threads(threads);
         b
-    };
-    // Worker threads named for the role (`top -H`, `perf` by thread name).
-    let role = match &cli.command {
-        Command::Sidecar => "sidecar",
-        Command::Gateway => "gateway",
-        Command::Storage => "storage",
-        Command::Inject => "inject",
-        _ => "worker",
     };
     let runtime = builder
         .thread_name(format!("fencer-{role}"))

@@ -539,3 +539,59 @@ fn tls_settings_of_upstreams_and_the_gateway_listener_are_checked() {
     assert_eq!(start.status.code(), Some(2), "{}", stderr(&start));
     assert!(stderr(&start).contains(&missing), "{}", stderr(&start));
 }
+
+/// `[tracing]` (issue 31 item 3): accepted and printed for the roles that
+/// trace, off (no endpoint printed) by default; the standard
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` shows as the effective endpoint; a bad
+/// endpoint or ratio exits 2 naming the field.
+#[test]
+fn tracing_settings_are_checked_and_printed() {
+    let secret = [("FENCER__SIGNING__SECRET_ENV", "S"), ("S", SECRET)];
+    let toml = "[backend]\nkind = \"memory\"\n[tracing]\notlp_endpoint = \"http://collector:4318\"\nsampling_ratio = 0.25\nservice_name = \"orders-sidecar\"\n";
+    let out = check(toml, &[], &secret);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let parsed: toml::Table = text.parse().expect("the output is TOML");
+    let t = &parsed["tracing"];
+    assert_eq!(
+        t["otlp_endpoint"].as_str(),
+        Some("http://collector:4318"),
+        "{text}"
+    );
+    assert_eq!(t["sampling_ratio"].as_float(), Some(0.25));
+    assert_eq!(t["service_name"].as_str(), Some("orders-sidecar"));
+    assert_eq!(t["max_queue_size"].as_integer(), Some(2048));
+
+    // Off by default: the section is printed, with no endpoint.
+    let out = fencer(&["check-config"], &[("OTEL_EXPORTER_OTLP_ENDPOINT", "")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let parsed: toml::Table = stdout(&out).parse().unwrap();
+    assert!(
+        parsed["tracing"].get("otlp_endpoint").is_none(),
+        "{}",
+        stdout(&out)
+    );
+
+    let mut env = secret.to_vec();
+    env.push(("OTEL_EXPORTER_OTLP_ENDPOINT", "http://agent:4318"));
+    let out = check("[backend]\nkind = \"memory\"\n", &[], &env);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let parsed: toml::Table = stdout(&out).parse().unwrap();
+    assert_eq!(
+        parsed["tracing"]["otlp_endpoint"].as_str(),
+        Some("http://agent:4318")
+    );
+
+    for (bad, field) in [
+        (
+            "otlp_endpoint = \"grpc://collector:4317\"",
+            "tracing.otlp_endpoint",
+        ),
+        ("sampling_ratio = 1.5", "tracing.sampling_ratio"),
+        ("max_queue_size = 0", "tracing.max_queue_size"),
+    ] {
+        let out = check(&format!("[tracing]\n{bad}\n"), &[], &secret);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {}", stdout(&out));
+        assert!(stderr(&out).contains(field), "{bad}: {}", stderr(&out));
+    }
+}

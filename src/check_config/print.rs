@@ -36,6 +36,8 @@ struct View<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     log: Option<&'a LogSettings>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    tracing: Option<&'a TracingSettings>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     metrics: Option<&'a MetricsSettings>,
     #[serde(skip_serializing_if = "Option::is_none")]
     runtime: Option<&'a RuntimeSettings>,
@@ -92,6 +94,7 @@ impl<'a> View<'a> {
         let shared = || View {
             http: Some(&s.http),
             log: Some(&s.log),
+            tracing: Some(&s.tracing),
             runtime: Some(&s.runtime),
             ..View::default()
         };

@@ -16,6 +16,7 @@ use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
+use tracing::{Instrument, Span};
 
 use super::fence_store::{Decision, FenceError, Stamp};
 use super::key_queue::KeyTurn;
@@ -33,6 +34,7 @@ pub(super) async fn forward(
     claim: Claim,
     seq: Option<u64>,
     kind: &'static str,
+    check: Span,
 ) -> Response<ProxyBody> {
     let group = gw.metrics.group(&claim.key);
     let (tx, rx) = oneshot::channel();
@@ -42,13 +44,14 @@ pub(super) async fn forward(
         seq,
         kind,
         group,
+        check,
     };
     if crate::mutants::active("guard_in_request") {
         // Mutant: the hold lives in the client's request future again.
         task.run(req, tx).await;
     } else {
         let tracker = task.gw.tasks.clone();
-        tracker.spawn(task.run(req, tx));
+        tracker.spawn(task.run(req, tx).in_current_span());
     }
     rx.await.unwrap_or_else(|_| {
         ApiError::internal("the fenced forward ended without an answer").into_hyper()
@@ -61,6 +64,8 @@ struct Fenced {
     seq: Option<u64>,
     kind: &'static str,
     group: String,
+    /// `gateway.check`: the wait for the key's turn and the admission.
+    check: Span,
 }
 
 /// A fenced request's hold on its key: the turn in this process and the
@@ -136,6 +141,7 @@ fn stamp_id() -> String {
 
 impl Fenced {
     fn count(&self, result: &str) {
+        crate::telemetry::spans::outcome(result);
         self.gw
             .metrics
             .requests
@@ -143,12 +149,15 @@ impl Fenced {
             .inc();
     }
 
-    async fn run(self, req: Request<Incoming>, reply: oneshot::Sender<Response<ProxyBody>>) {
+    async fn run(mut self, req: Request<Incoming>, reply: oneshot::Sender<Response<ProxyBody>>) {
         let gw = self.gw.clone();
         let started = Instant::now();
         let deadline = started + gw.serialize_timeout;
         let key = self.claim.key.clone();
-        let Some(turn) = gw.keys.turn(&key, deadline).await else {
+        // Taken out: the span ends at the decision, not with the task.
+        let check = std::mem::replace(&mut self.check, Span::none());
+        let Some(turn) = gw.keys.turn(&key, deadline).instrument(check.clone()).await else {
+            check.record("fencer.outcome", "busy");
             self.count("busy");
             let _ = reply.send(busy(&key));
             return;
@@ -175,6 +184,7 @@ impl Fenced {
                 Some(&stamp),
                 deadline,
             )
+            .instrument(check.clone())
             .await;
         gw.metrics
             .serialization_wait
@@ -190,14 +200,18 @@ impl Fenced {
                 a.decision
             }
             Err(e) => {
+                check.record("fencer.outcome", "store_error");
                 let _ = reply.send(self.store_failure(e));
                 return;
             }
         };
         if let Err(resp) = self.decided(&decision) {
+            check.record("fencer.outcome", "refused");
             let _ = reply.send(*resp);
             return;
         }
+        check.record("fencer.outcome", "admitted");
+        drop(check);
         gw.metrics.in_flight_keys.inc();
         let hold = KeyHold {
             gw: gw.clone(),
@@ -223,7 +237,8 @@ impl Fenced {
         // uncertain window (issue 26 item 7: a GET's 504 held up the next
         // write for the whole hold). A write's outcome may be unknown.
         let is_read = self.kind == "read";
-        let uncertain = match gw.forwarder.forward(req).await {
+        let sending = gw.forwarder.forward(req);
+        let uncertain = match crate::telemetry::spans::forwarded("gateway.forward", sending).await {
             Ok(resp) => {
                 gw.metrics
                     .upstream_duration

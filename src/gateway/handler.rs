@@ -92,13 +92,21 @@ impl Gateway {
             self.count("none", kind, "unchecked");
             return self.forward_unfenced(req).await;
         }
-        if let Err((result, err)) = self.normalize_path(&mut req) {
-            return self.refuse(&req, kind, result, err);
-        }
-        let claim = match self.verify(&req) {
+        // The check: the token verified here, its fence admitted by
+        // `fenced` (the span ends once the storage may be written).
+        let check = crate::telemetry::spans::internal("gateway.check");
+        let verified = check.in_scope(|| {
+            self.normalize_path(&mut req)?;
+            self.verify(&req)
+        });
+        let claim = match verified {
             Ok(c) => c,
-            Err((result, err)) => return self.refuse(&req, kind, result, err),
+            Err((result, err)) => {
+                check.record("fencer.outcome", result);
+                return self.refuse(&req, kind, result, err);
+            }
         };
+        crate::telemetry::spans::lock(&claim.key, Some(claim.token));
         let seq = match super::verify::sequence(&req) {
             Ok(s) => s,
             Err(e) => return self.refuse(&req, kind, "invalid_sequence", e),
@@ -109,14 +117,15 @@ impl Gateway {
         // only repeats the token's key, and `Fencing-Lease`/`Fencing-Lock`
         // are the proxy's business.
         headers::strip_fencing(req.headers_mut(), &[TOKEN_HEADER, SEQ_HEADER]);
-        super::fenced::forward(self, req, claim, seq, kind).await
+        super::fenced::forward(self, req, claim, seq, kind, check).await
     }
 
     /// Forwards a request that needs no fencing (reads without a token, or
     /// everything with enforcement off): nothing to hold.
     async fn forward_unfenced(&self, req: Request<Incoming>) -> Response<ProxyBody> {
         let started = Instant::now();
-        let result = self.forwarder.forward(req.map(stream)).await;
+        let sending = self.forwarder.forward(req.map(stream));
+        let result = crate::telemetry::spans::forwarded("gateway.forward", sending).await;
         let elapsed = started.elapsed().as_secs_f64();
         match result {
             Ok(resp) => {

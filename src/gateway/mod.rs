@@ -221,7 +221,10 @@ pub async fn serve<L: crate::http::server::Accept>(
             .with_label_values(&[gateway.store.name()]),
         shutdown.clone(),
     );
-    let handler = Arc::new(move |req| gateway.clone().handle(req));
+    let handler = Arc::new(move |req| {
+        let gateway = gateway.clone();
+        crate::telemetry::spans::serve("gateway.request", req, move |req| gateway.handle(req))
+    });
     crate::http::server::serve(
         "gateway",
         listener,

@@ -12,6 +12,7 @@ use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::json;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use super::fence_store::{Decision, FenceError};
 use super::fenced::stale;
@@ -62,6 +63,7 @@ pub(super) async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response
             return err.into_hyper();
         }
     };
+    crate::telemetry::spans::lock(&claim.key, Some(claim.token));
     let (tx, rx) = tokio::sync::oneshot::channel();
     let tracker = gw.tasks.clone();
     tracker.spawn(async move {
@@ -133,7 +135,8 @@ pub(super) async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response
             }
         };
         let _ = tx.send(resp);
-    });
+    }
+    .in_current_span());
     rx.await.unwrap_or_else(|_| {
         ApiError::internal("pre-registration ended without an answer").into_hyper()
     })

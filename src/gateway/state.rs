@@ -52,6 +52,7 @@ pub struct Gateway {
 
 impl Gateway {
     pub(super) fn count(&self, group: &str, kind: &str, result: &str) {
+        crate::telemetry::spans::outcome(result);
         self.metrics
             .requests
             .with_label_values(&[group, kind, result])

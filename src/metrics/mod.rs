@@ -107,6 +107,30 @@ pub static LOG_LINES_DROPPED: std::sync::LazyLock<IntCounterVec> = std::sync::La
     .expect("valid metric")
 });
 
+/// Spans handed to the OTLP exporter, by result: `exported` (the collector
+/// took them) or `failed` (the export failed after its retries: the spans
+/// are gone). Zero while tracing is off.
+pub static OTEL_SPANS: std::sync::LazyLock<IntCounterVec> = std::sync::LazyLock::new(|| {
+    IntCounterVec::new(
+        Opts::new(
+            "fencer_otel_spans_total",
+            "Spans given to the OTLP exporter, by result: exported, failed (lost with their export request).",
+        ),
+        &["result"],
+    )
+    .expect("valid metric")
+});
+
+/// OTLP export requests that failed (collector down, slow or refusing).
+pub static OTEL_EXPORT_FAILURES: std::sync::LazyLock<prometheus::IntCounter> =
+    std::sync::LazyLock::new(|| {
+        prometheus::IntCounter::new(
+            "fencer_otel_export_failures_total",
+            "OTLP span export requests that failed after their retries; their spans are dropped.",
+        )
+        .expect("valid metric")
+    });
+
 pub fn registry(role: &str, backend: &str) -> Registry {
     let registry = Registry::new();
     registry
@@ -129,6 +153,15 @@ pub fn registry(role: &str, backend: &str) -> Registry {
         .register(Box::new(LOG_LINES_DROPPED.clone()))
         .expect("registered once per registry");
     TLS.register(&registry);
+    for result in ["exported", "failed"] {
+        OTEL_SPANS.with_label_values(&[result]);
+    }
+    registry
+        .register(Box::new(OTEL_SPANS.clone()))
+        .expect("registered once per registry");
+    registry
+        .register(Box::new(OTEL_EXPORT_FAILURES.clone()))
+        .expect("registered once per registry");
     sql::SQL.init_known();
     for c in [&sql::SQL.abandoned, &sql::SQL.undos] {
         registry

@@ -159,6 +159,8 @@ impl Forwarder {
             req.headers_mut().remove(*name);
         }
         req.headers_mut().insert(header::HOST, self.host.clone());
+        // The current span's `traceparent` replaces the caller's (tracing on).
+        crate::telemetry::propagation::inject(req.headers_mut());
         match tokio::time::timeout(self.timeout, self.client.request(req)).await {
             Err(_) => Err(ForwardError::Timeout(self.timeout)),
             Ok(Err(e)) => Err(ForwardError::Failed(format!(

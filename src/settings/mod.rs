@@ -25,6 +25,7 @@ pub use crate::lock::settings::{
 };
 pub use crate::sidecar::settings::{ProxySettings, SidecarSettings};
 pub use crate::storage::settings::StorageSettings;
+pub use crate::telemetry::settings::TracingSettings;
 use check::{invalid, read_secret};
 pub use check::{redact_url, ConfigError};
 pub use common::{
@@ -48,6 +49,8 @@ pub struct Settings {
     pub http: HttpSettings,
     pub signing: SigningSettings,
     pub log: LogSettings,
+    /// OpenTelemetry span export (off unless an endpoint is named).
+    pub tracing: TracingSettings,
     pub metrics: MetricsSettings,
     pub runtime: RuntimeSettings,
     /// A secret given in code (`fencer dev`, `fencer demo`): never from a file.
@@ -76,6 +79,9 @@ impl Settings {
         // generic source, which reads only scalars and lists of scalars.
         let mut env = process_env()?;
         let lists = env_lists::EnvLists::take(&mut env)?;
+        let otel_endpoint = env
+            .get(crate::telemetry::settings::OTEL_ENDPOINT_ENV)
+            .cloned();
         builder = builder.add_source(
             config::Environment::with_prefix("FENCER")
                 .source(Some(env))
@@ -96,6 +102,11 @@ impl Settings {
             .try_deserialize()
             .map_err(|e| ConfigError::Load(suggest::explain(&e)))?;
         lists.apply(&mut settings);
+        // The standard OpenTelemetry variable, when fencer's own setting is
+        // unset: validated and printed (check-config) like the setting.
+        if settings.tracing.otlp_endpoint.is_none() {
+            settings.tracing.otlp_endpoint = otel_endpoint.filter(|e| !e.trim().is_empty());
+        }
         settings.validate()?;
         Ok(settings)
     }
@@ -111,6 +122,7 @@ impl Settings {
         self.inject.validate()?;
         self.metrics.validate()?;
         self.http.validate()?;
+        self.tracing.validate()?;
         let rl = &self.backend.redlock;
         if self.backend.kind == Some(BackendKind::RedLock)
             && rl.request_timeout_ms * 10 > self.sidecar.default_ttl_ms

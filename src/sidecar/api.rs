@@ -44,6 +44,7 @@ pub fn router(state: Arc<ApiState>, extra: Router<Arc<ApiState>>) -> Router {
             state.clone(),
             count_requests,
         ))
+        .layer(middleware::from_fn(crate::telemetry::spans::lock_api))
         .with_state(state)
 }
 
@@ -90,7 +91,9 @@ async fn method_not_allowed() -> ApiError {
 
 fn path_key(path: Result<Path<String>, PathRejection>) -> Result<crate::lock::LockKey, ApiError> {
     let Path(raw) = path.map_err(|e| ApiError::invalid("key", format!("bad key in path: {e}")))?;
-    request::key(&raw)
+    let key = request::key(&raw)?;
+    crate::telemetry::spans::lock(key.as_str(), None);
+    Ok(key)
 }
 
 fn body(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
@@ -115,6 +118,7 @@ async fn acquire(
     let key = path_key(path)?;
     let req = request::acquire(&body(raw)?, &state.defaults, false)?;
     let view = state.locks.acquire(req.into_acquire(key)).await?;
+    crate::telemetry::spans::lock(&view.key, Some(view.token));
     Ok(Json(Acquired {
         key: view.key,
         token: view.token,

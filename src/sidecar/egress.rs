@@ -41,6 +41,7 @@ use hyper::body::Incoming;
 use hyper::header::{HeaderName, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use super::locks::{LockError, LockManager};
 use crate::error::ApiError;
@@ -71,6 +72,7 @@ pub struct Egress {
 
 impl Egress {
     fn done(&self, result: &str, started: Instant) {
+        crate::telemetry::spans::outcome(result);
         self.metrics
             .proxy_requests
             .with_label_values(&[result])
@@ -199,6 +201,7 @@ impl Egress {
             Ok(r) => r,
             Err(e) => return self.refused_lease(&key, e, started),
         };
+        crate::telemetry::spans::lock(key.as_str(), Some(record.token));
         // A proxied request is a sign of life for an auto-renewed lease.
         self.locks.touch(&key, Some(&record.lease_id));
 
@@ -259,11 +262,14 @@ impl Egress {
         // turn is held until its answer, whatever its client does.
         let (tx, rx) = tokio::sync::oneshot::channel();
         let this = self.clone();
-        tokio::spawn(async move {
-            let resp = this.forward(req, "forwarded", started).await;
-            drop(turn);
-            let _ = tx.send(resp);
-        });
+        tokio::spawn(
+            async move {
+                let resp = this.forward(req, "forwarded", started).await;
+                drop(turn);
+                let _ = tx.send(resp);
+            }
+            .in_current_span(),
+        );
         rx.await.unwrap_or_else(|_| {
             ApiError::internal("the forward ended without an answer").into_hyper()
         })
@@ -317,7 +323,8 @@ impl Egress {
         result: &str,
         started: Instant,
     ) -> Response<ProxyBody> {
-        match self.forwarder.forward(req.map(stream)).await {
+        let sending = self.forwarder.forward(req.map(stream));
+        match crate::telemetry::spans::forwarded("proxy.forward", sending).await {
             Ok(resp) => {
                 self.done(result, started);
                 resp.map(stream)

@@ -392,7 +392,10 @@ pub async fn serve_egress(
     silence: crate::http::conn::Silence,
     shutdown: CancellationToken,
 ) {
-    let handler = Arc::new(move |req| egress.clone().handle(req));
+    let handler = Arc::new(move |req| {
+        let egress = egress.clone();
+        crate::telemetry::spans::serve("proxy.request", req, move |req| egress.handle(req))
+    });
     let drain = Duration::from_secs(5);
     crate::http::server::serve("proxy", listener, handler, shutdown, drain, silence).await;
 }

@@ -58,10 +58,12 @@ impl Preregistrar {
             self.base,
             percent_encoding::utf8_percent_encode(key.as_str(), percent_encoding::NON_ALPHANUMERIC)
         );
-        let req = hyper::Request::post(url)
+        let mut req = hyper::Request::post(url)
             .header("fencing-token", fencing_token)
             .body(Full::new(Bytes::new()))
             .map_err(|e| PreregisterError::Failed(e.to_string()))?;
+        // The gateway's span of it joins the acquire's trace (tracing on).
+        crate::telemetry::propagation::inject(req.headers_mut());
         let call = async {
             let resp = self.client.request(req).await.map_err(|e| {
                 PreregisterError::Failed(format!(

@@ -38,6 +38,8 @@ pub struct Seen {
     /// Every `Fencing-*` header that reached the storage, as (lower-case
     /// name, value), in order.
     pub fencing: Vec<(String, String)>,
+    /// Every `traceparent` header that reached the storage, in order.
+    pub traceparents: Vec<String>,
 }
 
 pub struct Recorder {
@@ -79,6 +81,12 @@ impl Recorder {
                                         String::from_utf8_lossy(v.as_bytes()).into_owned(),
                                     )
                                 })
+                                .collect();
+                            let traceparents: Vec<String> = req
+                                .headers()
+                                .get_all("traceparent")
+                                .iter()
+                                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
                                 .collect();
                             let raw_token = req
                                 .headers()
@@ -131,6 +139,7 @@ impl Recorder {
                                     body: kept,
                                     method,
                                     fencing,
+                                    traceparents,
                                 });
                             });
                             if reset {

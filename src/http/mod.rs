@@ -11,3 +11,4 @@ pub mod server;
 pub mod tls_cert;
 pub mod tls_client;
 pub mod tls_listen;
+pub mod tls_roots;

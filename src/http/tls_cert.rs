@@ -105,7 +105,7 @@ impl ReloadingCert {
         let builder = match client_ca {
             None => builder.with_no_client_auth(),
             Some(path) => {
-                let roots = super::tls_client::roots(Some(path))?;
+                let roots = super::tls_roots::roots(Some(path))?;
                 let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
                     Arc::new(roots),
                     provider,

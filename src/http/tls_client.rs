@@ -28,7 +28,7 @@ use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
 use crate::settings::check::invalid;
-use crate::settings::ConfigError;
+use crate::settings::check::ConfigError;
 
 /// The TLS settings of one upstream link (`[proxy.upstream_tls]`,
 /// `[sidecar.preregister_tls]`, `[gateway.upstream_tls]`). Used only when
@@ -111,7 +111,7 @@ impl UpstreamTls {
         ))
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?
-        .with_root_certificates(roots(self.ca_file.as_deref())?);
+        .with_root_certificates(super::tls_roots::roots(self.ca_file.as_deref())?);
         let mut config = match (&self.client_cert_file, &self.client_key_file) {
             (Some(cert), Some(key)) => {
                 let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
@@ -132,29 +132,6 @@ impl UpstreamTls {
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         Ok(config)
     }
-}
-
-/// The roots that verify a server: the PEM bundle at `ca_file`, else the
-/// public web roots.
-pub fn roots(ca_file: Option<&str>) -> Result<rustls::RootCertStore, String> {
-    let mut roots = rustls::RootCertStore::empty();
-    match ca_file {
-        Some(path) => {
-            for cert in
-                CertificateDer::pem_file_iter(path).map_err(|e| format!("CA file {path}: {e}"))?
-            {
-                let cert = cert.map_err(|e| format!("CA file {path}: {e}"))?;
-                roots
-                    .add(cert)
-                    .map_err(|e| format!("CA file {path}: {e}"))?;
-            }
-            if roots.is_empty() {
-                return Err(format!("CA file {path}: no certificate"));
-            }
-        }
-        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
-    }
-    Ok(roots)
 }
 
 /// A connector for one upstream: plain TCP for `http://`, TCP + TLS for

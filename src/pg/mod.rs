@@ -75,7 +75,7 @@ pub fn install_crypto_provider() {
 
 pub fn tls(ca_file: Option<&str>) -> Result<Tls, String> {
     install_crypto_provider();
-    let roots = crate::http::tls_client::roots(ca_file)?;
+    let roots = crate::http::tls_roots::roots(ca_file)?;
     let config = rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))

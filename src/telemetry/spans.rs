@@ -4,7 +4,8 @@
 //! no span is built at all.
 //!
 //! Names (`otel.name`): `lock.acquire|renew|release|hold|keepalive|get|list`
-//! (lock API), `proxy.request` → `proxy.forward` (egress proxy),
+//! (lock API), `dapr.lock|unlock|lease`, `dapr.grpc.try_lock|unlock`
+//! (Dapr's lock API over HTTP and gRPC), `proxy.request` → `proxy.forward` (egress proxy),
 //! `gateway.request` → `gateway.check`, `gateway.forward` (gateway).
 //! Attributes: `fencer.lock.key` and `fencer.token` (as in the logs; span
 //! attributes are per request, never metric labels), `fencer.outcome` (the
@@ -182,6 +183,11 @@ pub async fn lock_api(
         Some("/v1/locks/{key}/keepalive") => Some("lock.keepalive"),
         Some("/v1/locks/{key}") => Some("lock.get"),
         Some("/v1/locks") => Some("lock.list"),
+        Some("/v1.0-alpha1/lock/{store}") => Some("dapr.lock"),
+        Some("/v1.0-alpha1/unlock/{store}") => Some("dapr.unlock"),
+        Some("/v1/dapr/{store}/lease") => Some("dapr.lease"),
+        Some("/dapr.proto.runtime.v1.Dapr/TryLockAlpha1") => Some("dapr.grpc.try_lock"),
+        Some("/dapr.proto.runtime.v1.Dapr/UnlockAlpha1") => Some("dapr.grpc.unlock"),
         _ => None,
     };
     let Some(name) = name else {
@@ -192,8 +198,19 @@ pub async fn lock_api(
         let resp = next.run(req).await;
         let span = Span::current();
         record_response(&span, &resp);
-        let code = resp.extensions().get::<ErrorCode>().map_or("ok", |c| c.0);
-        span.record("fencer.outcome", code);
+        // A gRPC answer is HTTP 200 whatever happened: its outcome is the
+        // `grpc-status` it carries (trailers-only answers put it in the
+        // headers, which is how every Dapr error here is sent).
+        let grpc_status = resp
+            .headers()
+            .get("grpc-status")
+            .and_then(|v| v.to_str().ok())
+            .filter(|s| *s != "0");
+        match (resp.extensions().get::<ErrorCode>(), grpc_status) {
+            (Some(c), _) => span.record("fencer.outcome", c.0),
+            (None, Some(status)) => span.record("fencer.outcome", format!("grpc_status_{status}")),
+            (None, None) => span.record("fencer.outcome", "ok"),
+        };
         resp
     }
     .instrument(span)

@@ -116,6 +116,14 @@ InternalError.code = 'internal_error';
 export class LockStoreNotFoundError extends FencerError {}
 LockStoreNotFoundError.code = 'lock_store_not_found';
 
+/** 404: no lease is held now through that Dapr lock store by that owner (`POST /v1/dapr/{store}/lease`). */
+export class LeaseNotFoundError extends FencerError {}
+LeaseNotFoundError.code = 'lease_not_found';
+
+/** 503 (500 on Dapr's health routes): the sidecar cannot serve yet — backend unreachable, starting or stopping. */
+export class NotReadyError extends FencerError {}
+NotReadyError.code = 'not_ready';
+
 /** 428: the proxy requires `Fencing-Lease` on requests that name a lock. */
 export class LeaseRequiredError extends FencerError {}
 LeaseRequiredError.code = 'lease_required';
@@ -177,7 +185,7 @@ FenceStoreUnavailableError.code = 'fence_store_unavailable';
  * @type {Readonly<Record<string, typeof FencerError>>}
  */
 export const ERROR_CLASSES = Object.freeze(Object.fromEntries(
-  [InvalidRequestError, TtlTooLongError, PayloadTooLargeError, NotFoundError, MethodNotAllowedError, LockHeldError, LeaseLostError, NotOwnerError, MaxHoldReachedError, TooManyWaitersError, TooManyLeasesError, BackendUnavailableError, BackendRefusedError, NotReplicatedError, GatewayUnavailableError, TokenBehindGatewayError, TokenJumpError, LeaseExpiredBeforeAnswerError, ShuttingDownError, InternalError, LockStoreNotFoundError, LeaseRequiredError, LockNotHeldError, LeaseBusyError, DuplicateFencingHeaderError, UpstreamError, UpstreamTimeoutError, FencingTokenRequiredError, InvalidFencingTokenError, PathNotRoutedError, StaleFencingTokenError, StaleSequenceError, DuplicateSequenceError, FenceBusyError, FenceStoreUnavailableError].map((cls) => [cls.code, cls]),
+  [InvalidRequestError, TtlTooLongError, PayloadTooLargeError, NotFoundError, MethodNotAllowedError, LockHeldError, LeaseLostError, NotOwnerError, MaxHoldReachedError, TooManyWaitersError, TooManyLeasesError, BackendUnavailableError, BackendRefusedError, NotReplicatedError, GatewayUnavailableError, TokenBehindGatewayError, TokenJumpError, LeaseExpiredBeforeAnswerError, ShuttingDownError, InternalError, LockStoreNotFoundError, LeaseNotFoundError, NotReadyError, LeaseRequiredError, LockNotHeldError, LeaseBusyError, DuplicateFencingHeaderError, UpstreamError, UpstreamTimeoutError, FencingTokenRequiredError, InvalidFencingTokenError, PathNotRoutedError, StaleFencingTokenError, StaleSequenceError, DuplicateSequenceError, FenceBusyError, FenceStoreUnavailableError].map((cls) => [cls.code, cls]),
 ));
 
 /**

@@ -210,6 +210,10 @@ export class ShuttingDownError extends FencerError {}
 export class InternalError extends FencerError {}
 /** 400: the Dapr-compatible API was called with an unknown lock store. */
 export class LockStoreNotFoundError extends FencerError {}
+/** 404: no lease is held now through that Dapr lock store by that owner. */
+export class LeaseNotFoundError extends FencerError {}
+/** 503 (500 on Dapr's health routes): the sidecar cannot serve yet. */
+export class NotReadyError extends FencerError {}
 /** 428: the proxy requires `Fencing-Lease` on requests that name a lock. */
 export class LeaseRequiredError extends FencerError {}
 /** 428: the request names a lock (or lease) this sidecar does not hold. */

@@ -147,6 +147,18 @@ class LockStoreNotFound(FencerError):
     code = "lock_store_not_found"
 
 
+class LeaseNotFound(FencerError):
+    """404: no lease is held now through that Dapr lock store by that owner
+    (`POST /v1/dapr/{store}/lease`)."""
+    code = "lease_not_found"
+
+
+class NotReady(FencerError):
+    """503 (500 on Dapr's health routes): the sidecar cannot serve yet — its
+    backend is not reachable or it is starting or stopping."""
+    code = "not_ready"
+
+
 # --- the egress proxy ---
 
 class LeaseRequired(FencerError):

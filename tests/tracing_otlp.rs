@@ -599,3 +599,44 @@ async fn an_unreachable_collector_costs_only_a_count() {
         started.elapsed()
     );
 }
+
+/// Dapr's lock API is traced like the lock API: a `dapr.lock` span, child
+/// of the app's `traceparent`, with its outcome; `dapr.unlock` likewise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dapr_calls_are_spans_of_the_callers_trace() {
+    let collector = Collector::start().await;
+    let sidecar = Fencer::sidecar_with_config(
+        Backend::Memory,
+        "[[sidecar.dapr_lock_stores]]\nname = \"orders\"\n",
+        &[
+            ("tracing.otlp_endpoint", &collector.url()),
+            ("tracing.export_interval_ms", "100"),
+        ],
+    );
+    sidecar.wait_ready();
+    let resp = sidecar
+        .http
+        .post(format!("{}/v1.0-alpha1/lock/orders", sidecar.api))
+        .header("traceparent", traceparent("da00000000000001"))
+        .json(&serde_json::json!({"resourceId": "r1", "lockOwner": "o1", "expiryInSeconds": 30}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let unlock = sidecar
+        .http
+        .post(format!("{}/v1.0-alpha1/unlock/orders", sidecar.api))
+        .header("traceparent", traceparent("da00000000000002"))
+        .json(&serde_json::json!({"resourceId": "r1", "lockOwner": "someone-else"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unlock.status(), 200);
+    let spans = collector
+        .wait_for(TRACE, &["dapr.lock", "dapr.unlock"])
+        .await;
+    let lock = one(&spans, "dapr.lock");
+    assert_eq!(lock.parent, "da00000000000001");
+    assert_eq!(lock.attrs["fencer.outcome"], "ok", "{lock:#?}");
+    assert_eq!(one(&spans, "dapr.unlock").parent, "da00000000000002");
+}

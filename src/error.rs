@@ -45,6 +45,10 @@ impl ApiError {
     }
 }
 
+/// Response header naming the error code of a refusal by fencer's egress
+/// proxy or gateway (never on an answer the storage gave).
+pub const REFUSAL_HEADER: &str = "fencing-error";
+
 /// The error code of an error response, in its extensions: the span of the
 /// request records it as its outcome without reading the body back.
 #[derive(Debug, Clone, Copy)]
@@ -58,13 +62,19 @@ impl ApiError {
         (self.status, Value::Object(body))
     }
 
-    /// The same JSON error for the raw-hyper servers (egress proxy, gateway).
+    /// The same JSON error for the raw-hyper servers (egress proxy, gateway),
+    /// marked with [`REFUSAL_HEADER`]: through the proxy an application
+    /// gets fencer's refusals and the storage's own answers on one
+    /// connection, and a storage may well answer `{"error":
+    /// "invalid_request"}` itself. The header — which the gateway strips
+    /// from every storage answer — is what tells them apart.
     pub fn into_hyper(self) -> hyper::Response<crate::proxy::ProxyBody> {
         let code = ErrorCode(self.code);
         let (status, body) = self.body();
         hyper::Response::builder()
             .status(status)
             .header(hyper::header::CONTENT_TYPE, "application/json")
+            .header(REFUSAL_HEADER, code.0)
             .extension(code)
             .body(crate::proxy::full(body.to_string()))
             .expect("static response parts")

@@ -429,3 +429,64 @@ async fn the_proxy_treats_every_method_outside_its_read_list_as_a_write() {
     let r = send(&s.http, "GET", &url, &[], None).await;
     assert_ne!(r.status, 428, "{}", r.body);
 }
+
+/// Only fencer's own refusals carry `Fencing-Error`: the gateway's stale
+/// refusal names its code there (and the proxy passes it on), while a
+/// storage answer that carries the header — a storage posing as fencer,
+/// which a client library would take for a refusal — reaches the client
+/// without it, through the gateway and through the proxy in front of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_fencers_own_refusals_carry_the_refusal_header() {
+    let upstream = Recorder::start().await;
+    let g = Fencer::gateway(&upstream.url(), &[]);
+    let http = reqwest::Client::new();
+    let url = format!("{}/kv/refusal", g.api);
+    let put = |token: String, forged: bool| {
+        let mut req = http.put(&url).header("Fencing-Token", token).body("{}");
+        if forged {
+            req = req.header("x-answer-fencing-error", "stale_fencing_token");
+        }
+        req.send()
+    };
+    let posing = put(sign("/kv/refusal", 7, "lease-b"), true).await.unwrap();
+    assert_eq!(posing.status(), 200);
+    assert_eq!(
+        posing.headers().get("fencing-error"),
+        None,
+        "the storage's header passed the gateway"
+    );
+    assert_eq!(upstream.seen().len(), 1);
+    let stale = put(sign("/kv/refusal", 6, "lease-a"), false).await.unwrap();
+    assert_eq!(stale.status(), 409);
+    assert_eq!(
+        stale
+            .headers()
+            .get("fencing-error")
+            .map(|v| v.to_str().unwrap()),
+        Some("stale_fencing_token")
+    );
+    // Through a sidecar's proxy: the gateway's refusal keeps its header,
+    // the proxy's own refusals carry theirs.
+    let s = Fencer::sidecar(Backend::Memory, None, &[("proxy.upstream", &g.api)]);
+    let lease = s.acquire("proxy:refusal", 5000, 0).await;
+    let via = |lease_id: String, forged: bool| {
+        let mut req = http
+            .put(format!("{}/kv/proxy-refusal", s.proxy))
+            .header("Fencing-Lease", lease_id)
+            .body("{}");
+        if forged {
+            req = req.header("x-answer-fencing-error", "lease_lost");
+        }
+        req.send()
+    };
+    let posing = via(lease.lease(), true).await.unwrap();
+    assert_eq!(posing.headers().get("fencing-error"), None);
+    let unknown = via("no-such-lease".into(), false).await.unwrap();
+    assert!(unknown.status().is_client_error());
+    let code = unknown
+        .headers()
+        .get("fencing-error")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let body: serde_json::Value = unknown.json().await.unwrap();
+    assert_eq!(code.as_deref(), body["error"].as_str(), "{body}");
+}

@@ -245,7 +245,7 @@ impl Fenced {
                     .with_label_values(&["ok"])
                     .observe(forwarded_at.elapsed().as_secs_f64());
                 self.count("accepted");
-                if reply.send(resp.map(stream)).is_err() {
+                if reply.send(super::handler::storage_answer(resp)).is_err() {
                     gw.metrics.client_gone.inc();
                 }
                 if is_read {

@@ -10,6 +10,8 @@
 //! With `x-reset: 1` it cuts the connection as soon as it has read the
 //! request (no response at all) and still applies the write after the
 //! delay: the storage behind a reset link whose write lands anyway.
+//! With `x-answer-fencing-error: <code>` its answer carries
+//! `Fencing-Error: <code>`: a storage posing as fencer's refusal.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -105,6 +107,9 @@ impl Recorder {
                                 .and_then(|v| v.to_str().ok())
                                 .and_then(|v| v.parse().ok());
                             let reset = req.headers().contains_key("x-reset");
+                            // A storage answering with fencer's refusal header
+                            // (the gateway must strip it).
+                            let forged = req.headers().get("x-answer-fencing-error").cloned();
                             let delay = req
                                 .headers()
                                 .get("x-delay-ms")
@@ -146,9 +151,13 @@ impl Recorder {
                                 return Err("cut the connection (x-reset)");
                             }
                             let _ = apply.await;
-                            Ok::<_, &'static str>(Response::new(Full::new(Bytes::from(format!(
+                            let mut resp = Response::new(Full::new(Bytes::from(format!(
                                 "{{\"bytes\":{bytes}}}"
-                            )))))
+                            ))));
+                            if let Some(v) = forged {
+                                resp.headers_mut().insert("fencing-error", v);
+                            }
+                            Ok::<_, &'static str>(resp)
                         }
                     });
                     let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())

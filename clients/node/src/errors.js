@@ -189,10 +189,10 @@ export const ERROR_CLASSES = Object.freeze(Object.fromEntries(
 ));
 
 /**
- * The codes the egress proxy and the gateway answer with themselves. A
- * fenced request's answer is taken as fencer's refusal only with one of
- * these: the storage's own answers pass through the proxy unchanged, and may
- * well say `{"error": "not_found"}`.
+ * The codes the egress proxy and the gateway answer with themselves (each
+ * has its class). A fenced request's answer is recognised as fencer's
+ * refusal by its `Fencing-Error` header, not by its code: the storage's own
+ * answers pass through unchanged, and may say `{"error": "invalid_request"}`.
  * @type {ReadonlySet<string>}
  */
 export const FENCED_CODES = Object.freeze(new Set([

@@ -8,7 +8,13 @@
  * returned unchanged.
  * @module
  */
-import { FENCED_CODES, errorFromBody } from './errors.js';
+import { errorFromBody } from './errors.js';
+
+/**
+ * The header fencer's proxy and gateway put on their own refusals, naming the
+ * code; the gateway strips it from every storage answer.
+ */
+export const REFUSAL_HEADER = 'fencing-error';
 import { Lease } from './lease.js';
 
 /**
@@ -30,22 +36,24 @@ export function fencingHeaders(source, { direct = false } = {}) {
 }
 
 /**
- * The typed error if `response` is a refusal by fencer's proxy or gateway (a
- * JSON error body with one of `FENCED_CODES`), else `null` (the storage's own
- * answer).
+ * The typed error if `response` is a refusal by fencer's proxy or gateway
+ * (marked by its `Fencing-Error` header, which must name the body's code),
+ * else `null`: the storage's own answer, errors included — a storage may
+ * answer `{"error": "invalid_request"}` itself.
  * Reads a clone: the response's body stays readable.
  * @param {Response} response
  * @returns {Promise<import('./errors.js').FencerError | null>}
  */
 export async function fencerError(response) {
-  if (response.status < 400 || !(response.headers.get('content-type') ?? '').includes('json')) return null;
+  const refusal = response.headers.get(REFUSAL_HEADER);
+  if (response.status < 400 || !refusal || !(response.headers.get('content-type') ?? '').includes('json')) return null;
   let body;
   try {
     body = JSON.parse(await response.clone().text());
   } catch {
     return null;
   }
-  if (body === null || typeof body !== 'object' || !FENCED_CODES.has(body.error)) return null;
+  if (body === null || typeof body !== 'object' || body.error !== refusal) return null;
   const err = errorFromBody(response.status, body);
   err.response = response;
   return err;

@@ -142,6 +142,8 @@ export class HeldLock {
 /** The headers that bind a request to a lease (or a held lock, checked first). */
 export function fencingHeaders(source: Lease | HeldLock, options?: { direct?: boolean }): Record<string, string>;
 /** The typed error if `response` is a refusal by fencer, else `null`. */
+/** The header fencer's proxy and gateway put on their own refusals (`fencing-error`). */
+export const REFUSAL_HEADER: string;
 export function fencerError(response: Response): Promise<FencerError | null>;
 /** A `fetch` bound to a lease. */
 export function fencedFetch(source: Lease | HeldLock, options?: FencedFetchOptions): (input: string | URL | Request, init?: RequestInit) => Promise<Response>;

@@ -13,6 +13,6 @@
  */
 export { DEFAULT_API, DEFAULT_PROXY, FencerClient, HoldStream, errorFromResponse } from './client.js';
 export * from './errors.js';
-export { fencedFetch, fencerError, fencingHeaders } from './fetch.js';
+export { REFUSAL_HEADER, fencedFetch, fencerError, fencingHeaders } from './fetch.js';
 export { HeldLock } from './held.js';
 export { Lease } from './lease.js';

@@ -164,6 +164,13 @@ test('a proxied write is accepted; a stale one is refused with the typed error',
     assert.deepEqual((await read.json()).value, { by: 'new' });
     // The storage's own 404 is not a fencer error.
     assert.equal((await held.fetch(`${path}-missing`)).status, 404);
+    // Nor is its own `invalid_request` (a body that is not JSON), although
+    // the proxy and the gateway use that code too: only fencer's refusals
+    // carry the Fencing-Error header.
+    const own = await held.fetch(path, { method: 'PUT', headers: { 'content-type': 'application/json' }, body: 'not json' });
+    assert.equal(own.status, 400);
+    assert.equal((await own.json()).error, 'invalid_request');
+    assert.equal(own.headers.get('fencing-error'), null);
   }, { ttlMs: 5000 });
 });
 

@@ -11,6 +11,7 @@ import os
 import threading
 import time
 import unittest
+import urllib.error
 import uuid
 
 import fencer_client
@@ -189,6 +190,16 @@ class FencedHttpTest(unittest.TestCase):
         with self.client.lock(key, ttl_ms=5000) as held:
             response = held.session().get(f"/kv/clients/{key.replace(':', '-')}")
             self.assertEqual(response.status_code, 404)  # the storage's own answer
+            # Nor is its own `invalid_request` (a body that is not JSON),
+            # although the proxy and the gateway use that code too: only
+            # fencer's refusals carry the Fencing-Error header.
+            own = held.session().put(f"/kv/clients/{key.replace(':', '-')}", data=b"not json",
+                                     headers={"Content-Type": "application/json"})
+            self.assertEqual((own.status_code, own.json()["error"]), (400, "invalid_request"))
+            self.assertNotIn("Fencing-Error", own.headers)
+            with self.assertRaises(urllib.error.HTTPError) as raised:
+                held.urlopen(f"/kv/clients/{key.replace(':', '-')}", data=b"not json", method="PUT")
+            self.assertEqual(raised.exception.code, 400)
 
 
 class ErrorCodeTest(unittest.TestCase):

@@ -11,14 +11,14 @@ from .client import DEFAULT_API, DEFAULT_PROXY, Client, HoldStream, Lease, error
 from .errors import *  # noqa: F401,F403 - one class per error code
 from .errors import ERROR_CLASSES, FENCED_CODES, FencerError, TransportError, error_from_body
 from .held import HeldLock
-from .http import fenced_urlopen, fencer_error, fencing_headers, raise_for_fencer
+from .http import REFUSAL_HEADER, fenced_urlopen, fencer_error, fencing_headers, raise_for_fencer
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Client", "Lease", "HeldLock", "HoldStream", "DEFAULT_API", "DEFAULT_PROXY",
     "FencerError", "TransportError", "ERROR_CLASSES", "FENCED_CODES", "error_from_body", "error_from_response",
-    "fenced_urlopen", "fencer_error", "fencing_headers", "raise_for_fencer", "FencedSession",
+    "REFUSAL_HEADER", "fenced_urlopen", "fencer_error", "fencing_headers", "raise_for_fencer", "FencedSession",
 ] + [cls.__name__ for cls in ERROR_CLASSES.values()]
 
 

@@ -251,10 +251,10 @@ def _registry() -> Dict[str, Type[FencerError]]:
 ERROR_CLASSES: Dict[str, Type[FencerError]] = _registry()
 
 
-#: The codes the egress proxy and the gateway answer with themselves. A fenced
-#: request's answer is taken as fencer's refusal only with one of these: the
-#: storage's own answers pass through the proxy unchanged, and may well say
-#: ``{"error": "not_found"}``.
+#: The codes the egress proxy and the gateway answer with themselves (each has
+#: its class). A fenced request's answer is recognised as fencer's refusal by
+#: its ``Fencing-Error`` header, not by its code: the storage's own answers
+#: pass through unchanged, and may well say ``{"error": "invalid_request"}``.
 FENCED_CODES = frozenset({
     "lease_required", "lock_not_held", "lease_lost", "lease_busy", "duplicate_fencing_header",
     "invalid_request", "internal_error", "method_not_allowed", "upstream_error", "upstream_timeout",

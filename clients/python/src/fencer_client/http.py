@@ -17,7 +17,11 @@ import urllib.request
 from typing import Any, Dict, Optional, Union
 
 from .client import Lease, _NO_PROXY_OPENER
-from .errors import FENCED_CODES, FencerError, error_from_body
+from .errors import FencerError, error_from_body
+
+#: The header fencer's proxy and gateway put on their own refusals (never on
+#: an answer of the storage: the gateway strips it).
+REFUSAL_HEADER = "Fencing-Error"
 
 # A lease, or anything with a ``check()`` and a ``lease`` (a HeldLock).
 LeaseSource = Any
@@ -38,17 +42,22 @@ def fencing_headers(source: LeaseSource, direct: bool = False) -> Dict[str, str]
     return {"Fencing-Lease": lease.lease_id}
 
 
-def fencer_error(status: int, content_type: str, raw: bytes) -> Optional[FencerError]:
-    """The typed error if an answer is a refusal by fencer's proxy or gateway
-    (a JSON error body with one of :data:`FENCED_CODES`), else ``None`` (the
-    storage's own answer)."""
-    if status < 400 or "json" not in (content_type or ""):
+def fencer_error(status: int, content_type: str, raw: bytes,
+                 fencing_error: Optional[str] = None) -> Optional[FencerError]:
+    """The typed error if an answer is a refusal by fencer's proxy or gateway,
+    else ``None`` (the storage's own answer, errors included).
+
+    fencer marks its own refusals with a ``Fencing-Error: <code>`` header
+    (``fencing_error``) that the gateway strips from every storage answer:
+    a storage answering ``{"error": "invalid_request"}`` itself is therefore
+    not mistaken for fencer. The body's code must match the header."""
+    if status < 400 or not fencing_error or "json" not in (content_type or ""):
         return None
     try:
         body = json.loads(raw)
     except ValueError:
         return None
-    if not isinstance(body, dict) or body.get("error") not in FENCED_CODES:
+    if not isinstance(body, dict) or body.get("error") != fencing_error:
         return None
     return error_from_body(status, body)
 
@@ -56,7 +65,8 @@ def fencer_error(status: int, content_type: str, raw: bytes) -> Optional[FencerE
 def raise_for_fencer(response) -> None:
     """Raises the typed error if a ``requests`` response is a refusal by
     fencer's proxy or gateway; the error's ``response`` is the response."""
-    err = fencer_error(response.status_code, response.headers.get("Content-Type", ""), response.content)
+    err = fencer_error(response.status_code, response.headers.get("Content-Type", ""), response.content,
+                       response.headers.get(REFUSAL_HEADER))
     if err is not None:
         err.response = response
         raise err
@@ -91,7 +101,7 @@ def fenced_urlopen(source: LeaseSource, url: Union[str, urllib.request.Request],
         return _NO_PROXY_OPENER.open(request, timeout=timeout)
     except urllib.error.HTTPError as e:
         raw = e.read()
-        err = fencer_error(e.code, e.headers.get("Content-Type", ""), raw)
+        err = fencer_error(e.code, e.headers.get("Content-Type", ""), raw, e.headers.get(REFUSAL_HEADER))
         if err is not None:
             raise err from None
         raise urllib.error.HTTPError(e.url, e.code, e.msg, e.headers, io.BytesIO(raw)) from None

@@ -340,6 +340,15 @@ async fn dashboards_and_alerts_work_against_a_real_prometheus() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     review_twice(&injector, &certs.path().join("ca.crt")).await;
+    // One Dapr call, for the Dapr panel (no store configured: refused,
+    // and counted as such).
+    let dapr = client
+        .post(format!("{}/v1.0-alpha1/lock/orders", s.api))
+        .json(&serde_json::json!({"resourceId": "r", "lockOwner": "o", "expiryInSeconds": 5}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(dapr.status(), 400);
     workload_round(&s, &g).await;
     redlock_round(&rl).await;
     zookeeper_round(&zk).await;

@@ -245,7 +245,7 @@ impl Fenced {
                     .with_label_values(&["ok"])
                     .observe(forwarded_at.elapsed().as_secs_f64());
                 self.count("accepted");
-                if reply.send(super::handler::storage_answer(resp)).is_err() {
+                if reply.send(storage_answer(resp)).is_err() {
                     gw.metrics.client_gone.inc();
                 }
                 if is_read {
@@ -397,4 +397,13 @@ pub(super) fn stale(claim: &Claim, highest: u64) -> ApiError {
         .with("key", claim.key.as_str())
         .with("token", claim.token)
         .with("highest_seen", highest)
+}
+
+/// The storage's answer, as the gateway passes it on: without
+/// [`crate::error::REFUSAL_HEADER`], which only fencer's own refusals may
+/// carry — a storage (or whoever answers in its place) must not make its
+/// answer look like the gateway's refusal to the application's client.
+pub(super) fn storage_answer(mut resp: Response<Incoming>) -> Response<ProxyBody> {
+    resp.headers_mut().remove(crate::error::REFUSAL_HEADER);
+    resp.map(stream)
 }

@@ -133,7 +133,7 @@ impl Gateway {
                     .upstream_duration
                     .with_label_values(&["ok"])
                     .observe(elapsed);
-                storage_answer(resp)
+                super::fenced::storage_answer(resp)
             }
             Err(e) => {
                 self.metrics
@@ -145,13 +145,4 @@ impl Gateway {
             }
         }
     }
-}
-
-/// The storage's answer, as the gateway passes it on: without
-/// [`crate::error::REFUSAL_HEADER`], which only fencer's own refusals may
-/// carry — a storage (or whoever answers in its place) must not make its
-/// answer look like the gateway's refusal to the application's client.
-pub(super) fn storage_answer(mut resp: Response<Incoming>) -> Response<ProxyBody> {
-    resp.headers_mut().remove(crate::error::REFUSAL_HEADER);
-    resp.map(stream)
 }

@@ -59,25 +59,46 @@ impl Drop for UnixSocket {
     }
 }
 
-/// Serves `router` on a Unix socket until `shutdown`.
-pub async fn serve_unix(
+/// Serves `router` (an axum router, or a service in front of one) on a
+/// Unix socket until `shutdown`.
+pub async fn serve_unix<S>(
     mut socket: UnixSocket,
-    router: axum::Router,
+    router: S,
     silence: Silence,
     shutdown: CancellationToken,
-) {
+) where
+    S: tower::Service<
+            hyper::Request<hyper::body::Incoming>,
+            Response = axum::response::Response,
+            Error = std::convert::Infallible,
+        > + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+{
     let listener = socket.listener.take().expect("served once");
     serve_router("api_unix", listener, router, silence, shutdown).await;
     drop(socket);
 }
 
-async fn serve_router<L: super::server::Accept>(
+async fn serve_router<L: super::server::Accept, S>(
     name: &'static str,
     listener: L,
-    router: axum::Router,
+    router: S,
     silence: Silence,
     shutdown: CancellationToken,
-) {
+) where
+    S: tower::Service<
+            hyper::Request<hyper::body::Incoming>,
+            Response = axum::response::Response,
+            Error = std::convert::Infallible,
+        > + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+{
     let service = hyper_util::service::TowerToHyperService::new(router);
     // The bounds of the HTTP servers built from axum routers (lock API,
     // admin, demo storage).
@@ -94,12 +115,22 @@ async fn serve_router<L: super::server::Accept>(
 /// Serves `router` on `listener` until `shutdown`, then drains in-flight
 /// requests (bounded: silence, header read time, connections, drain time).
 /// `name` labels its connections in `fencer_http_connections`.
-pub async fn serve(
+pub async fn serve<S>(
     name: &'static str,
     listener: TcpListener,
-    router: axum::Router,
+    router: S,
     silence: Silence,
     shutdown: CancellationToken,
-) {
+) where
+    S: tower::Service<
+            hyper::Request<hyper::body::Incoming>,
+            Response = axum::response::Response,
+            Error = std::convert::Infallible,
+        > + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+{
     serve_router(name, listener, router, silence, shutdown).await;
 }

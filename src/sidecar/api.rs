@@ -91,7 +91,12 @@ async fn method_not_allowed() -> ApiError {
 
 fn path_key(path: Result<Path<String>, PathRejection>) -> Result<crate::lock::LockKey, ApiError> {
     let Path(raw) = path.map_err(|e| ApiError::invalid("key", format!("bad key in path: {e}")))?;
-    let key = request::key(&raw)?;
+    decoded_key(&raw)
+}
+
+/// The lock key of a percent-decoded path segment.
+fn decoded_key(raw: &str) -> Result<crate::lock::LockKey, ApiError> {
+    let key = request::key(raw)?;
     crate::telemetry::spans::lock(key.as_str(), None);
     Ok(key)
 }
@@ -99,24 +104,40 @@ fn path_key(path: Result<Path<String>, PathRejection>) -> Result<crate::lock::Lo
 fn body(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     body.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "payload_too_large",
-                format!("request body larger than {MAX_BODY_BYTES} bytes"),
-            )
+            too_large()
         } else {
             ApiError::invalid("body", format!("cannot read body: {e}"))
         }
     })
 }
 
+/// A body above [`MAX_BODY_BYTES`].
+pub(super) fn too_large() -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "payload_too_large",
+        format!("request body larger than {MAX_BODY_BYTES} bytes"),
+    )
+}
+
 async fn acquire(
     State(state): St,
     path: Result<Path<String>, PathRejection>,
     raw: Result<Bytes, BytesRejection>,
-) -> Result<Json<Acquired>, ApiError> {
-    let key = path_key(path)?;
-    let req = request::acquire(&body(raw)?, &state.defaults, false)?;
+) -> Result<Response, ApiError> {
+    let Path(key) = path.map_err(|e| ApiError::invalid("key", format!("bad key in path: {e}")))?;
+    acquire_key(&state, &key, &body(raw)?).await
+}
+
+/// `POST /v1/locks/{key}/acquire` once the key is percent-decoded and the
+/// body read: shared by the router and [`super::api_hot`].
+pub(super) async fn acquire_key(
+    state: &ApiState,
+    raw_key: &str,
+    body: &[u8],
+) -> Result<Response, ApiError> {
+    let key = decoded_key(raw_key)?;
+    let req = request::acquire(body, &state.defaults, false)?;
     let view = state.locks.acquire(req.into_acquire(key)).await?;
     crate::telemetry::spans::lock(&view.key, Some(view.token));
     Ok(Json(Acquired {
@@ -129,7 +150,8 @@ async fn acquire(
         // spent part of it.
         ttl_ms: view.remaining_ms,
         remaining_ms: view.remaining_ms,
-    }))
+    })
+    .into_response())
 }
 
 /// The acquire response. Typed rather than `json!`: serialized straight to
@@ -170,8 +192,18 @@ async fn release(
     path: Result<Path<String>, PathRejection>,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let key = path_key(path)?;
-    let req = request::lease(&body(raw)?, false)?;
+    let Path(key) = path.map_err(|e| ApiError::invalid("key", format!("bad key in path: {e}")))?;
+    release_key(&state, &key, &body(raw)?).await
+}
+
+/// `POST /v1/locks/{key}/release`, as [`acquire_key`].
+pub(super) async fn release_key(
+    state: &ApiState,
+    raw_key: &str,
+    body: &[u8],
+) -> Result<Response, ApiError> {
+    let key = decoded_key(raw_key)?;
+    let req = request::lease(body, false)?;
     state
         .locks
         .release(key.clone(), req.lease_id.clone())

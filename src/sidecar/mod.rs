@@ -1,6 +1,7 @@
 //! The sidecar role: the lock API beside an application.
 
 pub mod api;
+pub mod api_hot;
 pub mod api_state;
 pub mod dapr;
 pub mod dapr_grpc;
@@ -268,8 +269,9 @@ impl Sidecar {
         })
     }
 
-    pub fn api_router(&self) -> axum::Router {
-        api::router(self.api_state(), dapr::routes())
+    pub fn api_service(&self) -> api_hot::LockApiService {
+        let state = self.api_state();
+        api_hot::LockApiService::new(api::router(state.clone(), dapr::routes()), state)
     }
 
     /// The egress proxy, if enabled.
@@ -529,7 +531,7 @@ pub async fn run_with(
     let api_task = tokio::spawn(serve(
         "api",
         api,
-        sidecar.api_router(),
+        sidecar.api_service(),
         silence,
         shutdown.clone(),
     ));
@@ -547,7 +549,7 @@ pub async fn run_with(
         tracing::info!(api_unix = %sidecar.settings.sidecar.listen_unix, "lock API on unix socket");
         tokio::spawn(serve_unix(
             socket,
-            sidecar.api_router(),
+            sidecar.api_service(),
             silence,
             shutdown.clone(),
         ))

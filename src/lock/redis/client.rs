@@ -50,11 +50,24 @@ pub fn manager_config(
 /// A client for `url`, trusting `tls`'s CA when the URL is `rediss://`. The
 /// CA is ignored for a plain `redis://` URL, so one `ca_file` can serve,
 /// say, TLS sentinels in front of plain data nodes.
+///
+/// Connections set TCP_NODELAY, which redis-rs leaves off: the sidecar
+/// pipelines many callers' scripts on one connection, and with Nagle on a
+/// script written while an earlier one is unacknowledged waits for that
+/// ACK (docs/performance.md).
 pub fn open_client(url: &str, tls: &ClientTls) -> redis::RedisResult<redis::Client> {
+    use redis::IntoConnectionInfo;
+    let info = url.into_connection_info()?.set_tcp_settings(tcp_settings());
     match tls.certificates() {
-        Some(certs) if url.starts_with("rediss://") => redis::Client::build_with_tls(url, certs),
-        _ => redis::Client::open(url),
+        Some(certs) if url.starts_with("rediss://") => redis::Client::build_with_tls(info, certs),
+        _ => redis::Client::open(info),
     }
+}
+
+/// The TCP settings of every connection to Redis: TCP_NODELAY on (see
+/// [`open_client`]).
+pub fn tcp_settings() -> redis::io::tcp::TcpSettings {
+    redis::io::tcp::TcpSettings::default().set_nodelay(true)
 }
 
 /// `redis[s]://[user:password@]host:port` for one sentinel.

@@ -70,6 +70,7 @@ impl ClusterTopology {
             .push_sender(pushes)
             .connection_timeout(config.connect_timeout)
             .response_timeout(config.request_timeout)
+            .tcp_settings(super::client::tcp_settings())
             // Enough for one MOVED/ASK hop and a reconnect to a promoted
             // replica, not enough to outlive a lease.
             .retries(2)

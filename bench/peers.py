@@ -24,7 +24,7 @@ Usage (from the repository root; the release-like binary first):
   python3 bench/peers.py --runs 5 --seconds 5 --json peers.json
   python3 bench/peers.py --runs 1 --seconds 2            # a quick look
 Options: --fencer PATH (default target/profiling/fencer, else target/debug/fencer
-for development), --scenarios a,b, --peers direct,fencer,node,python,
+for development), --scenarios a,b, --peers direct,fencer,node,python,python-procs,
 --no-setup (skip npm ci / pip install).
 
 The script starts one redis-server (no persistence) and one sidecar on free

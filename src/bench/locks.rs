@@ -188,6 +188,11 @@ pub async fn run_side(
     api: &str,
     redis: &redis::Client,
 ) -> Result<Report, String> {
+    // redis-rs leaves Nagle on (TcpSettings::default(): nodelay false) while
+    // the HTTP client sets TCP_NODELAY: give the Redis connections of both
+    // sides the same socket options, so the baseline is the same kind of
+    // client as the one talking to the sidecar.
+    let redis = &nodelay(redis)?;
     let run_tag = format!(
         "{}-{}-{}",
         sc.name,
@@ -239,4 +244,12 @@ pub async fn run_side(
     }
     total.sort();
     Ok(total)
+}
+
+/// `redis` with TCP_NODELAY on its connections (its other TCP settings
+/// kept).
+fn nodelay(redis: &redis::Client) -> Result<redis::Client, String> {
+    let info = redis.get_connection_info().clone();
+    let tcp = info.tcp_settings().clone().set_nodelay(true);
+    redis::Client::open(info.set_tcp_settings(tcp)).map_err(redis_err)
 }

@@ -89,10 +89,15 @@ def main():
         cpu_ax.set_xticks(clients)
         cpu_ax.set_xticklabels([str(c) for c in clients])
     m = doc.get("machine", {})
+    # A debug binary's numbers are several times the product's cost: say so
+    # on the figure itself, so it is never mistaken for a result.
+    warn = "NOT A RESULT (debug build): " if "debug" in m.get("binary", "") else ""
+    load = m.get("loadavg_before")
+    load = f", load before {load[0]}" if load else ""
     fig.suptitle(
-        "fencer sidecar scaling: acquire → counter GET/SET → release "
+        f"{warn}fencer sidecar scaling: acquire → counter GET/SET → release "
         f"({doc.get('seconds')} s per point, {doc.get('runs')} run(s), {m.get('cores', doc.get('cores'))} cores, "
-        f"sidecar {doc.get('sidecar_worker_threads')} thread, {m.get('binary', '')} {m.get('commit', '')})",
+        f"sidecar {doc.get('sidecar_worker_threads')} thread{load}, {m.get('binary', '')} {m.get('commit', '')})",
         fontsize=9,
     )
     fig.tight_layout()

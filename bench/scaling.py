@@ -138,6 +138,13 @@ def main():
         tmp,
     ]
     info = machine()
+    load = float(info.get("loadavg_before", ["0"])[0])
+    if load > 0.5 * (info["cores"] or 1):
+        print(
+            f"warning: load average {load} on {info['cores']} cores: the machine is not idle, "
+            "so these numbers measure the neighbours too",
+            file=sys.stderr,
+        )
     started = time.time()
     print("$ " + " ".join(cmd), flush=True)
     # The bench prints a row per point as it goes.

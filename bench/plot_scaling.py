@@ -95,7 +95,7 @@ def main():
     load = m.get("loadavg_before")
     load = f", load before {load[0]}" if load else ""
     fig.suptitle(
-        f"{warn}fencer sidecar scaling: acquire → counter GET/SET → release "
+        f"{warn}fencer sidecar scaling: acquire → counter GET/SET → release\n"
         f"({doc.get('seconds')} s per point, {doc.get('runs')} run(s), {m.get('cores', doc.get('cores'))} cores, "
         f"sidecar {doc.get('sidecar_worker_threads')} thread{load}, {m.get('binary', '')} {m.get('commit', '')})",
         fontsize=9,

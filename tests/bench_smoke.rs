@@ -217,3 +217,72 @@ fn lock_backends_scenario_runs_without_lost_updates() {
         &[("mysql", "postgres")],
     );
 }
+
+/// `scaling` for one second: 2 clients over 10 keys through a sidecar on
+/// Redis; the point's row is printed, the JSON names it with cycles, CPU
+/// per process and no lost update.
+#[test]
+fn scaling_scenario_runs_without_lost_updates() {
+    let dir = std::env::temp_dir().join(format!("fencer-scaling-smoke-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("scaling.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_fencer"))
+        .args([
+            "bench",
+            "--local",
+            "--scenario",
+            "scaling",
+            "--seconds",
+            "1",
+            "--clients",
+            "2",
+            "--keys",
+            "10",
+            "--backend",
+            "redis",
+            "--json",
+        ])
+        .arg(&json)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let row = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("redis "))
+        .unwrap_or_else(|| panic!("no point row:\n{text}"));
+    assert!(row.contains(" 2 ") && row.contains(" 10 "), "{row}");
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let points = doc["points"].as_array().unwrap();
+    assert_eq!(points.len(), 1, "{doc}");
+    let p = &points[0];
+    assert_eq!(
+        (
+            p["backend"].as_str(),
+            p["clients"].as_u64(),
+            p["keys"].as_u64()
+        ),
+        (Some("redis"), Some(2), Some(10))
+    );
+    assert!(p["cycles_per_sec"].as_f64().unwrap() > 0.0, "{p}");
+    assert_eq!(p["lost_updates"].as_i64(), Some(0), "{p}");
+    assert_eq!(p["errors"].as_u64(), Some(0), "{p}");
+    // Every key of the walk was touched (10 keys, hundreds of cycles).
+    assert_eq!(p["keys_touched"].as_u64(), Some(10), "{p}");
+    // CPU is read in 10 ms ticks: a second of the backend may show none.
+    for process in ["client", "sidecar", "backend", "counters"] {
+        assert!(
+            p["cpu_us_per_cycle"][process].as_f64().unwrap() >= 0.0,
+            "no CPU for {process}: {p}"
+        );
+    }
+    assert!(
+        p["cpu_us_per_cycle"]["sidecar"].as_f64().unwrap() > 0.0,
+        "{p}"
+    );
+}

@@ -19,6 +19,10 @@
 //!   scenarios through sidecars on Redis, PostgreSQL, MySQL (MariaDB) and
 //!   a 3-member ZooKeeper ensemble ([`servers`]), with the ratio to Redis
 //!   and of MySQL to PostgreSQL.
+//! - `scaling` ([`scaling`], `--local` only, not part of `all`): the lock
+//!   cycle at `--clients` × `--keys` on `--backend` redis and postgres,
+//!   with CPU per cycle of every process; `--json FILE` for
+//!   bench/scaling.py.
 //!
 //! With `--local` the tool starts everything it needs itself (Redis,
 //! fencer processes from this binary, nginx) on free loopback ports.
@@ -31,6 +35,8 @@ mod leases;
 pub mod local;
 mod locks;
 pub mod redis_topology;
+pub mod scaling;
+mod scaling_client;
 pub mod servers;
 pub mod stats;
 pub mod topologies;
@@ -44,6 +50,7 @@ const FENCE_STORE: &str = "fence-store-pg";
 const LEASES: &str = "leases";
 const TOPOLOGIES: &str = topologies::NAME;
 const BACKENDS: &str = backends::NAME;
+const SCALING: &str = scaling::NAME;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
@@ -68,7 +75,8 @@ pub struct BenchArgs {
     pub postgres: Option<String>,
     /// Comma-separated: uncontended-1, uncontended-16, contended-16,
     /// spread-64x8, write-path, fence-store-pg, leases, redis-topologies, lock-backends
-    /// (--local only); or `all`, or `locks` (the four lock scenarios).
+    /// (--local only), scaling (--local only, never in `all`); or `all`, or
+    /// `locks` (the four lock scenarios).
     #[arg(long, default_value = "all")]
     pub scenario: String,
     /// Seconds per scenario, side and run.
@@ -87,6 +95,26 @@ pub struct BenchArgs {
     /// Skip the direct-Redis baseline of the lock scenarios.
     #[arg(long)]
     pub no_baseline: bool,
+    /// `scaling`: concurrent clients, comma-separated (a point each).
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64,256",
+          value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub clients: Vec<u64>,
+    /// `scaling`: distinct keys, comma-separated (a point each, times
+    /// every --clients).
+    #[arg(long, value_delimiter = ',', default_value = "1000,100000,1000000",
+          value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub keys: Vec<u64>,
+    /// `scaling`: lock backends, comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_enum,
+        default_value = "redis,postgres"
+    )]
+    pub backend: Vec<scaling::Backend>,
+    /// `scaling`: also write every point as JSON to this file.
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
 }
 
 /// Every result, for the smoke test.
@@ -104,13 +132,22 @@ pub struct Results {
     /// `lock-backends`: per lock scenario, Redis vs PostgreSQL vs MySQL vs
     /// ZooKeeper.
     pub lock_backends: Vec<compare::ScenarioResult>,
+    /// `scaling`: one point per backend × keys × clients.
+    pub scaling: Vec<scaling::Point>,
 }
 
 fn selected(args: &BenchArgs) -> Result<Vec<&'static str>, String> {
     let all: Vec<&'static str> = SCENARIOS
         .iter()
         .map(|s| s.name)
-        .chain([WRITE_PATH, FENCE_STORE, LEASES, TOPOLOGIES, BACKENDS])
+        .chain([
+            WRITE_PATH,
+            FENCE_STORE,
+            LEASES,
+            TOPOLOGIES,
+            BACKENDS,
+            SCALING,
+        ])
         .collect();
     let mut out = Vec::new();
     for name in args.scenario.split(',').map(str::trim) {
@@ -119,11 +156,10 @@ fn selected(args: &BenchArgs) -> Result<Vec<&'static str>, String> {
             // into the Redis it runs on: part of `all` only in a Redis this
             // tool started and throws away. `redis-topologies` starts its
             // own Sentinel set and Cluster: part of `all` only with --local.
-            "all" => out.extend(
-                all.iter()
-                    .copied()
-                    .filter(|n| args.local || ![LEASES, TOPOLOGIES, BACKENDS].contains(n)),
-            ),
+            // `scaling` is a matrix of minutes: only when named.
+            "all" => out.extend(all.iter().copied().filter(|n| {
+                *n != SCALING && (args.local || ![LEASES, TOPOLOGIES, BACKENDS].contains(n))
+            })),
             "locks" => out.extend(SCENARIOS.iter().map(|s| s.name)),
             n => match all.iter().find(|a| **a == n) {
                 Some(a) => out.push(*a),
@@ -151,6 +187,11 @@ fn selected(args: &BenchArgs) -> Result<Vec<&'static str>, String> {
     if !args.local && out.contains(&BACKENDS) {
         return Err(format!(
             "`{BACKENDS}` starts its own Redis, PostgreSQL and ZooKeeper servers and a sidecar on each; run it with --local"
+        ));
+    }
+    if !args.local && out.contains(&SCALING) {
+        return Err(format!(
+            "`{SCALING}` starts its own Redis, PostgreSQL and sidecars; run it with --local"
         ));
     }
     Ok(out)
@@ -372,6 +413,23 @@ pub async fn measure(args: &BenchArgs) -> Result<Results, String> {
             results.redis_topologies = topologies::run(args.seconds, runs).await?;
         } else if name == BACKENDS {
             results.lock_backends = backends::run(args.seconds, runs).await?;
+        } else if name == SCALING {
+            let matrix = scaling::Matrix {
+                backends: args.backend.clone(),
+                clients: args.clients.iter().map(|c| *c as usize).collect(),
+                keys: args.keys.clone(),
+                secs: args.seconds,
+                runs,
+            };
+            let points = scaling::run(&matrix).await?;
+            if let Some(path) = &args.json {
+                let json = serde_json::to_string_pretty(&scaling::JsonOut::new(&matrix, &points))
+                    .map_err(|e| e.to_string())?;
+                std::fs::write(path, json + "\n")
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+            }
+            scaling::lost_updates(&points)?;
+            results.scaling = points;
         }
     }
     Ok(results)

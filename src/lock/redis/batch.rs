@@ -298,3 +298,32 @@ fn pairs(value: Value, items: usize) -> Result<Vec<(i64, String)>, BackendError>
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flat(items: &[(i64, &str)]) -> Value {
+        Value::Array(
+            items
+                .iter()
+                .flat_map(|(s, v)| [Value::Int(*s), Value::BulkString(v.as_bytes().to_vec())])
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn replies_keep_their_items_order() {
+        let got = pairs(flat(&[(1, "7"), (-1, "300"), (-2, "boom")]), 3).unwrap();
+        assert_eq!(
+            got,
+            vec![(1, "7".into()), (-1, "300".into()), (-2, "boom".into())]
+        );
+    }
+
+    #[test]
+    fn a_reply_of_the_wrong_length_fails_the_batch() {
+        let err = pairs(flat(&[(1, "7")]), 2).unwrap_err();
+        assert!(matches!(err, BackendError::Protocol(_)), "{err:?}");
+    }
+}

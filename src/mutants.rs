@@ -38,6 +38,7 @@ pub const ALL: &[(&str, &str)] = &[
     ("eviction_unchecked", "the Redis eviction check says noeviction whatever maxmemory-policy the server answers: a Redis that may evict live lock entries is used as if it could not, as before issue 26"),
     ("unknown_methods_passed", "the gateway and the proxy treat a method outside PUT, POST, PATCH, DELETE (and their read list) as a read: MOVE, PROPPATCH, a lower-case `put` pass without a token, as before issue 26"),
     ("duplicate_header_first_wins", "a Fencing-* header sent twice is not refused: the gateway and the proxy check its first value and forward every value, as before issue 26"),
+    ("batch_replies_shifted", "the Redis backend answers each call of a batched acquire or release with its neighbour's reply (item i gets item i+1's status and token)"),
     ("fresh_send_time", "as before issue 10: one lease id for every try of an acquire, each try counting the deadline from its own send time, and PostgreSQL statements whose caller gave up neither bounded by the server, cancelled nor compensated"),
 ];
 

@@ -29,6 +29,12 @@ pub struct RedisMetrics {
     pub resubscriptions: IntCounterVec,
     /// The masters' eviction policies (`mode` label).
     pub eviction: Arc<EvictionMetrics>,
+    /// Script calls the group commit sent, by `op` (`acquire`, `release`;
+    /// single and sentinel modes): one per batch, alone or not.
+    pub batches: IntCounterVec,
+    /// Lock calls those batches carried, by `op`: divided by
+    /// [`RedisMetrics::batches`], the mean batch size.
+    pub batched_calls: IntCounterVec,
 }
 
 /// The `maxmemory-policy` names Redis knows; any other reads as `other`,
@@ -180,7 +186,33 @@ impl RedisMetrics {
                 )
                 .expect("valid metric"),
             ),
+            batches: register(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "fencer_redis_batches_total",
+                        "Script calls the Redis backend's group commit sent, by op (acquire, release); a call alone counts as a batch of one.",
+                    ),
+                    &["op"],
+                )
+                .expect("valid metric"),
+            ),
+            batched_calls: register(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "fencer_redis_batched_calls_total",
+                        "Lock calls carried by the Redis backend's group-commit batches, by op; divided by fencer_redis_batches_total, the mean batch size.",
+                    ),
+                    &["op"],
+                )
+                .expect("valid metric"),
+            ),
         };
+        for op in ["acquire", "release"] {
+            m.batches.with_label_values(&[op]);
+            m.batched_calls.with_label_values(&[op]);
+        }
         m.min_replicas_to_write.set(-1);
         for cause in ["slot_moved", "connection_lost"] {
             for result in ["ok", "error"] {

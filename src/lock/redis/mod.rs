@@ -2,8 +2,10 @@
 //! Cluster (`backend.redis.mode`).
 //!
 //! Each operation is one `EVALSHA` of a preloaded script ([`scripts`]) on
-//! the Redis that owns the key ([`topology`], [`conn`]), optionally
-//! followed by `WAIT` on the same connection. Connections are multiplexed
+//! the Redis that owns the key ([`topology`], [`conn`], [`runner`]),
+//! optionally followed by `WAIT` on the same connection. In single and
+//! sentinel modes, concurrent acquires (and releases) share one script
+//! call ([`batch`]); in cluster mode each goes alone. Connections are multiplexed
 //! and reconnect by themselves; a command whose reply was lost is not
 //! retried here — the sidecar retries acquires itself, which is safe
 //! because the acquire script is idempotent per lease id (and so is the
@@ -17,12 +19,14 @@
 //! lock entries and the token counters (which expire when idle,
 //! [`counters`]), fencer's keys with a TTL, first.
 
+pub mod batch;
 pub mod client;
 pub mod cluster;
 pub mod conn;
 pub mod counters;
 pub mod eviction;
 pub mod keys;
+pub mod runner;
 pub mod scripts;
 pub mod sentinel;
 pub mod settings;
@@ -38,11 +42,13 @@ use async_trait::async_trait;
 use redis::aio::ConnectionManager;
 use tokio::sync::watch;
 
+use self::batch::{Batcher, Item, Op};
 use self::client::{open_client, sentinel_url, ClientTls};
 use self::cluster::{ClusterConfig, ClusterTopology};
 use self::conn::{Call, Reply, Target, Wait};
 use self::eviction::{EvictionGuard, Wording};
 use self::keys::RedisKeys;
+use self::runner::{Replicated, Runner};
 use self::scripts::{Lua, Scripts};
 use self::sentinel::{SentinelConfig, SentinelMaster};
 use self::settings::{RedisMode, RedisSettings, TokenMode};
@@ -61,33 +67,29 @@ enum Watcher {
 }
 
 pub struct RedisBackend {
-    topology: Topology,
-    /// What a connection error names ([`target`]): an operator reading
-    /// "Connection refused" must see which address was tried.
-    target: String,
+    /// Where calls go and how one is run (topology, budget, `WAIT`).
+    runner: Arc<Runner>,
     scripts: Arc<Scripts>,
     prefix: String,
-    timeout: Duration,
     token_mode: &'static str,
     /// Token counters expire this long after their last write, and never
     /// before the clock floor passed them (0: never; [`counters`]).
     counter_idle_ms: u64,
     lock_delay_ms: u64,
-    /// `WAIT` after acquires and renewals (`backend.redis.wait_replicas`).
-    wait: Option<Wait>,
     /// `PUBLISH`, or `SPUBLISH` in cluster mode.
     publish: &'static str,
     watcher: Watcher,
     metrics: Arc<RedisMetrics>,
     /// Refuses acquires while a master may evict lock entries.
     eviction: Arc<EvictionGuard>,
+    /// Group commit of acquires and releases ([`batch`]); `None` in
+    /// cluster mode (one script may only touch one slot).
+    batchers: Option<Batchers>,
 }
 
-/// Which writes `WAIT` follows.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Replicated {
-    Required(&'static str),
-    No,
+struct Batchers {
+    acquire: Batcher,
+    release: Batcher,
 }
 
 impl RedisBackend {
@@ -207,31 +209,54 @@ impl RedisBackend {
                 (Topology::Cluster(cluster), Watcher::Sharded(subscriber))
             }
         };
-        let backend = RedisBackend {
+        let cluster = topology.is_cluster();
+        let runner = Arc::new(Runner {
             target: target(settings),
-            publish: if topology.is_cluster() {
-                "SPUBLISH"
-            } else {
-                "PUBLISH"
-            },
             topology,
+            timeout,
+            wait: (settings.wait_replicas > 0).then_some(Wait {
+                replicas: settings.wait_replicas,
+                timeout_ms: settings.wait_timeout_ms,
+            }),
+            eviction: eviction.clone(),
+        });
+        let mut backend = RedisBackend {
+            publish: if cluster { "SPUBLISH" } else { "PUBLISH" },
+            runner,
             scripts: Arc::new(Scripts::new()),
             prefix: settings.key_prefix.clone(),
-            timeout,
             token_mode: match settings.token_mode {
                 TokenMode::HybridClock => "hybrid",
                 TokenMode::Counter => "counter",
             },
             counter_idle_ms: settings.counters().idle_ttl_ms(),
             lock_delay_ms: lock_delay.as_millis() as u64,
-            wait: (settings.wait_replicas > 0).then_some(Wait {
-                replicas: settings.wait_replicas,
-                timeout_ms: settings.wait_timeout_ms,
-            }),
             watcher,
             metrics,
             eviction,
+            batchers: None,
         };
+        if !cluster {
+            let batcher = |op, tail, replicated| {
+                Batcher::start(
+                    op,
+                    tail,
+                    replicated,
+                    backend.runner.clone(),
+                    backend.scripts.clone(),
+                    backend.metrics.clone(),
+                )
+            };
+            let batchers = Batchers {
+                acquire: batcher(
+                    Op::Acquire,
+                    backend.acquire_tail(),
+                    Replicated::Required("acquire"),
+                ),
+                release: batcher(Op::Release, backend.release_tail(), Replicated::No),
+            };
+            backend.batchers = Some(batchers);
+        }
         if let RedisMode::Single = settings.mode {
             backend.spawn_preload();
         }
@@ -247,7 +272,7 @@ impl RedisBackend {
     /// plain `EVALSHA`. (A restarted or newly promoted server does not have
     /// them; calls then fall back to `EVAL` once, which caches them.)
     fn spawn_preload(&self) {
-        let Ok(mut target) = self.topology.target() else {
+        let Ok(mut target) = self.runner.topology.target() else {
             return;
         };
         let scripts = self.scripts.clone();
@@ -286,81 +311,63 @@ impl RedisBackend {
         call: &Call,
         replicated: Replicated,
     ) -> Result<Reply, BackendError> {
-        // Subscribed before the target is read, so a switch between the two
-        // is noticed.
-        let mut moved = self.topology.master_changes();
-        let mut target = self.topology.target()?;
-        let wait = match replicated {
-            Replicated::Required(_) => self.wait,
-            Replicated::No => None,
-        };
-        let budget = self.timeout + Duration::from_millis(wait.map_or(0, |w| w.timeout_ms));
-        let call = tokio::time::timeout(budget, async {
-            // A slot in migration or a shard mid-failover refuses for a
-            // moment; the scripts are idempotent, so try again within the
-            // budget rather than fail the lock call.
-            let mut pause = Duration::from_millis(10);
-            loop {
-                match conn::run(&mut target, lua, call, wait).await {
-                    Err(e) if conn::transient(&e) => {
-                        tracing::debug!(error = %e, "redis refused for now; retrying");
-                        tokio::time::sleep(pause).await;
-                        pause = (pause * 2).min(Duration::from_millis(100));
-                        if let Ok(t) = self.topology.target() {
-                            target = t;
-                        }
-                    }
-                    other => return other,
-                }
-            }
-        });
-        let outcome = match &mut moved {
-            // A request to a master that has just been replaced gives up at
-            // once instead of waiting out its timeout on a dead server: the
-            // caller retries (acquire) or reports 503 (release, renew) and
-            // the next try goes to the new master.
-            Some(moved) => tokio::select! {
-                outcome = call => outcome,
-                _ = moved.changed() => {
-                    return Err(BackendError::Unavailable(
-                        "redis master changed during the request".into(),
-                    ))
-                }
-            },
-            None => call.await,
-        };
-        match outcome {
-            Err(_) => Err(BackendError::Unavailable(format!(
-                "{}: request timed out",
-                self.target
-            ))),
-            Ok(Err(e)) => {
-                self.saw_error(&e);
-                Err(classify(&self.target, e))
-            }
-            Ok(Ok(reply)) => Ok(reply),
-        }
+        self.runner.exec(lua, call, replicated).await
     }
 
-    /// A command failed: the master may have moved (sentinel), and a
-    /// connection that dropped reconnects to a server whose eviction
-    /// policy must be read again (it may have restarted with another). Not
-    /// in cluster mode, where the error does not say which master broke
-    /// and one shard's outage must not stop the others: there a changed
-    /// slot map and the periodic check re-read.
-    fn saw_error(&self, e: &redis::RedisError) {
-        self.topology.saw_error(e);
-        let dropped = e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal();
-        if dropped && !self.topology.is_cluster() {
-            self.eviction.invalidate(None);
+    /// The acquire script's arguments after the item's own (lease id, ttl):
+    /// token mode, lock-delay ms, counter idle expiry ms.
+    fn acquire_tail(&self) -> Vec<String> {
+        vec![
+            self.token_mode.to_owned(),
+            self.lock_delay_ms.to_string(),
+            self.counter_idle_ms.to_string(),
+        ]
+    }
+
+    /// The release script's argument after the item's own (lease id,
+    /// channel): the publish command.
+    fn release_tail(&self) -> Vec<String> {
+        vec![self.publish.to_owned()]
+    }
+
+    /// Runs one acquire or release: through its batcher, or (cluster mode)
+    /// as a call of its own. `(status, value, replicas WAIT counted)`.
+    async fn run_item(
+        &self,
+        op: Op,
+        item: Item,
+    ) -> Result<(i64, String, Option<i64>), BackendError> {
+        if let Some(b) = &self.batchers {
+            let batcher = match op {
+                Op::Acquire => &b.acquire,
+                Op::Release => &b.release,
+            };
+            let r = batcher.call(item).await?;
+            return Ok((r.status, r.value, r.replicas));
         }
+        let (lua, tail, replicated) = match op {
+            Op::Acquire => (
+                &self.scripts.acquire,
+                self.acquire_tail(),
+                Replicated::Required("acquire"),
+            ),
+            Op::Release => (&self.scripts.release, self.release_tail(), Replicated::No),
+        };
+        let mut call = Call {
+            keys: item.keys,
+            args: item.args,
+        };
+        call.args.extend(tail);
+        let reply = self.exec(lua, &call, replicated).await?;
+        let (status, value) = pair(reply.value)?;
+        Ok((status, value, reply.replicas))
     }
 
     /// `true` when `WAIT` counted fewer replicas than required (counted in
     /// `fencer_redis_wait_shortfalls_total`).
-    fn short(&self, reply: &Reply, replicated: Replicated) -> bool {
+    fn short(&self, replicas: Option<i64>, replicated: Replicated) -> bool {
         let (Some(wait), Some(acked), Replicated::Required(op)) =
-            (self.wait, reply.replicas, replicated)
+            (self.runner.wait, replicas, replicated)
         else {
             return false;
         };
@@ -387,7 +394,7 @@ impl RedisBackend {
     /// Indices of `items` grouped so each group's keys share a Cluster slot
     /// (one script may only touch one slot); a single group otherwise.
     fn slot_groups(&self, locks: &[String]) -> Vec<Vec<usize>> {
-        if !self.topology.is_cluster() {
+        if !self.runner.topology.is_cluster() {
             return vec![(0..locks.len()).collect()];
         }
         let mut groups: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
@@ -418,17 +425,6 @@ fn target(settings: &RedisSettings) -> String {
                 .collect::<Vec<_>>()
                 .join(",")
         ),
-    }
-}
-
-/// An error after which the command may or may not have run (I/O, a
-/// dropped connection, a timeout) is `Unavailable`; an error reply from
-/// Redis (the script refused, `READONLY`, `OOM`) is a known failure.
-fn classify(target: &str, e: redis::RedisError) -> BackendError {
-    if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal() {
-        BackendError::Unavailable(format!("{target}: {e}"))
-    } else {
-        BackendError::Protocol(e.to_string())
     }
 }
 
@@ -507,26 +503,19 @@ impl LockBackend for RedisBackend {
         // grant the key again while this lease holds it).
         self.eviction.admit().await?;
         let k = self.keys(key);
-        let mut call = Call::default();
-        call.key(k.lock())
-            .key(k.counter())
-            .key(k.delay())
-            .arg(lease.as_str())
-            .arg(ttl.as_millis() as u64)
-            .arg(self.token_mode)
-            .arg(self.lock_delay_ms)
-            .arg(self.counter_idle_ms);
-        let replicated = Replicated::Required("acquire");
-        let reply = self.exec(&self.scripts.acquire, &call, replicated).await?;
-        let short = self.short(&reply, replicated);
-        let (status, value) = pair(reply.value)?;
+        let item = Item {
+            keys: vec![k.lock(), k.counter(), k.delay()],
+            args: vec![lease.as_str().to_owned(), ttl.as_millis().to_string()],
+        };
+        let (status, value, replicas) = self.run_item(Op::Acquire, item).await?;
+        let short = self.short(replicas, Replicated::Required("acquire"));
         match status {
             1 if short => {
                 self.undo(key, lease).await?;
                 Err(BackendError::NotReplicated(format!(
                     "fewer than {} replicas confirmed the acquire within {} ms",
-                    self.wait.map_or(0, |w| w.replicas),
-                    self.wait.map_or(0, |w| w.timeout_ms)
+                    self.runner.wait.map_or(0, |w| w.replicas),
+                    self.runner.wait.map_or(0, |w| w.timeout_ms)
                 )))
             }
             1 => Ok(Attempt::Acquired {
@@ -560,7 +549,7 @@ impl LockBackend for RedisBackend {
             .arg(self.lock_delay_ms);
         let replicated = Replicated::Required("renew");
         let reply = self.exec(&self.scripts.renew, &call, replicated).await?;
-        let short = self.short(&reply, replicated);
+        let short = self.short(reply.replicas, replicated);
         let (status, value) = pair(reply.value)?;
         let found = ownership(status, &value)?;
         if short && matches!(found, Ownership::Owned { .. }) {
@@ -574,16 +563,11 @@ impl LockBackend for RedisBackend {
 
     async fn release(&self, key: &LockKey, lease: &LeaseId) -> Result<Ownership, BackendError> {
         let k = self.keys(key);
-        let mut call = Call::default();
-        call.key(k.lock())
-            .key(k.delay())
-            .arg(lease.as_str())
-            .arg(k.channel())
-            .arg(self.publish);
-        let reply = self
-            .exec(&self.scripts.release, &call, Replicated::No)
-            .await?;
-        let (status, value) = pair(reply.value)?;
+        let item = Item {
+            keys: vec![k.lock(), k.delay()],
+            args: vec![lease.as_str().to_owned(), k.channel()],
+        };
+        let (status, value, _) = self.run_item(Op::Release, item).await?;
         ownership(status, &value)
     }
 
@@ -607,7 +591,7 @@ impl LockBackend for RedisBackend {
             let reply = self
                 .exec(&self.scripts.renew_many, &call, replicated)
                 .await?;
-            let short = self.short(&reply, replicated);
+            let short = self.short(reply.replicas, replicated);
             let mut found = ownerships(reply.value, group.len())?;
             if short {
                 for (slot, &i) in found.iter_mut().zip(group) {
@@ -653,7 +637,7 @@ impl LockBackend for RedisBackend {
     }
 
     fn failovers(&self) -> Option<watch::Receiver<u64>> {
-        self.topology.failovers()
+        self.runner.topology.failovers()
     }
 
     async fn raise_token_floor(&self, key: &LockKey, floor: u64) -> Result<(), BackendError> {
@@ -679,18 +663,24 @@ impl LockBackend for RedisBackend {
     /// Reachable, and every master in use says `noeviction` (or
     /// `allow_eviction`): a Redis that may evict lock entries is not ready.
     async fn ping(&self) -> Result<(), BackendError> {
-        let mut target = self.topology.target()?;
-        let reply =
-            tokio::time::timeout(self.timeout, target.command::<String>(&redis::cmd("PING"))).await;
+        let mut target = self.runner.topology.target()?;
+        let reply = tokio::time::timeout(
+            self.runner.timeout,
+            target.command::<String>(&redis::cmd("PING")),
+        )
+        .await;
         match reply {
             Ok(Ok(_)) => self.eviction.admit().await.map(|_| ()),
             Ok(Err(e)) => {
-                self.saw_error(&e);
-                Err(BackendError::Unavailable(format!("{}: {e}", self.target)))
+                self.runner.saw_error(&e);
+                Err(BackendError::Unavailable(format!(
+                    "{}: {e}",
+                    self.runner.target
+                )))
             }
             Err(_) => Err(BackendError::Unavailable(format!(
                 "{}: ping timed out",
-                self.target
+                self.runner.target
             ))),
         }
     }

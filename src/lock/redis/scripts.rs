@@ -7,7 +7,9 @@
 //!
 //! Every script returns `{status, value}` as `{integer, string}`:
 //! status 1 = done (value = token), 0 = key free, -1 = another lease holds
-//! it (value = its remaining PTTL for acquire).
+//! it (value = its remaining PTTL for acquire). The `_MANY` scripts run the
+//! same Lua functions once per item and may also answer -2 = this item
+//! failed (value = the error).
 
 use redis::Script;
 
@@ -39,9 +41,11 @@ end
 }
 pub(crate) use keep_counter_lua;
 
-/// KEYS: lock, counter, delay marker. ARGV: lease id, ttl ms, token mode
-/// (`hybrid`|`counter`), lock-delay ms, counter idle expiry ms (0: never;
-/// `hybrid` only).
+/// Lua: `acquire(lock, counter, delay, lease, ttl, mode, lock_delay, idle)`,
+/// the body of [`ACQUIRE`] and [`ACQUIRE_MANY`] (one source for both).
+/// Returns `{status, value}`; status -2 = refused with the message in
+/// `value` (the single script turns it into an error reply, the batch
+/// script reports it for that item alone).
 ///
 /// Lock-delay: with a delay, the acquire also sets a marker that lives
 /// `ttl + delay`; a release deletes it, an expiry leaves it, and while it
@@ -56,47 +60,101 @@ pub(crate) use keep_counter_lua;
 /// token already issued.
 /// In `counter` mode the token is the counter's string, exact to 2^63, and
 /// the counter never expires.
+macro_rules! acquire_lua {
+    () => {
+        r#"
+local function acquire(lock, counter, delay, lease, ttl, mode, lock_delay, idle)
+  local cur = redis.call('GET', lock)
+  if cur then
+    local sep = string.find(cur, ' ', 1, true)
+    if sep and string.sub(cur, 1, sep - 1) == lease then
+      return {1, string.sub(cur, sep + 1)}
+    end
+    return {-1, tostring(redis.call('PTTL', lock))}
+  end
+  local delayed = redis.call('PTTL', delay)
+  if delayed > 0 then
+    return {-1, tostring(delayed)}
+  end
+  local tok
+  if mode == 'hybrid' then
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    local floor = now * 1024
+    local c = tonumber(redis.call('GET', counter) or '0')
+    if c >= 9007199254740991 then
+      return {-2, 'fencer: token counter at 2^53; Lua numbers are no longer exact'}
+    end
+    c = c + 1
+    if c < floor then c = floor end
+    tok = string.format('%.0f', c)
+    redis.call('SET', counter, tok)
+    keep_counter(counter, tok, tonumber(idle), now)
+  else
+    -- INCR is exact 64-bit arithmetic in Redis; its reply becomes a Lua
+    -- double, which tostring() prints as 1e+14 from 10^14 up. Read the
+    -- counter back as the string Redis keeps instead.
+    redis.call('INCR', counter)
+    tok = redis.call('GET', counter)
+  end
+  redis.call('SET', lock, lease .. ' ' .. tok, 'PX', ttl)
+  if tonumber(lock_delay) > 0 then
+    redis.call('SET', delay, '1', 'PX', tonumber(ttl) + tonumber(lock_delay))
+  end
+  return {1, tok}
+end
+"#
+    };
+}
+
+/// Lua: `batch_error(e)`, the message of an error a `pcall` caught (a
+/// `redis.call` error is a table with `err`), as a per-item status -2.
+macro_rules! batch_error_lua {
+    () => {
+        r#"
+local function batch_error(e)
+  if type(e) == 'table' then e = e.err or e.ok end
+  return {-2, tostring(e)}
+end
+"#
+    };
+}
+
+/// KEYS: lock, counter, delay marker. ARGV: lease id, ttl ms, token mode
+/// (`hybrid`|`counter`), lock-delay ms, counter idle expiry ms (0: never;
+/// `hybrid` only). See `acquire_lua!` for the rules.
 pub const ACQUIRE: &str = concat!(
     keep_counter_lua!(),
+    acquire_lua!(),
     r#"
-local cur = redis.call('GET', KEYS[1])
-if cur then
-  local sep = string.find(cur, ' ', 1, true)
-  if sep and string.sub(cur, 1, sep - 1) == ARGV[1] then
-    return {1, string.sub(cur, sep + 1)}
-  end
-  return {-1, tostring(redis.call('PTTL', KEYS[1]))}
+local r = acquire(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
+if r[1] == -2 then return redis.error_reply(r[2]) end
+return r
+"#
+);
+
+/// Many acquires in one call (the group commit of [`super::batch`]).
+/// KEYS: lock, counter, delay marker per item. ARGV: lease id and ttl ms
+/// per item, then token mode, lock-delay ms, counter idle expiry ms (the
+/// single script's layout, items concatenated). Returns `{status, value}`
+/// per item, flattened. Each item runs under `pcall`: an error (a refused
+/// counter, a `WRONGTYPE` key, `OOM`) answers that item with status -2 and
+/// the message, and the other items run as if alone.
+pub const ACQUIRE_MANY: &str = concat!(
+    keep_counter_lua!(),
+    acquire_lua!(),
+    batch_error_lua!(),
+    r#"
+local mode, lock_delay, idle = ARGV[#ARGV - 2], ARGV[#ARGV - 1], ARGV[#ARGV]
+local out = {}
+for i = 1, #KEYS / 3 do
+  local ok, r = pcall(acquire, KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i],
+    ARGV[2 * i - 1], ARGV[2 * i], mode, lock_delay, idle)
+  if not ok then r = batch_error(r) end
+  out[2 * i - 1] = r[1]
+  out[2 * i] = r[2]
 end
-local delayed = redis.call('PTTL', KEYS[3])
-if delayed > 0 then
-  return {-1, tostring(delayed)}
-end
-local tok
-if ARGV[3] == 'hybrid' then
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  local floor = now * 1024
-  local c = tonumber(redis.call('GET', KEYS[2]) or '0')
-  if c >= 9007199254740991 then
-    return redis.error_reply('fencer: token counter at 2^53; Lua numbers are no longer exact')
-  end
-  c = c + 1
-  if c < floor then c = floor end
-  tok = string.format('%.0f', c)
-  redis.call('SET', KEYS[2], tok)
-  keep_counter(KEYS[2], tok, tonumber(ARGV[5]), now)
-else
-  -- INCR is exact 64-bit arithmetic in Redis; its reply becomes a Lua
-  -- double, which tostring() prints as 1e+14 from 10^14 up. Read the
-  -- counter back as the string Redis keeps instead.
-  redis.call('INCR', KEYS[2])
-  tok = redis.call('GET', KEYS[2])
-end
-redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. tok, 'PX', ARGV[2])
-if tonumber(ARGV[4]) > 0 then
-  redis.call('SET', KEYS[3], '1', 'PX', tonumber(ARGV[2]) + tonumber(ARGV[4]))
-end
-return {1, tok}
+return out
 "#
 );
 
@@ -113,20 +171,55 @@ end
 return {1, string.sub(cur, sep + 1)}
 "#;
 
+/// Lua: `release(lock, delay, lease, channel, publish)`, the body of
+/// [`RELEASE`] and [`RELEASE_MANY`]. The message wakes waiters in every
+/// sidecar subscribed to this key; a release (unlike an expiry) clears the
+/// lock-delay.
+macro_rules! release_lua {
+    () => {
+        r#"
+local function release(lock, delay, lease, channel, publish)
+  local cur = redis.call('GET', lock)
+  if not cur then return {0, ''} end
+  local sep = string.find(cur, ' ', 1, true)
+  if not sep or string.sub(cur, 1, sep - 1) ~= lease then return {-1, ''} end
+  redis.call('DEL', lock, delay)
+  redis.call(publish, channel, '1')
+  return {1, string.sub(cur, sep + 1)}
+end
+"#
+    };
+}
+
 /// KEYS: lock, delay marker. ARGV: lease id, release channel, publish
 /// command (`PUBLISH`, or `SPUBLISH` in cluster mode: the channel shares
 /// the lock's hash tag, so the message stays on its shard).
-/// The message wakes waiters in every sidecar subscribed to this key; a
-/// release (unlike an expiry) clears the lock-delay.
-pub const RELEASE: &str = r#"
-local cur = redis.call('GET', KEYS[1])
-if not cur then return {0, ''} end
-local sep = string.find(cur, ' ', 1, true)
-if not sep or string.sub(cur, 1, sep - 1) ~= ARGV[1] then return {-1, ''} end
-redis.call('DEL', KEYS[1], KEYS[2])
-redis.call(ARGV[3], ARGV[2], '1')
-return {1, string.sub(cur, sep + 1)}
-"#;
+pub const RELEASE: &str = concat!(
+    release_lua!(),
+    r#"
+return release(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3])
+"#
+);
+
+/// Many releases in one call. KEYS: lock, delay marker per item. ARGV:
+/// lease id and release channel per item, then the publish command.
+/// Returns `{status, token}` per item, flattened; an item's error is its
+/// status -2 (see [`ACQUIRE_MANY`]).
+pub const RELEASE_MANY: &str = concat!(
+    release_lua!(),
+    batch_error_lua!(),
+    r#"
+local publish = ARGV[#ARGV]
+local out = {}
+for i = 1, #KEYS / 2 do
+  local ok, r = pcall(release, KEYS[2 * i - 1], KEYS[2 * i], ARGV[2 * i - 1], ARGV[2 * i], publish)
+  if not ok then r = batch_error(r) end
+  out[2 * i - 1] = r[1]
+  out[2 * i] = r[2]
+end
+return out
+"#
+);
 
 /// KEYS: one lock key per lease. ARGV: the lease ids, in order.
 /// Returns `{status, token}` per key, flattened, changing nothing: after a
@@ -224,6 +317,8 @@ pub struct Scripts {
     pub raise_floor: Lua,
     pub renew_many: Lua,
     pub check_many: Lua,
+    pub acquire_many: Lua,
+    pub release_many: Lua,
 }
 
 impl Scripts {
@@ -235,10 +330,12 @@ impl Scripts {
             raise_floor: Lua::new(RAISE_FLOOR),
             renew_many: Lua::new(RENEW_MANY),
             check_many: Lua::new(CHECK_MANY),
+            acquire_many: Lua::new(ACQUIRE_MANY),
+            release_many: Lua::new(RELEASE_MANY),
         }
     }
 
-    pub fn all(&self) -> [&Lua; 6] {
+    pub fn all(&self) -> [&Lua; 8] {
         [
             &self.acquire,
             &self.renew,
@@ -246,6 +343,8 @@ impl Scripts {
             &self.raise_floor,
             &self.renew_many,
             &self.check_many,
+            &self.acquire_many,
+            &self.release_many,
         ]
     }
 }

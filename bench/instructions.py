@@ -96,11 +96,16 @@ def callgrind_control(*args):
 
 
 def total_instructions(path):
+    """The dump's instructions: the sum over its parts (one per thread)."""
+    total, seen = 0, False
     with open(path) as f:
         for line in f:
             if line.startswith("totals:") or line.startswith("summary:"):
-                return int(line.split()[1])
-    raise SystemExit(f"no totals in {path}")
+                total += int(line.split()[1])
+                seen = True
+    if not seen:
+        raise SystemExit(f"no totals in {path}")
+    return total
 
 
 def main():

@@ -348,6 +348,17 @@ async fn batched_acquires_match_redis(env: &[(&str, &str)]) -> Result<(), String
         before.push(r.token());
         s.release(k, &r.lease()).await;
     }
+    // Each key's counter a different distance ahead, so every item of the
+    // batch gets its own token: a reply given to the wrong item shows.
+    // (Fresh counters would all be below one batch's shared clock floor
+    // and every item would get the same token.)
+    let mut setup = redis.conn();
+    for (i, (k, prev)) in keys.iter().zip(before.iter_mut()).enumerate() {
+        *prev += (i as u64 + 1) * 1_000_000;
+        let _: () = setup
+            .set(format!("fencer:{{{k}}}:token"), prev.to_string())
+            .unwrap();
+    }
     let batches_before = s
         .metric("fencer_redis_batches_total", &[("op", "acquire")])
         .await;

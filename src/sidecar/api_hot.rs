@@ -170,8 +170,14 @@ mod tests {
         let post = Method::POST;
         let key = |p: &str| recognise(&post, p).map(|(h, k)| (h, k.into_owned()));
         assert_eq!(key("/v1/locks/a/acquire"), Some((Hot::Acquire, "a".into())));
-        assert_eq!(key("/v1/locks/a%2Fb/release"), Some((Hot::Release, "a/b".into())));
-        assert_eq!(key("/v1/locks/%E2%9C%93/acquire"), Some((Hot::Acquire, "✓".into())));
+        assert_eq!(
+            key("/v1/locks/a%2Fb/release"),
+            Some((Hot::Release, "a/b".into()))
+        );
+        assert_eq!(
+            key("/v1/locks/%E2%9C%93/acquire"),
+            Some((Hot::Acquire, "✓".into()))
+        );
         for other in [
             "/v1/locks//acquire",
             "/v1/locks/a/b/acquire",

@@ -1,12 +1,14 @@
 //! Group commit of acquires and releases (single and sentinel modes).
 //!
 //! One sidecar sees every lock operation of its pod, so concurrent calls
-//! for different keys can share one round trip and, above all, one Lua
-//! call: most of an acquire's Redis CPU is the script call itself, not the
-//! work inside it. A worker task per operation takes calls off a bounded
-//! queue: when nothing is in flight a call goes out at once, alone, with
-//! the single-item script (no added latency, today's command exactly);
-//! calls that arrive while a batch is in flight wait for it and go
+//! for different keys can share one round trip and one Lua call: the
+//! read, parse and script entry are paid once per batch (the commands
+//! inside the script stay per item; measured in docs/performance.md). A
+//! worker task per operation takes calls off a bounded
+//! queue. When nothing is in flight a call goes out at once, alone, with
+//! the single-item script, from the caller's own task (no added latency,
+//! no hop through the worker, today's command exactly);
+//! calls that arrive while one is in flight queue and go
 //! together in the next one (at most [`MAX_ITEMS`]), as one `_MANY` script
 //! ([`super::scripts::ACQUIRE_MANY`]), then `WAIT` once when replicas are
 //! required. The script runs each item as the single script would, so a
@@ -26,11 +28,12 @@
 //! formed is never sent. A reply to a closed channel is dropped: the worker
 //! never blocks on a caller.
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use redis::Value;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, Notify};
 
 use super::conn::Call;
 use super::runner::{copy_error, Replicated, Runner};
@@ -111,6 +114,16 @@ struct Shared {
     runner: Arc<Runner>,
     scripts: Arc<Scripts>,
     metrics: Arc<RedisMetrics>,
+    /// A script call of this operation is on its way (a batch or a direct
+    /// call): one at a time, so calls arriving meanwhile gather into the
+    /// next batch.
+    busy: AtomicBool,
+    /// Notified when `busy` clears: the worker waits on it for its turn.
+    idle: Notify,
+    /// Calls queued for the worker and not yet answered: while any wait,
+    /// a new call queues behind them instead of going out directly, so
+    /// direct calls cannot keep the worker from its turn.
+    pending: AtomicUsize,
 }
 
 pub struct Batcher {
@@ -136,18 +149,37 @@ impl Batcher {
             runner,
             scripts,
             metrics,
+            busy: AtomicBool::new(false),
+            idle: Notify::new(),
+            pending: AtomicUsize::new(0),
         });
         let (queue, rx) = mpsc::channel(QUEUE);
         tokio::spawn(work(shared.clone(), rx));
         Batcher { queue, shared }
     }
 
-    /// Runs `item` in the next batch and answers it alone.
+    /// Runs `item` in the next batch and answers it alone. With nothing in
+    /// flight it goes out at once from the caller's own task, as the single
+    /// script: no hop through the worker, so one client pays nothing for
+    /// the batching (two callers that both see nothing in flight both go
+    /// out alone, as before batching existed).
     pub async fn call(&self, item: Item) -> Answer {
+        if self.shared.pending.load(Ordering::Acquire) == 0 {
+            if let Some(turn) = self.shared.try_turn() {
+                return self
+                    .shared
+                    .run(std::slice::from_ref(&item), Some(turn))
+                    .await
+                    .pop()
+                    .expect("one answer per item");
+            }
+        }
         let (tx, rx) = oneshot::channel();
+        self.shared.pending.fetch_add(1, Ordering::AcqRel);
         if let Err(e) = self.queue.try_send(Queued { item, reply: tx }) {
-            // Queue full (or worker gone): this call goes out by itself
-            // rather than wait or fail.
+            self.shared.pending.fetch_sub(1, Ordering::AcqRel);
+            // Queue full (or worker gone): this call goes out by itself,
+            // beside whatever is in flight, rather than wait or fail.
             let queued = match e {
                 mpsc::error::TrySendError::Full(q) | mpsc::error::TrySendError::Closed(q) => q,
             };
@@ -157,7 +189,7 @@ impl Batcher {
             );
             return self
                 .shared
-                .run(std::slice::from_ref(&queued.item))
+                .run(std::slice::from_ref(&queued.item), None)
                 .await
                 .pop()
                 .expect("one answer per item");
@@ -179,11 +211,22 @@ impl Batcher {
     }
 }
 
-/// Takes what the queue holds (up to [`MAX_ITEMS`]), runs it as one batch,
-/// answers each caller; again.
+/// Takes what the queue holds (up to [`MAX_ITEMS`]), waits for its turn,
+/// runs it as one batch, answers each caller; again.
 async fn work(shared: Arc<Shared>, mut rx: mpsc::Receiver<Queued>) {
     let mut batch: Vec<Queued> = Vec::with_capacity(MAX_ITEMS);
     while rx.recv_many(&mut batch, MAX_ITEMS).await > 0 {
+        // A direct call may be on its way: what arrives while it is goes
+        // along in this batch.
+        let turn = shared.turn().await;
+        while batch.len() < MAX_ITEMS {
+            match rx.try_recv() {
+                Ok(q) => batch.push(q),
+                Err(_) => break,
+            }
+        }
+        // No longer pending once answered (or found abandoned).
+        let _pending = Pending(&shared.pending, batch.len());
         // A caller that gave up: its item is not sent.
         batch.retain(|q| !q.reply.is_closed());
         if batch.is_empty() {
@@ -196,7 +239,7 @@ async fn work(shared: Arc<Shared>, mut rx: mpsc::Receiver<Queued>) {
                 args: std::mem::take(&mut q.item.args),
             })
             .collect();
-        let answers = shared.run(&items).await;
+        let answers = shared.run(&items, Some(turn)).await;
         for (q, answer) in batch.drain(..).zip(answers) {
             // The caller may be gone meanwhile; nothing waits on it.
             let _ = q.reply.send(answer);
@@ -207,7 +250,11 @@ async fn work(shared: Arc<Shared>, mut rx: mpsc::Receiver<Queued>) {
 impl Shared {
     /// One script call for `items`: the single script for one item, the
     /// batch script for more. One answer per item, in order.
-    async fn run(&self, items: &[Item]) -> Vec<Answer> {
+    /// `turn`: this call's turn, given back when it ends however it ends
+    /// (a direct caller's task may be dropped mid-call); `None` for a call
+    /// that overflowed the queue.
+    async fn run(&self, items: &[Item], turn: Option<Turn<'_>>) -> Vec<Answer> {
+        let _turn = turn;
         let op = self.op.name();
         let started = Instant::now();
         let (single, many) = self.op.scripts(&self.scripts);
@@ -267,6 +314,49 @@ impl Shared {
                 })
             })
             .collect()
+    }
+}
+
+impl Shared {
+    /// The turn to send, if nothing is on its way.
+    fn try_turn(&self) -> Option<Turn<'_>> {
+        self.busy
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .ok()
+            .map(|_| Turn(self))
+    }
+
+    /// Waits for the turn to send.
+    async fn turn(&self) -> Turn<'_> {
+        loop {
+            let idle = self.idle.notified();
+            tokio::pin!(idle);
+            idle.as_mut().enable();
+            if let Some(turn) = self.try_turn() {
+                return turn;
+            }
+            idle.await;
+        }
+    }
+}
+
+/// The one script call of an operation on its way; given back (and the
+/// worker woken) when dropped.
+struct Turn<'a>(&'a Shared);
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        self.0.busy.store(false, Ordering::Release);
+        self.0.idle.notify_one();
+    }
+}
+
+/// Queued calls taken by the worker, no longer pending once dropped.
+struct Pending<'a>(&'a AtomicUsize, usize);
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(self.1, Ordering::AcqRel);
     }
 }
 

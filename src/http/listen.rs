@@ -59,6 +59,32 @@ impl Drop for UnixSocket {
     }
 }
 
+/// What the listeners below serve: an axum router, or a service in front
+/// of one (the lock API's hot routes, `crate::sidecar::api_hot`).
+pub trait RouterService:
+    tower::Service<
+        hyper::Request<hyper::body::Incoming>,
+        Response = axum::response::Response,
+        Error = std::convert::Infallible,
+    > + Clone
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<S> RouterService for S where
+    S: tower::Service<
+            hyper::Request<hyper::body::Incoming>,
+            Response = axum::response::Response,
+            Error = std::convert::Infallible,
+        > + Clone
+        + Send
+        + Sync
+        + 'static
+{
+}
+
 /// Serves `router` (an axum router, or a service in front of one) on a
 /// Unix socket until `shutdown`.
 pub async fn serve_unix<S>(
@@ -67,14 +93,7 @@ pub async fn serve_unix<S>(
     silence: Silence,
     shutdown: CancellationToken,
 ) where
-    S: tower::Service<
-            hyper::Request<hyper::body::Incoming>,
-            Response = axum::response::Response,
-            Error = std::convert::Infallible,
-        > + Clone
-        + Send
-        + Sync
-        + 'static,
+    S: RouterService,
     S::Future: Send + 'static,
 {
     let listener = socket.listener.take().expect("served once");
@@ -89,14 +108,7 @@ async fn serve_router<L: super::server::Accept, S>(
     silence: Silence,
     shutdown: CancellationToken,
 ) where
-    S: tower::Service<
-            hyper::Request<hyper::body::Incoming>,
-            Response = axum::response::Response,
-            Error = std::convert::Infallible,
-        > + Clone
-        + Send
-        + Sync
-        + 'static,
+    S: RouterService,
     S::Future: Send + 'static,
 {
     let service = hyper_util::service::TowerToHyperService::new(router);
@@ -122,14 +134,7 @@ pub async fn serve<S>(
     silence: Silence,
     shutdown: CancellationToken,
 ) where
-    S: tower::Service<
-            hyper::Request<hyper::body::Incoming>,
-            Response = axum::response::Response,
-            Error = std::convert::Infallible,
-        > + Clone
-        + Send
-        + Sync
-        + 'static,
+    S: RouterService,
     S::Future: Send + 'static,
 {
     serve_router(name, listener, router, silence, shutdown).await;

@@ -596,6 +596,9 @@ DIRECTED_MUTANTS = {
         ("gateway_allowlists", "the_proxy_treats_every_method_outside_its_read_list_as_a_write")],
     "duplicate_header_first_wins": [("gateway_allowlists", "duplicate_fencing_headers_are_refused_at_the_gateway"),
                                     ("gateway_allowlists", "duplicate_fencing_headers_are_refused_at_the_proxy")],
+    # Issue 32: the Redis group commit answering each call of a batch with
+    # its neighbour's reply (a lease told it holds with another key's token).
+    "batch_replies_shifted": ("redis_batch", "concurrent_acquires_on_distinct_keys_share_batches"),
 }
 
 

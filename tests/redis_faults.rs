@@ -301,3 +301,45 @@ async fn tls_password_and_database_in_the_url() {
         "backend_unavailable"
     );
 }
+
+/// A queued waiter whose re-check meets a Redis that does not answer keeps
+/// its place and tries again, instead of ending its wait with 503 while
+/// `wait_ms` is far from spent (seen in CI as a cluster waiter answered
+/// during a slot move). Redis is frozen (SIGSTOP) across the moment the
+/// holder's TTL runs out, so the waiter's re-check times out; once Redis
+/// answers again the waiter gets the key within its wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_keeps_its_place_through_a_short_outage() {
+    let redis = RedisServer::start(Persistence::Off);
+    let s = Arc::new(sidecar(
+        &redis.url(),
+        &[("backend.redis.request_timeout_ms", "300")],
+    ));
+    let holder = s.acquire("outage:w", 1_500, 0).await;
+    assert_eq!(holder.status, 200, "{}", holder.body);
+    let waiter = {
+        let s = s.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            (
+                s.acquire("outage:w", 5_000, 10_000).await,
+                started.elapsed(),
+            )
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    redis.pause();
+    // The holder's TTL (1.5 s) runs out while Redis is frozen: the
+    // waiter's fallback re-check is sent to a server that does not answer.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    redis.resume();
+    let (r, took) = waiter.await.unwrap();
+    assert_eq!(r.status, 200, "after {took:?}: {}\n{}", r.body, s.logs());
+    assert!(r.token() > holder.token());
+    assert!(
+        s.metric("fencer_waiter_wakeups_total", &[("cause", "backend_error")])
+            .await
+            >= 1.0,
+        "the waiter never met the outage: the test did not test it"
+    );
+}

@@ -52,12 +52,17 @@ fn backend_ready(s: &Fencer) -> bool {
 /// (a topology not found yet), never accepts a 200.
 async fn assert_refused_for(s: &Fencer, key: &str, policy: &str, server: &str) {
     let deadline = Instant::now() + Duration::from_secs(10);
+    // Every answer so far, for the failure message (this failed once in
+    // CI under load and never alone: the history says which step did).
+    let mut seen: Vec<String> = Vec::new();
     loop {
         let r = s.acquire(key, 10_000, 0).await;
+        seen.push(format!("{} {}", r.status, r.body));
         assert_ne!(
-            r.status, 200,
-            "acquired on a Redis with maxmemory-policy {policy}: {}",
-            r.body
+            r.status,
+            200,
+            "acquired on a Redis with maxmemory-policy {policy}: answers {seen:#?}\n{}",
+            s.logs()
         );
         let message = r.body["message"].as_str().unwrap_or("").to_owned();
         if r.status == 503 && message.contains(policy) {
@@ -68,8 +73,7 @@ async fn assert_refused_for(s: &Fencer, key: &str, policy: &str, server: &str) {
         }
         assert!(
             Instant::now() < deadline,
-            "never refused for {policy}: {}\n{}",
-            r.body,
+            "never refused for {policy}: answers {seen:#?}\n{}",
             s.logs()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;

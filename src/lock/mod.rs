@@ -93,6 +93,12 @@ impl WatchGuard {
     pub fn new(inner: impl Send + Sync + 'static) -> Self {
         WatchGuard(Some(Box::new(inner)))
     }
+    /// Whether nothing is watched: the waiter asks again after its next
+    /// try found the key held (the holder may now be one that can be
+    /// watched).
+    pub fn is_none(&self) -> bool {
+        self.0.is_none()
+    }
 }
 
 #[async_trait]

@@ -163,7 +163,7 @@ pub fn registry(role: &str, backend: &str) -> Registry {
         .register(Box::new(OTEL_EXPORT_FAILURES.clone()))
         .expect("registered once per registry");
     sql::SQL.init_known();
-    for c in [&sql::SQL.abandoned, &sql::SQL.undos] {
+    for c in [&sql::SQL.abandoned, &sql::SQL.undos, &sql::SQL.retries] {
         registry
             .register(Box::new(c.clone()))
             .expect("registered once per registry");

@@ -27,7 +27,7 @@ impl MySqlMetrics {
                 IntCounterVec::new(
                     Opts::new(
                         "fencer_mysql_bell_events_total",
-                        "MySQL backend bells (named locks that wake other sidecars): rung (a lease ended here), missed (a lease held without its bell; remote waiters use the expiry timer), reconnected.",
+                        "MySQL backend bells (named locks that wake other sidecars): rung (a lease ended here), missed (a lease held without its bell; remote waiters use the expiry timer), given_back (a concurrent second take of a bell already held, released at once: named locks count per connection), reconnected.",
                     ),
                     &["event"],
                 )
@@ -53,7 +53,7 @@ impl MySqlMetrics {
                 .expect("valid metric"),
             ),
         };
-        for e in ["rung", "missed", "reconnected"] {
+        for e in ["rung", "missed", "given_back", "reconnected"] {
             m.bell_events.with_label_values(&[e]);
         }
         for r in ["woken", "abandoned", "no_connection", "failed"] {

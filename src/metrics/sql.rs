@@ -16,6 +16,9 @@ pub struct SqlMetrics {
     /// effect), `failed` (could not run in time: what the statement took,
     /// if anything, stays until its TTL).
     pub undos: IntCounterVec,
+    /// Statements the server rolled back to break a deadlock (or as a
+    /// serialization failure) and that were tried again, by database.
+    pub retries: IntCounterVec,
 }
 
 pub static SQL: std::sync::LazyLock<SqlMetrics> = std::sync::LazyLock::new(|| {
@@ -36,6 +39,14 @@ pub static SQL: std::sync::LazyLock<SqlMetrics> = std::sync::LazyLock::new(|| {
         &["db", "outcome"],
     )
     .expect("valid metric"),
+    retries: IntCounterVec::new(
+        Opts::new(
+            "fencer_sql_retries_total",
+            "SQL statements the server rolled back to break a deadlock (or as a serialization failure) and that were tried again within their budget; nothing of a rolled-back try applied.",
+        ),
+        &["db"],
+    )
+    .expect("valid metric"),
 }
 });
 
@@ -46,6 +57,7 @@ impl SqlMetrics {
     pub fn init_known(&self) {
         for db in ["postgres", "mysql"] {
             self.abandoned.with_label_values(&[db]);
+            self.retries.with_label_values(&[db]);
             for outcome in ["released", "voided", "failed"] {
                 self.undos.with_label_values(&[db, outcome]);
             }

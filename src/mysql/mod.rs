@@ -108,6 +108,30 @@ pub fn connection_suspect(e: &mysql_async::Error) -> bool {
     !matches!(e, mysql_async::Error::Server(_))
 }
 
+/// Whether the server rolled the statement's transaction back so that it
+/// can be tried again: a deadlock victim (1213) or any error with SQLSTATE
+/// `40001` (serialization failure; the fence store signals it when a row
+/// vanished under it). Two first acquires of one key are the common case:
+/// under REPEATABLE READ each `SELECT … FOR UPDATE` of the missing row
+/// takes a gap lock, and each INSERT then waits for the other's. Every
+/// procedure of ours rolls back on any error (its EXIT HANDLER), so
+/// nothing of the failed try applied and a new try starts clean.
+pub fn retryable(e: &mysql_async::Error) -> bool {
+    match e {
+        mysql_async::Error::Server(s) => s.code == 1213 || s.state == "40001",
+        _ => false,
+    }
+}
+
+/// The pause before retry `n` (0-based) of a rolled-back statement:
+/// doubling from 2 ms, capped at 50 ms, drawn from its upper half so that
+/// the two sides of a deadlock do not collide again in lockstep.
+pub fn retry_pause(n: u32) -> Duration {
+    use rand::Rng;
+    let step = (2u64 << n.min(5)).min(50);
+    Duration::from_micros(rand::rng().random_range(step * 500..=step * 1000))
+}
+
 /// The server's error code, if it answered with one.
 pub fn server_code(e: &mysql_async::Error) -> Option<u16> {
     match e {

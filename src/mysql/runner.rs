@@ -119,6 +119,12 @@ impl Runner {
         &self.target
     }
 
+    /// The deadline of a call started now: [`Runner::run`]'s, for callers
+    /// that try more than once within one budget.
+    pub fn deadline(&self) -> Instant {
+        Instant::now() + self.timeout
+    }
+
     pub fn pool(&self) -> &Pool {
         &self.pool
     }

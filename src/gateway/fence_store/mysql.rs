@@ -229,26 +229,48 @@ impl MyFences {
     ) -> Result<AdmitRow, FenceError> {
         let key = key.as_bytes().to_vec();
         let stamp_id = stamp.0.as_bytes().to_vec();
-        let compensate = (stamp.1 > 0).then(|| clear_if_stamped(key.clone(), stamp_id.clone()));
-        let params = (
-            key,
-            token,
-            lease.as_bytes().to_vec(),
-            seq,
-            stamp_id,
-            stamp.1,
-        );
-        let row = self
-            .runner
-            .run(
-                move |mut conn: Lent| async move {
-                    let r = conn.exec_first::<Row, _, _>(sql::CALL_ADMIT, params).await;
-                    (conn, r)
-                },
-                compensate,
-            )
-            .await
-            .map_err(run_error)?;
+        let lease = lease.as_bytes().to_vec();
+        let deadline = self.runner.deadline();
+        let mut retries = 0u32;
+        let row = loop {
+            let compensate = (stamp.1 > 0).then(|| clear_if_stamped(key.clone(), stamp_id.clone()));
+            let params = (
+                key.clone(),
+                token,
+                lease.clone(),
+                seq,
+                stamp_id.clone(),
+                stamp.1,
+            );
+            let result = self
+                .runner
+                .run_until(
+                    deadline,
+                    move |mut conn: Lent| async move {
+                        let r = conn.exec_first::<Row, _, _>(sql::CALL_ADMIT, params).await;
+                        (conn, r)
+                    },
+                    compensate,
+                )
+                .await;
+            // Two replicas creating one key's row can deadlock on its gap
+            // lock; the server rolled the loser back, so it asks again.
+            let pause = crate::mysql::retry_pause(retries);
+            match result {
+                Err(RunError::Db(e))
+                    if crate::mysql::retryable(&e) && Instant::now() + pause < deadline =>
+                {
+                    crate::metrics::sql::SQL
+                        .retries
+                        .with_label_values(&["mysql"])
+                        .inc();
+                    tracing::debug!(retries, error = %crate::mysql::describe(&e), "mysql rolled the admission back; asking again");
+                    tokio::time::sleep(pause).await;
+                    retries += 1;
+                }
+                other => break other.map_err(run_error)?,
+            }
+        };
         parse_admit(row)
     }
 

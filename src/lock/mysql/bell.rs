@@ -153,6 +153,16 @@ impl Bells {
             .any(|s| s.conn_id.load(std::sync::atomic::Ordering::Relaxed) == conn_id)
     }
 
+    /// Whether a lease of this sidecar holds `key` (its bell then rings
+    /// when that lease ends here).
+    pub fn has_lease(&self, key: &str) -> bool {
+        self.entries
+            .lock()
+            .expect("bells poisoned")
+            .get(key)
+            .is_some_and(|e| !e.leases.is_empty())
+    }
+
     /// Before an acquire: makes sure this sidecar holds the key's bell
     /// (shared by its leases on the key), waiting for it until `until` at
     /// most. Pair with [`Bells::acquired`] or [`Bells::not_acquired`].
@@ -172,12 +182,39 @@ impl Bells {
             e.name.clone()
         };
         let held = self.take(&name, until).await;
+        if held {
+            self.took(key, name);
+        }
+    }
+
+    /// Records that the shard took `name` for `key`'s entry. A named lock
+    /// is counted per connection (MySQL 5.7+, MariaDB): concurrent first
+    /// acquires of one key each send a take before any of them has
+    /// marked the bell held, and every take that succeeds adds one to the
+    /// count — so one release at the end left the bell held for good, and
+    /// other sidecars' waiters slept until the lease's expiry timer (their
+    /// wait, if shorter, ran out; found by
+    /// `mysql_backend::first_acquires_that_deadlock_in_innodb_are_tried_again`).
+    /// A take beyond the first is given back at once.
+    fn took(&self, key: &str, name: String) {
         let mut entries = self.entries.lock().expect("bells poisoned");
-        if let Some(e) = entries.get_mut(key) {
-            e.held |= held;
-        } else if held {
-            // Cannot happen (pending keeps the entry), but never leak a lock.
-            self.free_name(name);
+        let extra = match entries.get_mut(key) {
+            Some(e) if e.name == name && !e.held => {
+                e.held = true;
+                false
+            }
+            // Held already (or, which cannot happen while `pending` keeps
+            // the entry, nobody wants it): never leave a count behind.
+            _ => true,
+        };
+        drop(entries);
+        if extra {
+            self.metrics
+                .bell_events
+                .with_label_values(&["given_back"])
+                .inc();
+            let shard = self.shard_of(&name);
+            let _ = self.shards[shard].tx.send(Command::Free(name, None));
         }
     }
 
@@ -260,10 +297,6 @@ impl Bells {
         e.held.then_some(e.name)
     }
 
-    fn free_name(&self, name: String) {
-        self.send_free(name, None);
-    }
-
     fn send_free(&self, name: String, done: Option<oneshot::Sender<()>>) {
         self.metrics.bell_events.with_label_values(&["rung"]).inc();
         let shard = self.shard_of(&name);
@@ -298,11 +331,7 @@ impl Bells {
                 }
             }
             if self.take(&name, Instant::now() + CALL_TIMEOUT).await {
-                let mut entries = self.entries.lock().expect("bells poisoned");
-                match entries.get_mut(&key) {
-                    Some(e) if e.name == name => e.held = true,
-                    _ => self.free_name(name),
-                }
+                self.took(&key, name);
                 return;
             }
         }

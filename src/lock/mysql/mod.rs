@@ -157,43 +157,59 @@ impl MySqlBackend {
         statement: &'static str,
         params: Vec<Value>,
     ) -> Result<Vec<Row>, BackendError> {
-        self.call_until(
-            Instant::now() + self.request_timeout,
-            statement,
-            params,
-            None,
-        )
+        self.call_until(Instant::now() + self.request_timeout, statement, || {
+            (params.clone(), None)
+        })
         .await
     }
 
-    /// Runs one statement through the runner, answering by `deadline`;
-    /// `compensate` undoes it if it succeeds after its caller gave up.
+    /// Runs one statement through the runner, answering by `deadline`.
+    /// `attempt` gives each try its parameters and the compensation that
+    /// undoes it if it succeeds after its caller gave up. A try the server
+    /// rolled back to break a deadlock ([`crate::mysql::retryable`]) is
+    /// tried again, with fresh parameters, while the deadline allows: the
+    /// server asks for exactly that, and nothing of the try applied.
     async fn call_until(
         &self,
         deadline: Instant,
         statement: &'static str,
-        params: Vec<Value>,
-        compensate: Option<Compensation<Vec<Row>>>,
+        mut attempt: impl FnMut() -> (Vec<Value>, Option<Compensation<Vec<Row>>>),
     ) -> Result<Vec<Row>, BackendError> {
-        self.runner
-            .run_until(
-                deadline,
-                move |mut conn: Lent| async move {
-                    let r = conn
-                        .exec::<Row, _, _>(statement, Params::Positional(params))
-                        .await;
-                    (conn, r)
-                },
-                compensate,
-            )
-            .await
-            .map_err(|e| match e {
-                // The server refused it: not applied.
-                RunError::Db(e) if !crate::mysql::connection_suspect(&e) => {
-                    BackendError::Protocol(crate::mysql::describe(&e))
+        let mut retries = 0u32;
+        loop {
+            let (params, compensate) = attempt();
+            let result = self
+                .runner
+                .run_until(
+                    deadline,
+                    move |mut conn: Lent| async move {
+                        let r = conn
+                            .exec::<Row, _, _>(statement, Params::Positional(params))
+                            .await;
+                        (conn, r)
+                    },
+                    compensate,
+                )
+                .await;
+            let pause = crate::mysql::retry_pause(retries);
+            return match result {
+                Err(RunError::Db(e))
+                    if crate::mysql::retryable(&e) && Instant::now() + pause < deadline =>
+                {
+                    SQL.retries.with_label_values(&["mysql"]).inc();
+                    tracing::debug!(statement, retries, error = %crate::mysql::describe(&e), "mysql rolled the statement back; trying again");
+                    tokio::time::sleep(pause).await;
+                    retries += 1;
+                    continue;
                 }
-                other => unavailable(other),
-            })
+                Ok(rows) => Ok(rows),
+                // The server refused it: not applied.
+                Err(RunError::Db(e)) if !crate::mysql::connection_suspect(&e) => {
+                    Err(BackendError::Protocol(crate::mysql::describe(&e)))
+                }
+                Err(other) => Err(unavailable(other)),
+            };
+        }
     }
 
     fn ownership(&self, rows: &[Row]) -> Result<Ownership, BackendError> {
@@ -373,25 +389,27 @@ impl LockBackend for MySqlBackend {
             armed: true,
         };
         let bell = self.bells.name_of(key.as_str());
-        let attempt = Value::Bytes(crate::lock::lease_id::attempt_id().into_bytes());
+        // Each try (a rolled-back one is tried again) has its own attempt
+        // id, so an undo only ever names the try it belongs to.
         let rows = self
-            .call_until(
-                deadline,
-                ACQUIRE,
-                vec![
-                    key_value(key),
-                    lease_value(lease),
-                    Value::Int(server_ttl_ms(ttl)),
-                    Value::Int(self.lock_delay_ms),
-                    Value::Bytes(bell.into_bytes()),
-                    attempt.clone(),
-                ],
-                Some(release_if_granted(
-                    key_value(key),
-                    lease_value(lease),
-                    attempt,
-                )),
-            )
+            .call_until(deadline, ACQUIRE, || {
+                let attempt = Value::Bytes(crate::lock::lease_id::attempt_id().into_bytes());
+                (
+                    vec![
+                        key_value(key),
+                        lease_value(lease),
+                        Value::Int(server_ttl_ms(ttl)),
+                        Value::Int(self.lock_delay_ms),
+                        Value::Bytes(bell.clone().into_bytes()),
+                        attempt.clone(),
+                    ],
+                    Some(release_if_granted(
+                        key_value(key),
+                        lease_value(lease),
+                        attempt,
+                    )),
+                )
+            })
             .await?;
         let row = rows
             .first()
@@ -407,8 +425,16 @@ impl LockBackend for MySqlBackend {
                 token: token as u64,
             });
         }
-        let holder = holder.clamp(0, u32::MAX as i64) as u32;
+        let mut holder = holder.clamp(0, u32::MAX as i64) as u32;
         let mut remaining = Duration::from_millis(remaining.max(0) as u64);
+        if holder != 0 && self.bells.is_ours(holder) && !self.bells.has_lease(key.as_str()) {
+            // Our bell, but only because our own tries took it (concurrent
+            // first acquires: ours took the bell, another sidecar's got the
+            // row and its bell later). No release here will ring for the
+            // real holder: as for a lease without a bell, re-check soon —
+            // by then its sidecar has the bell, and the waiter watches it.
+            holder = 0;
+        }
         if holder == 0 {
             // Held without a bell: its sidecar is gone (the server freed
             // its bell) or has not taken it yet. Nothing will ring; re-check
@@ -437,16 +463,16 @@ impl LockBackend for MySqlBackend {
         let started = Instant::now();
         let deadline = started + self.request_timeout;
         let rows = self
-            .call_until(
-                deadline,
-                RENEW,
-                vec![
-                    key_value(key),
-                    lease_value(lease),
-                    Value::Int(server_ttl_ms(ttl)),
-                ],
-                None,
-            )
+            .call_until(deadline, RENEW, || {
+                (
+                    vec![
+                        key_value(key),
+                        lease_value(lease),
+                        Value::Int(server_ttl_ms(ttl)),
+                    ],
+                    None,
+                )
+            })
             .await?;
         let o = self.ownership(&rows)?;
         match o {
@@ -476,12 +502,9 @@ impl LockBackend for MySqlBackend {
         let json =
             serde_json::to_string(&json).map_err(|e| BackendError::Protocol(e.to_string()))?;
         let rows = self
-            .call_until(
-                deadline,
-                RENEW_MANY,
-                vec![Value::Bytes(json.into_bytes())],
-                None,
-            )
+            .call_until(deadline, RENEW_MANY, || {
+                (vec![Value::Bytes(json.clone().into_bytes())], None)
+            })
             .await?;
         if rows.len() != items.len() {
             return Err(BackendError::Protocol(format!(
@@ -511,12 +534,9 @@ impl LockBackend for MySqlBackend {
     async fn release(&self, key: &LockKey, lease: &LeaseId) -> Result<Ownership, BackendError> {
         let deadline = Instant::now() + self.request_timeout;
         let rows = self
-            .call_until(
-                deadline,
-                RELEASE,
-                vec![key_value(key), lease_value(lease)],
-                None,
-            )
+            .call_until(deadline, RELEASE, || {
+                (vec![key_value(key), lease_value(lease)], None)
+            })
             .await?;
         let o = self.ownership(&rows)?;
         // Rings the bell: remote waiters wake.

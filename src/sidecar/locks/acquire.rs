@@ -32,13 +32,18 @@ use super::super::leases::{
 use super::super::preregister::{PreregisterError, Preregistrar};
 use super::super::waiters::Wake;
 use super::{LockError, LockManager};
-use crate::lock::{Attempt, BackendError, DynBackend, LeaseId, LockKey};
+use crate::lock::{Attempt, BackendError, DynBackend, LeaseId, LockKey, WatchGuard};
 use crate::metrics::Metrics;
 use crate::token::Claim;
 
 /// Retries of an acquire whose outcome is unknown (same lease id, so the
 /// backend returns the same token if the first attempt went through).
 const ACQUIRE_RETRIES: u32 = 2;
+
+/// A queued waiter whose try failed (backend unavailable) tries again
+/// after this, doubling up to [`OUTAGE_MAX_PAUSE`].
+const OUTAGE_FIRST_PAUSE: Duration = Duration::from_millis(20);
+const OUTAGE_MAX_PAUSE: Duration = Duration::from_millis(500);
 
 /// One acquisition request.
 pub struct Acquire {
@@ -76,6 +81,9 @@ struct Attempts {
     granted: Option<LeaseId>,
     /// The lease id of the last try (for the `fresh_send_time` mutant).
     last: Option<LeaseId>,
+    /// The last try's lease and first send time when its outcome is
+    /// unknown (backend unavailable): a waiter's next try resumes it.
+    unknown: Option<(LeaseId, Instant)>,
 }
 
 impl Attempts {
@@ -165,6 +173,7 @@ impl LockManager {
             pending: None,
             granted: None,
             last: None,
+            unknown: None,
         };
         let result = self
             .acquire_registered(&req, &mut attempts, started, &group)
@@ -382,29 +391,62 @@ impl LockManager {
         } else {
             deadline
         };
-        let _watch = tokio::time::timeout_at(
-            watch_until,
-            self.backend
-                .watch(key, deadline.saturating_duration_since(Instant::now())),
-        )
-        .await
-        .ok();
+        let watch = |until: Instant| async move {
+            tokio::time::timeout_at(
+                until,
+                self.backend
+                    .watch(key, deadline.saturating_duration_since(Instant::now())),
+            )
+            .await
+            .unwrap_or_else(|_| WatchGuard::none())
+        };
+        let mut watching = watch(watch_until).await;
 
         let mut must_try = ticket.is_head();
         let mut recheck_at: Option<Instant> = None;
+        // A queued waiter keeps its place through a backend outage shorter
+        // than its wait (a failover, a slot moving): the try that failed is
+        // repeated with backoff, and only a wait that ends on a failed try
+        // answers with that failure (it does not know the key is held).
+        let mut outage: Option<(LockError, Duration)> = None;
+        let gave_up = |outage: Option<(LockError, Duration)>| match outage {
+            Some((e, _)) => e,
+            None => LockError::Held(key.clone()),
+        };
         loop {
             if must_try {
                 if Instant::now() >= deadline {
-                    return Err(LockError::Held(key.clone()));
+                    return Err(gave_up(outage));
                 }
-                match self.try_once(req, attempts, group).await? {
-                    Try::Got(rec) => {
+                match self.try_once(req, attempts, group).await {
+                    Ok(Try::Got(rec)) => {
                         ticket.acquired(ttl);
                         return Ok(rec.view(Instant::now()));
                     }
-                    Try::Held(remaining) => {
+                    Ok(Try::Held(remaining)) => {
+                        outage = None;
                         recheck_at = Some(Instant::now() + self.fallback_delay(remaining));
+                        // Nothing watched yet (on MySQL: the key was held
+                        // here, or without a bell, when this waiter queued):
+                        // the holder found now may be one to watch — else a
+                        // release elsewhere is seen only at the holder's
+                        // expiry, past a shorter wait.
+                        if watching.is_none() {
+                            // Never past the re-check it would delay.
+                            let until = recheck_at.map_or(watch_until, |r| r.min(watch_until));
+                            watching = watch(until).await;
+                        }
                     }
+                    Err(e @ LockError::Backend(BackendError::Unavailable(_))) => {
+                        let pause = outage
+                            .as_ref()
+                            .map_or(OUTAGE_FIRST_PAUSE, |(_, p)| (*p * 2).min(OUTAGE_MAX_PAUSE));
+                        tracing::warn!(key = %key, error = %e, retry_in_ms = pause.as_millis() as u64,
+                            "backend unavailable while waiting; the waiter keeps its place and tries again");
+                        recheck_at = Some(Instant::now() + pause);
+                        outage = Some((e, pause));
+                    }
+                    Err(e) => return Err(e),
                 }
             }
             must_try = false;
@@ -421,13 +463,15 @@ impl LockManager {
                 }
                 _ = tokio::time::sleep_until(sleep_until) => {
                     if Instant::now() >= deadline {
-                        return Err(LockError::Held(key.clone()));
+                        return Err(gave_up(outage));
                     }
                     // The holder's TTL ran out without a release message
-                    // (expiry publishes nothing): the one polling path.
-                    self.metrics.waiter_wakeups.with_label_values(&["fallback"]).inc();
+                    // (expiry publishes nothing): the one polling path. Or
+                    // the pause after a failed try is over.
+                    let cause = if outage.is_some() { "backend_error" } else { "fallback" };
+                    self.metrics.waiter_wakeups.with_label_values(&[cause]).inc();
                     recheck_at = None;
-                    must_try = ticket.is_head();
+                    must_try = ticket.is_head() || outage.is_some();
                 }
                 _ = self.shutdown.cancelled() => return Err(LockError::ShuttingDown),
             }
@@ -464,13 +508,28 @@ impl LockManager {
                     .or_else(|| attempts.last.clone())
             })
             .flatten();
-        let lease = reused.unwrap_or_else(LeaseId::generate);
-        attempts.last = Some(lease.clone());
-        attempts.maybe_held.push(lease.clone());
+        // A try whose outcome was unknown (backend unavailable) goes on
+        // with the same lease id and its first send time, so a grant whose
+        // reply was lost is found again instead of blocking this waiter
+        // until it expires; after half the TTL a fresh id is safer (the
+        // old grant, if any, is released when the acquire ends).
+        let resumed = attempts
+            .unknown
+            .take()
+            .filter(|(_, sent)| reused.is_none() && sent.elapsed() < ttl / 2);
+        let fresh = resumed.is_none();
         // The deadline counts from the FIRST send of this lease id: a retry
         // may return the lock set by the first attempt, whose TTL started
         // then.
-        let mut first_sent = Instant::now();
+        let (lease, mut first_sent) = match resumed {
+            Some(resumed) => resumed,
+            None => {
+                let lease = reused.unwrap_or_else(LeaseId::generate);
+                attempts.maybe_held.push(lease.clone());
+                (lease, Instant::now())
+            }
+        };
+        attempts.last = Some(lease.clone());
         let mut attempt = 0;
         loop {
             if crate::mutants::active("fresh_send_time") {
@@ -492,7 +551,7 @@ impl LockManager {
                     return Ok(Try::Got(Box::new(record)));
                 }
                 Ok(Attempt::Held { remaining }) => {
-                    if attempt == 0 && !self.backend.held_keeps_a_place() {
+                    if fresh && attempt == 0 && !self.backend.held_keeps_a_place() {
                         attempts.not_taken(&lease);
                     }
                     return Ok(Try::Held(remaining));
@@ -507,7 +566,12 @@ impl LockManager {
                 }
                 // The lease stays in `attempts`: it is released when the
                 // acquire gives up, after any call still running.
-                Err(e) => return Err(e.into()),
+                Err(e) => {
+                    if matches!(e, BackendError::Unavailable(_)) {
+                        attempts.unknown = Some((lease, first_sent));
+                    }
+                    return Err(e.into());
+                }
             }
         }
     }

@@ -9,8 +9,12 @@ use crate::settings::limits::MAX_KEY_BYTES;
 /// Keys arrive percent-decoded from the URL path. Control characters are
 /// refused because keys end up in logs, Redis key names and headers, where
 /// a newline or NUL would be an injection vector.
+///
+/// Shared, not copied: a held lease's key sits in the lease table, its
+/// lease-id index and the renewal schedule, and a clone is a reference
+/// count, not an allocation (100 000 leases: docs/performance.md).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct LockKey(String);
+pub struct LockKey(std::sync::Arc<str>);
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KeyError {
@@ -33,7 +37,7 @@ impl LockKey {
         if let Some((pos, _)) = raw.char_indices().find(|(_, c)| c.is_control()) {
             return Err(KeyError::ControlChar(pos));
         }
-        Ok(LockKey(raw.to_owned()))
+        Ok(LockKey(raw.into()))
     }
 
     pub fn as_str(&self) -> &str {

@@ -9,15 +9,20 @@ use rand::RngCore;
 ///
 /// The lease id is the value stored in the backend's lock entry, so renew and
 /// release can be compare-and-set on it. It is a bearer credential: whoever
-/// knows it can release the lock, so it is random, not a counter.
+/// knows it can release the lock, so it is random, not a counter. Shared
+/// like [`super::LockKey`]: clones are reference counts.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct LeaseId(String);
+pub struct LeaseId(std::sync::Arc<str>);
 
 impl LeaseId {
     pub fn generate() -> LeaseId {
         let mut bytes = [0u8; 16];
         rand::rng().fill_bytes(&mut bytes);
-        LeaseId(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes))
+        LeaseId(
+            base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .encode(bytes)
+                .into(),
+        )
     }
 
     /// Accepts ids from clients: 1–64 characters of `[A-Za-z0-9_-]`. The
@@ -28,7 +33,7 @@ impl LeaseId {
             && raw
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-        ok.then(|| LeaseId(raw.to_owned()))
+        ok.then(|| LeaseId(raw.into()))
     }
 
     pub fn as_str(&self) -> &str {

@@ -300,6 +300,9 @@ impl Tables {
 
 pub struct LeaseTable {
     inner: Mutex<Tables>,
+    /// Told when a renewal is scheduled ahead of every other one, so the
+    /// renewer sleeps until the first one is due instead of polling.
+    earlier: tokio::sync::Notify,
     retired_cap: usize,
     drift_ratio: f64,
     margin: Duration,
@@ -328,6 +331,7 @@ impl LeaseTable {
     ) -> LeaseTable {
         LeaseTable {
             inner: Mutex::new(Tables::default()),
+            earlier: tokio::sync::Notify::new(),
             retired_cap: max_leases,
             drift_ratio,
             margin,
@@ -356,12 +360,34 @@ impl LeaseTable {
 
     /// Schedules `key`'s next renewal (or deadline check) at `at`.
     pub fn schedule(&self, key: &LockKey, at: Instant) {
-        self.lock().schedule.insert((at, key.clone()));
+        let first = {
+            let mut t = self.lock();
+            t.schedule.insert((at, key.clone()));
+            t.schedule
+                .first()
+                .is_some_and(|(f, k)| *f == at && k == key)
+        };
+        if first {
+            self.earlier.notify_one();
+        }
     }
 
     /// The earliest scheduled time, if any.
     pub fn next_due(&self) -> Option<Instant> {
         self.lock().schedule.first().map(|(at, _)| *at)
+    }
+
+    /// Returns when the first scheduled renewal is due, when one is
+    /// scheduled ahead of it, or after `idle` with nothing scheduled.
+    pub async fn until_due(&self, idle: Duration) {
+        let earlier = self.earlier.notified();
+        tokio::pin!(earlier);
+        earlier.as_mut().enable();
+        let wake = self.next_due().unwrap_or_else(|| Instant::now() + idle);
+        tokio::select! {
+            _ = tokio::time::sleep_until(wake) => {}
+            _ = earlier => {}
+        }
     }
 
     /// Up to `limit` held, sidecar-renewed leases whose time has come.

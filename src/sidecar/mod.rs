@@ -337,13 +337,19 @@ impl Sidecar {
         let locks = self.locks.clone();
         let shutdown = self.shutdown.clone();
         tokio::spawn(async move {
-            // A 10 ms tick: renewals are due at a third of the TTL (≥ 33 ms),
-            // so a tick's lateness is small against the remaining two thirds.
-            let mut tick = tokio::time::interval(Duration::from_millis(10));
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            // Asleep until the first renewal is due (an idle sidecar wakes
+            // once a minute, not every 10 ms), then at most every 10 ms:
+            // renewals due within a few ms of each other go out as one
+            // batch, and renewals are due at a third of the TTL (≥ 33 ms),
+            // so 10 ms of lateness is small against the other two thirds.
+            let mut pace = tokio::time::interval(Duration::from_millis(10));
+            pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tokio::select! {
-                    _ = tick.tick() => locks.renew_due().await,
+                    _ = async {
+                        locks.until_renewal_due(Duration::from_secs(60)).await;
+                        pace.tick().await;
+                    } => locks.renew_due().await,
                     _ = shutdown.cancelled() => return,
                 }
             }

@@ -133,6 +133,11 @@ impl LockManager {
         &self.metrics
     }
 
+    /// Returns when a renewal is due (see [`LeaseTable::until_due`]).
+    pub async fn until_renewal_due(&self, idle: Duration) {
+        self.leases.until_due(idle).await
+    }
+
     /// Refuses a TTL above what the backend keeps safe.
     fn check_ttl(&self, ttl: Duration) -> Result<(), LockError> {
         match self.backend.max_ttl() {

@@ -678,10 +678,13 @@ impl LockBackend for RedisBackend {
                     self.runner.target
                 )))
             }
-            Err(_) => Err(BackendError::Unavailable(format!(
-                "{}: ping timed out",
-                self.runner.target
-            ))),
+            Err(_) => {
+                self.runner.saw_timeout();
+                Err(BackendError::Unavailable(format!(
+                    "{}: ping timed out",
+                    self.runner.target
+                )))
+            }
         }
     }
 }

@@ -95,15 +95,30 @@ impl Runner {
             None => call.await,
         };
         match outcome {
-            Err(_) => Err(BackendError::Unavailable(format!(
-                "{}: request timed out",
-                self.target
-            ))),
+            Err(_) => {
+                self.saw_timeout();
+                Err(BackendError::Unavailable(format!(
+                    "{}: request timed out",
+                    self.target
+                )))
+            }
             Ok(Err(e)) => {
                 self.saw_error(&e);
                 Err(classify(&self.target, e))
             }
             Ok(Ok(reply)) => Ok(reply),
+        }
+    }
+
+    /// A command got no answer within our budget: its connection may be
+    /// broken, and the error that would have said so went with the
+    /// abandoned command, so a reconnect may follow without one reaching
+    /// [`Runner::saw_error`]. The eviction policy is read again before the
+    /// next acquire trusts the server behind it (not in cluster mode, as
+    /// for errors).
+    pub fn saw_timeout(&self) {
+        if !self.topology.is_cluster() {
+            self.eviction.invalidate(None);
         }
     }
 

@@ -343,3 +343,85 @@ async fn a_waiter_keeps_its_place_through_a_short_outage() {
         "the waiter never met the outage: the test did not test it"
     );
 }
+
+/// A hand-over within one sidecar: the waiter is woken as soon as the
+/// holder's release is on its way (`early_release`), and its try, sent
+/// after the release on the same connection, gets the key — with a token
+/// above the holder's, and mutual exclusion kept (the try is the same
+/// atomic acquire as always).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_waiter_tries_while_the_release_is_on_its_way() {
+    let redis = RedisServer::start(Persistence::Off);
+    let s = Arc::new(sidecar(&redis.url(), &[]));
+    let holder = s.acquire("early:1", 30_000, 0).await;
+    assert_eq!(holder.status, 200, "{}", holder.body);
+    let waiter = {
+        let s = s.clone();
+        tokio::spawn(async move { s.acquire("early:1", 30_000, 10_000).await })
+    };
+    while s.metric("fencer_waiters", &[]).await < 1.0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(s.release("early:1", &holder.lease()).await.status, 200);
+    let got = waiter.await.unwrap();
+    assert_eq!(got.status, 200, "{}", got.body);
+    assert!(got.token() > holder.token());
+    assert!(
+        s.metric("fencer_waiter_wakeups_total", &[("cause", "early_release")])
+            .await
+            >= 1.0,
+        "{}",
+        s.metrics().await
+    );
+}
+
+/// The early wake-up meets a release that fails: Redis is frozen while the
+/// holder releases, so the release's outcome is unknown (503, retried in
+/// the background) and the early try times out. The waiter keeps trying;
+/// once Redis answers, it runs what waited in its socket in order — the
+/// late release, then the waiter's try — and the waiter gets the key with a
+/// higher token, never while the release had not happened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_early_wake_up_whose_release_fails_still_ends_with_one_holder() {
+    let redis = RedisServer::start(Persistence::Off);
+    let s = Arc::new(sidecar(
+        &redis.url(),
+        &[("backend.redis.request_timeout_ms", "300")],
+    ));
+    let holder = s.acquire("early:2", 30_000, 0).await;
+    assert_eq!(holder.status, 200, "{}", holder.body);
+    let waiter = {
+        let s = s.clone();
+        tokio::spawn(async move { s.acquire("early:2", 30_000, 15_000).await })
+    };
+    while s.metric("fencer_waiters", &[]).await < 1.0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    redis.pause();
+    let rel = s.release("early:2", &holder.lease()).await;
+    assert_eq!(rel.status, 503, "{}", rel.body);
+    // The key is still held in Redis (the release never ran): nobody may
+    // have it yet.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !waiter.is_finished(),
+        "the waiter answered while Redis was frozen"
+    );
+    redis.resume();
+    let got = waiter.await.unwrap();
+    assert_eq!(got.status, 200, "{}\n{}", got.body, s.logs());
+    assert!(got.token() > holder.token());
+    // The waiter was woken while the release was unanswered (early, or by
+    // the subscriber's resync when its connection stalled): its try was
+    // queued behind the release in the frozen server, and ran after it.
+    let woken = s
+        .metric("fencer_waiter_wakeups_total", &[("cause", "early_release")])
+        .await
+        + s.metric("fencer_waiter_wakeups_total", &[("cause", "resync")])
+            .await;
+    assert!(
+        woken >= 1.0,
+        "the waiter was never woken during the failed release: {}",
+        s.metrics().await
+    );
+}

@@ -159,6 +159,15 @@ pub trait LockBackend: Send + Sync + 'static {
     /// Compare-and-delete, then notify waiters.
     async fn release(&self, key: &LockKey, lease: &LeaseId) -> Result<Ownership, BackendError>;
 
+    /// Whether a call this sidecar sends reaches the backend after every
+    /// call it sent before (one connection, in order): then a waiter here
+    /// may try as soon as a release here is on its way, and its try runs
+    /// after the release. A hint for speed only — the try is the same
+    /// atomic acquire, and one that runs first is answered "held".
+    fn orders_calls(&self) -> bool {
+        false
+    }
+
     /// Subscribes to release notifications for `key` until the guard drops.
     /// Must be in effect when it returns, so a release that happens after a
     /// failed `try_acquire` is never missed — unless subscribing takes longer

@@ -100,7 +100,7 @@ impl Metrics {
             waiter_wakeups: reg!(IntCounterVec::new(
                 Opts::new(
                     "fencer_waiter_wakeups_total",
-                    "Times a queued waiter re-tried, by cause: release (pushed notification), resync (after a reconnect), promoted (moved to the head of the queue), fallback (timer at the holder's remaining TTL) or backend_error (again after a try that found the backend unavailable)."
+                    "Times a queued waiter re-tried, by cause: release (pushed notification), resync (after a reconnect), promoted (moved to the head of the queue), fallback (timer at the holder's remaining TTL), backend_error (again after a try that found the backend unavailable) or early_release (this sidecar's holder's release was on its way on the same connection)."
                 ),
                 &["cause"]
             )
@@ -292,7 +292,14 @@ impl Metrics {
         for r in ["written", "failed"] {
             self.sequence_reservations.with_label_values(&[r]);
         }
-        for c in ["release", "resync", "promoted", "fallback", "backend_error"] {
+        for c in [
+            "release",
+            "resync",
+            "promoted",
+            "fallback",
+            "backend_error",
+            "early_release",
+        ] {
             self.waiter_wakeups.with_label_values(&[c]);
         }
         self.backend_up.with_label_values(&[backend]);

@@ -636,6 +636,13 @@ impl LockBackend for RedisBackend {
         )
     }
 
+    /// One multiplexed connection carries every lock call of single and
+    /// sentinel mode, in order. Not claimed for a cluster (a key's calls
+    /// follow its slot, which can move between them).
+    fn orders_calls(&self) -> bool {
+        !self.runner.topology.is_cluster()
+    }
+
     fn failovers(&self) -> Option<watch::Receiver<u64>> {
         self.runner.topology.failovers()
     }

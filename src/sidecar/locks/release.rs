@@ -10,6 +10,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::super::leases::LeaseTable;
+use super::super::waiters::WaitQueues;
 use super::{LockError, LockManager};
 use crate::lock::{Attempt, BackendError, DynBackend, LeaseId, LockKey, Ownership};
 use crate::metrics::Metrics;
@@ -31,11 +32,17 @@ impl LockManager {
         let lost = self.leases.refresh(&key, Instant::now());
         self.record_lost(lost);
         let known = self.leases.knows(&key, &lease);
+        let mut was_held = false;
         if !crate::mutants::active("release_in_request") {
             if let Some(rec) = self.leases.releasing(&key, &lease) {
                 count_end_of_hold(&self.metrics, &rec);
+                was_held = true;
             }
         }
+        // A waiter here may try while the release is on its way.
+        let early =
+            (was_held && self.backend.orders_calls() && self.waiters.has_waiters(key.as_str()))
+                .then(|| self.waiters.clone());
         let (first_tx, first_rx) = tokio::sync::oneshot::channel();
         let task = release_task(
             self.backend.clone(),
@@ -44,6 +51,7 @@ impl LockManager {
             key.clone(),
             lease.clone(),
             first_tx,
+            early,
         );
         if crate::mutants::active("release_in_request") {
             // Mutant: the release lives in the request's future and the
@@ -151,6 +159,13 @@ fn count_end_of_hold(metrics: &Metrics, rec: &super::super::leases::LeaseRecord)
 /// One release in a task of its own: the first backend answer goes to
 /// `first` (the caller, if it is still there); an unknown outcome is
 /// retried here like an orphan's, since the lease may still hold the key.
+///
+/// With `early`, the key's local head is woken as soon as the release has
+/// been handed to the backend's connection (the call's first poll wrote
+/// it), not when its reply and notification are back: on a backend that
+/// [orders its calls](crate::lock::LockBackend::orders_calls) the head's
+/// try runs right after the release, and a hand-over within this sidecar
+/// takes one round trip instead of two.
 async fn release_task(
     backend: DynBackend,
     leases: Arc<LeaseTable>,
@@ -158,9 +173,19 @@ async fn release_task(
     key: LockKey,
     lease: LeaseId,
     first: tokio::sync::oneshot::Sender<Result<Ownership, BackendError>>,
+    early: Option<Arc<WaitQueues>>,
 ) {
-    let result =
-        super::timed_call(&backend, &metrics, "release", backend.release(&key, &lease)).await;
+    let call = super::timed_call(&backend, &metrics, "release", backend.release(&key, &lease));
+    tokio::pin!(call);
+    let result = match futures_util::poll!(call.as_mut()) {
+        std::task::Poll::Ready(result) => result,
+        std::task::Poll::Pending => {
+            if let Some(waiters) = &early {
+                waiters.released_early(key.as_str());
+            }
+            call.await
+        }
+    };
     let retry = matches!(result, Err(BackendError::Unavailable(_)));
     let _ = first.send(result);
     if retry {

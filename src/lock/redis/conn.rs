@@ -127,6 +127,19 @@ async fn send(
     Ok((value, Some(replicas)))
 }
 
+/// Whether the connection an error came from may be replaced by a new one
+/// before the next command: every error after which redis-rs' connection
+/// manager reconnects by itself (`is_unrecoverable_error`: I/O, but also
+/// an unparsable reply or a failed authentication), and every I/O error. A check narrower than redis-rs' own would let it
+/// reconnect behind our back — to a server that may have restarted with
+/// another eviction policy.
+pub fn may_reconnect(e: &RedisError) -> bool {
+    e.is_unrecoverable_error()
+        || e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+}
+
 /// An error reply after which the command did not run and may succeed
 /// soon: a slot moving or failing over (`ASK`, `MOVED`, `TRYAGAIN` — a
 /// multi-key script whose keys are split between two nodes mid-migration —

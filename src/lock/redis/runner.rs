@@ -128,10 +128,10 @@ impl Runner {
     /// in cluster mode, where the error does not say which master broke
     /// and one shard's outage must not stop the others: there a changed
     /// slot map and the periodic check re-read.
+    /// ([`super::conn::may_reconnect`] says which errors).
     pub fn saw_error(&self, e: &redis::RedisError) {
         self.topology.saw_error(e);
-        let dropped = e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal();
-        if dropped && !self.topology.is_cluster() {
+        if super::conn::may_reconnect(e) && !self.topology.is_cluster() {
             self.eviction.invalidate(None);
         }
     }

@@ -193,12 +193,14 @@ impl RedLockBackend {
                         .with_label_values(&[&i.to_string()])
                         .inc();
                     let error = match failed {
-                        Err(_) => "timed out".to_owned(),
+                        Err(_) => {
+                            // No answer in time: the error that would say
+                            // whether it reconnects went with the call.
+                            self.eviction.invalidate(Some(&self.masters[i].name));
+                            "timed out".to_owned()
+                        }
                         Ok(Err(e)) => {
-                            if e.is_io_error()
-                                || e.is_connection_dropped()
-                                || e.is_connection_refusal()
-                            {
+                            if crate::lock::redis::conn::may_reconnect(&e) {
                                 // It reconnects to a server whose policy
                                 // must be read again before it votes.
                                 self.eviction.invalidate(Some(&self.masters[i].name));

@@ -344,6 +344,39 @@ async fn a_waiter_keeps_its_place_through_a_short_outage() {
     );
 }
 
+/// An acquire of `key` (TTL 30 s) waiting up to `wait_ms` on `s`, returned
+/// once it sleeps in the queue: subscribed, and its first try as the head
+/// answered "held" (the holder's acquire, the waiter's first try and its
+/// try as the head make three backend acquires). A wake-up before that
+/// would find it still subscribing or about to try anyway, and count as
+/// nothing.
+async fn queued_waiter(
+    s: &Arc<Fencer>,
+    key: &'static str,
+    wait_ms: u64,
+) -> tokio::task::JoinHandle<Resp> {
+    let before = acquires_sent(s).await;
+    let waiter = {
+        let s = s.clone();
+        tokio::spawn(async move { s.acquire(key, 30_000, wait_ms).await })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while s.metric("fencer_waiters", &[]).await < 1.0 || acquires_sent(s).await < before + 2.0 {
+        assert!(Instant::now() < deadline, "the waiter never queued");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    waiter
+}
+
+/// Backend acquires `s` has sent so far.
+async fn acquires_sent(s: &Fencer) -> f64 {
+    s.metric(
+        "fencer_backend_request_duration_seconds_count",
+        &[("op", "acquire")],
+    )
+    .await
+}
+
 /// A hand-over within one sidecar: the waiter is woken as soon as the
 /// holder's release is on its way (`early_release`), and its try, sent
 /// after the release on the same connection, gets the key — with a token
@@ -355,13 +388,7 @@ async fn a_local_waiter_tries_while_the_release_is_on_its_way() {
     let s = Arc::new(sidecar(&redis.url(), &[]));
     let holder = s.acquire("early:1", 30_000, 0).await;
     assert_eq!(holder.status, 200, "{}", holder.body);
-    let waiter = {
-        let s = s.clone();
-        tokio::spawn(async move { s.acquire("early:1", 30_000, 10_000).await })
-    };
-    while s.metric("fencer_waiters", &[]).await < 1.0 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let waiter = queued_waiter(&s, "early:1", 10_000).await;
     assert_eq!(s.release("early:1", &holder.lease()).await.status, 200);
     let got = waiter.await.unwrap();
     assert_eq!(got.status, 200, "{}", got.body);
@@ -390,13 +417,7 @@ async fn an_early_wake_up_whose_release_fails_still_ends_with_one_holder() {
     ));
     let holder = s.acquire("early:2", 30_000, 0).await;
     assert_eq!(holder.status, 200, "{}", holder.body);
-    let waiter = {
-        let s = s.clone();
-        tokio::spawn(async move { s.acquire("early:2", 30_000, 15_000).await })
-    };
-    while s.metric("fencer_waiters", &[]).await < 1.0 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let waiter = queued_waiter(&s, "early:2", 15_000).await;
     redis.pause();
     let rel = s.release("early:2", &holder.lease()).await;
     assert_eq!(rel.status, 503, "{}", rel.body);

@@ -81,9 +81,6 @@ struct Attempts {
     granted: Option<LeaseId>,
     /// The lease id of the last try (for the `fresh_send_time` mutant).
     last: Option<LeaseId>,
-    /// The last try's lease and first send time when its outcome is
-    /// unknown (backend unavailable): a waiter's next try resumes it.
-    unknown: Option<(LeaseId, Instant)>,
 }
 
 impl Attempts {
@@ -173,7 +170,6 @@ impl LockManager {
             pending: None,
             granted: None,
             last: None,
-            unknown: None,
         };
         let result = self
             .acquire_registered(&req, &mut attempts, started, &group)
@@ -508,28 +504,13 @@ impl LockManager {
                     .or_else(|| attempts.last.clone())
             })
             .flatten();
-        // A try whose outcome was unknown (backend unavailable) goes on
-        // with the same lease id and its first send time, so a grant whose
-        // reply was lost is found again instead of blocking this waiter
-        // until it expires; after half the TTL a fresh id is safer (the
-        // old grant, if any, is released when the acquire ends).
-        let resumed = attempts
-            .unknown
-            .take()
-            .filter(|(_, sent)| reused.is_none() && sent.elapsed() < ttl / 2);
-        let fresh = resumed.is_none();
+        let lease = reused.unwrap_or_else(LeaseId::generate);
+        attempts.last = Some(lease.clone());
+        attempts.maybe_held.push(lease.clone());
         // The deadline counts from the FIRST send of this lease id: a retry
         // may return the lock set by the first attempt, whose TTL started
         // then.
-        let (lease, mut first_sent) = match resumed {
-            Some(resumed) => resumed,
-            None => {
-                let lease = reused.unwrap_or_else(LeaseId::generate);
-                attempts.maybe_held.push(lease.clone());
-                (lease, Instant::now())
-            }
-        };
-        attempts.last = Some(lease.clone());
+        let mut first_sent = Instant::now();
         let mut attempt = 0;
         loop {
             if crate::mutants::active("fresh_send_time") {
@@ -551,7 +532,7 @@ impl LockManager {
                     return Ok(Try::Got(Box::new(record)));
                 }
                 Ok(Attempt::Held { remaining }) => {
-                    if fresh && attempt == 0 && !self.backend.held_keeps_a_place() {
+                    if attempt == 0 && !self.backend.held_keeps_a_place() {
                         attempts.not_taken(&lease);
                     }
                     return Ok(Try::Held(remaining));
@@ -566,12 +547,7 @@ impl LockManager {
                 }
                 // The lease stays in `attempts`: it is released when the
                 // acquire gives up, after any call still running.
-                Err(e) => {
-                    if matches!(e, BackendError::Unavailable(_)) {
-                        attempts.unknown = Some((lease, first_sent));
-                    }
-                    return Err(e.into());
-                }
+                Err(e) => return Err(e.into()),
             }
         }
     }

@@ -264,28 +264,42 @@ impl LockBackend for PgBackend {
         lease: &LeaseId,
         ttl: Duration,
     ) -> Result<Attempt, BackendError> {
-        let attempt = crate::lock::lease_id::attempt_id();
-        let rows = self
-            .query(
-                acquire_sql(),
-                vec![
-                    Box::new(key.as_str().to_owned()),
-                    Box::new(lease.as_str().to_owned()),
-                    Box::new(None::<String>),
-                    Box::new(ms(ttl)),
-                    Box::new(self.lock_delay_ms),
-                    Box::new(attempt.clone()),
-                ],
-                Some(void_attempt(
-                    key,
-                    lease,
-                    self.listener.channel(key.as_str()),
-                    attempt,
-                )),
-            )
-            .await?;
+        // No row comes back when the key's row was inserted by a
+        // transaction our statement's snapshot cannot see: it waited for
+        // that insert to commit, then had nothing to update. The insert may
+        // be this lease's own earlier try (its reply late, the caller gone:
+        // a retry racing it was answered "held by another lease", seen in
+        // CI as `seams::postgres_a_late_first_reply…`). Once more, then,
+        // with a fresh snapshot that sees the committed row: "already ours"
+        // or a true "held".
+        let mut rows = Vec::new();
+        for _ in 0..2 {
+            let attempt = crate::lock::lease_id::attempt_id();
+            rows = self
+                .query(
+                    acquire_sql(),
+                    vec![
+                        Box::new(key.as_str().to_owned()),
+                        Box::new(lease.as_str().to_owned()),
+                        Box::new(None::<String>),
+                        Box::new(ms(ttl)),
+                        Box::new(self.lock_delay_ms),
+                        Box::new(attempt.clone()),
+                    ],
+                    Some(void_attempt(
+                        key,
+                        lease,
+                        self.listener.channel(key.as_str()),
+                        attempt,
+                    )),
+                )
+                .await?;
+            if !rows.is_empty() {
+                break;
+            }
+        }
         let Some(row) = rows.first() else {
-            // Inserted by a transaction our snapshot cannot see yet: held.
+            // Still not visible: held by a concurrent first acquire.
             return Ok(Attempt::Held { remaining: None });
         };
         let (status, token, remaining): (i32, i64, i64) = (row.get(0), row.get(1), row.get(2));

@@ -19,6 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import run as suite  # noqa: E402
 from harness import checker, clock_restarts, eviction, late_requests  # noqa: E402
+from harness import observer as observer_mod  # noqa: E402
 from harness.scenario import load_history, seam_counts  # noqa: E402
 
 COLS = ["commit_seq", "key", "token", "seq", "lease", "prev", "new", "op_id", "claimed_prev", "t_ns", "method"]
@@ -84,8 +85,9 @@ def recheck(run_dir):
     cols = COLS + [c for c in FUZZ_COLS if c in {r[1] for r in db.execute("PRAGMA table_info(log)")}]
     commits = [dict(zip(cols, r)) for r in db.execute(f"SELECT {', '.join(cols)} FROM log ORDER BY commit_seq")]
     nemesis = load_history(os.path.join(run_dir, "nemesis.jsonl"))
+    observed = observer_mod.load(os.path.join(run_dir, "observer.jsonl")) or None
     # The gateway fuzzer's writes (issue 28) are F1's, not the ledger's.
-    r = checker.check(events, [c for c in commits if not c.get("fuzz")], injections(run_dir), [], nemesis, sc)
+    r = checker.check(events, [c for c in commits if not c.get("fuzz")], injections(run_dir), [], nemesis, sc, observed)
     fuzz_path = os.path.join(run_dir, "fuzz.jsonl")
     if os.path.exists(fuzz_path):
         from harness.fuzzer import stats as fuzz_stats
@@ -94,7 +96,7 @@ def recheck(run_dir):
         r.bites.update(fuzz_stats(fuzz_events, commits)[0])
     r.bites.update(seam_counts(lines for _, lines in sidecar_logs(run_dir)))
     # Issue 28's checks (O1, A1, E1), as scenario.run makes them.
-    late_requests.check(r, events, nemesis)
+    late_requests.check(r, events, nemesis, observed)
     clock_restarts.check(r, events, nemesis)
     if eviction.enabled(sc):
         eviction.check(r, events, nemesis, sc, None)

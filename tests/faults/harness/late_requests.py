@@ -127,12 +127,32 @@ def told_leases(events):
     return told
 
 
-def check(report, events, nemesis):
+def held_before(observed):
+    """(key, lease) -> the earliest instant the observer's samples prove
+    that lease held that key (the end, t1, of the first sample showing it)."""
+    first = {}
+    for o in observed or ():
+        lease = o.get("lease")
+        if lease:
+            k = (o.get("key"), lease)
+            first[k] = min(first.get(k, o["t1"]), o["t1"])
+    return first
+
+
+def check(report, events, nemesis, observed=None):
     """O1 and the bites: `late_requests` (statements delivered late),
     `late_request_probes` (keys read twice after one) and
     `late_request_orphans` (of those, keys an untold lease held at the
-    first read)."""
+    first read).
+
+    A lease the observer saw holding the key *before* the statement landed
+    was not taken by it: in CI (seed 49351) a sidecar acquired for a
+    waiting hold, renewed the lease for 3 s while the gateway answered its
+    token pre-registration `fence_busy`, then released it and answered the
+    client 503 — never told, alive at both probes, and none of the late
+    statement's doing."""
     told = told_leases(events)
+    seen = held_before(observed)
     probes = {}
     for n in nemesis:
         if n.get("kind") == "late_request_probe" and "lease" in n:
@@ -143,6 +163,8 @@ def check(report, events, nemesis):
             continue
         both += 1
         lease = p["first"]["lease"]
+        if lease and seen.get((key, lease), delivered + 1) < delivered:
+            continue
         if lease and lease not in told:
             orphans += 1  # within its TTL: allowed, counted
         if lease and lease == p["second"]["lease"] and lease not in told:

@@ -127,7 +127,7 @@ def run(sc, seed, binary, out_dir, keep=False):
             report.bites.update(fz_bites)
         report.bites.update(seam_counts(s.log_events() for s in cluster.sidecars))
         # Statements that reached the backend late (O1, issue 28).
-        late_requests.check(report, events, cluster.nemesis_events)
+        late_requests.check(report, events, cluster.nemesis_events, observed)
         # Sidecars restarted with their clock stepped (A1, issue 28).
         clock_restarts.check(report, events, cluster.nemesis_events)
         if cluster.eviction:

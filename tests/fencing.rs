@@ -504,6 +504,168 @@ async fn two_gateway_replicas_on_one_postgres_serialize_and_share_marks() {
     assert_eq!((w.status, w.code()), (409, "stale_fencing_token"));
 }
 
+/// Group commit (issue 32): concurrent admissions of different keys share
+/// one PostgreSQL statement, and each item still gets its own verdict. Every
+/// key has tokens of its own (round × 100 + key number), so an answer
+/// mapped to the wrong item shows as a wrong `highest_seen`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_gateway_commits_concurrent_admissions_together() {
+    let pg = PgServer::start();
+    let upstream = Recorder::start().await;
+    let extra = [
+        ("gateway.fence_store", "postgres"),
+        ("gateway.postgres_url", &pg.url() as &str),
+    ];
+    let g = Fencer::gateway(&upstream.url(), &extra);
+    let client = reqwest::Client::new();
+    let url = format!("{}/b", g.api);
+    let name = "fencer_gateway_fence_admissions_per_statement";
+    let at_once = |token: fn(u64, u64) -> u64, lease: &'static str, round: u64| {
+        let tasks: Vec<_> = (0..32u64)
+            .map(|i| {
+                let (client, url) = (client.clone(), url.clone());
+                tokio::spawn(async move {
+                    let t = sign(&format!("acct:b{i}"), token(round, i), lease);
+                    (
+                        i,
+                        send(&client, "PUT", &url, &[("Fencing-Token", &t)], Some("{}")).await,
+                    )
+                })
+            })
+            .collect();
+        async move {
+            let mut out = Vec::new();
+            for t in tasks {
+                out.push(t.await.unwrap());
+            }
+            out
+        }
+    };
+    let mut round = 0u64;
+    loop {
+        round += 1;
+        // Fresh tokens: all accepted.
+        for (i, r) in at_once(|round, i| round * 100 + i, "a", round).await {
+            assert_eq!(r.status, 200, "acct:b{i}: {}", r.body);
+        }
+        // The same tokens from another lease: each refused against its own
+        // key's mark.
+        for (i, r) in at_once(|round, i| round * 100 + i, "z", round).await {
+            assert_eq!(
+                (r.status, r.code()),
+                (409, "stale_fencing_token"),
+                "acct:b{i}: {}",
+                r.body
+            );
+            assert_eq!(r.body["highest_seen"], round * 100 + i, "acct:b{i}");
+        }
+        let m = g.metrics().await;
+        let statements = metric_sum(&m, &format!("{name}_count"), &[("store", "postgres")]);
+        let items = metric_sum(&m, &format!("{name}_sum"), &[("store", "postgres")]);
+        assert!(
+            statements >= 1.0 && items >= 64.0 * round as f64,
+            "{statements} {items}"
+        );
+        if items > statements {
+            break;
+        }
+        assert!(
+            round < 10,
+            "no statement carried two admissions in {round} rounds of 64 concurrent writes"
+        );
+    }
+    assert_eq!(upstream.seen().len() as u64, 32 * round);
+}
+
+/// Two replicas' shared admission statements lock shared rows in the same
+/// (key) order, so they cannot deadlock. Made to happen for certain: a
+/// third transaction holds `k1`; statement B (`k1, k2`) queues on it, then
+/// statement A (`k2, k1`, in the order its requests arrived) starts. Taken
+/// as given, A would lock `k2` and queue on `k1` behind B, and B, once it
+/// has `k1`, would wait for `k2`: a deadlock, one of them aborted. In key
+/// order A waits on `k1` holding nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_admission_statements_lock_rows_in_key_order() {
+    let pg = PgServer::start();
+    let upstream = Recorder::start().await;
+    // The gateway creates the schema.
+    let _g = Fencer::gateway(
+        &upstream.url(),
+        &[
+            ("gateway.fence_store", "postgres"),
+            ("gateway.postgres_url", &pg.url() as &str),
+        ],
+    );
+    let connect = || async {
+        let (c, conn) = tokio_postgres::connect(&pg.url(), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        c
+    };
+    let x = connect().await;
+    x.batch_execute("INSERT INTO fencer_fences (key, token) VALUES ('k1', 1), ('k2', 1)")
+        .await
+        .unwrap();
+    x.batch_execute("BEGIN; SELECT 1 FROM fencer_fences WHERE key = 'k1' FOR UPDATE")
+        .await
+        .unwrap();
+    let waiting = |n: i64| {
+        let pg_url = pg.url();
+        async move {
+            let (c, conn) = tokio_postgres::connect(&pg_url, tokio_postgres::NoTls)
+                .await
+                .unwrap();
+            tokio::spawn(conn);
+            for _ in 0..500 {
+                let row = c
+                    .query_one(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
+                        &[],
+                    )
+                    .await
+                    .unwrap();
+                if row.get::<_, i64>(0) >= n {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            panic!("fewer than {n} statements waiting on a row lock");
+        }
+    };
+    let many = |keys: [&'static str; 2], token: i64| {
+        let pg_url = pg.url();
+        tokio::spawn(async move {
+            let (c, conn) = tokio_postgres::connect(&pg_url, tokio_postgres::NoTls)
+                .await
+                .unwrap();
+            tokio::spawn(conn);
+            let keys: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
+            c.query(
+                "SELECT * FROM fencer_gw_admit_many_v1($1, $2, $3, $4, $5, $6)",
+                &[
+                    &keys,
+                    &vec![token; 2],
+                    &vec!["l".to_string(); 2],
+                    &vec![-1i64; 2],
+                    &vec![String::new(); 2],
+                    &vec![0i64; 2],
+                ],
+            )
+            .await
+            .map(|rows| rows.len())
+        })
+    };
+    let b = many(["k1", "k2"], 2);
+    waiting(1).await;
+    let a = many(["k2", "k1"], 3);
+    // A queues too: on k1 in key order (on k2's lock only if it took k2).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    x.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(b.await.unwrap().expect("statement B"), 2);
+    assert_eq!(a.await.unwrap().expect("statement A"), 2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_gateway_keeps_its_marks() {
     let pg = PgServer::start_with(&[("synchronous_commit", "on")]);

@@ -83,7 +83,12 @@ pub async fn build(
             })
             .await
             .map_err(|e| StartError::Store(e.to_string()))?
-            .with_metrics(metrics.remote_waits.clone()),
+            .with_metrics(
+                metrics.remote_waits.clone(),
+                metrics
+                    .admissions_per_statement
+                    .with_label_values(&["postgres"]),
+            ),
         ),
         FenceStoreKind::Mysql => Arc::new(
             MyFences::connect(&MyFenceOptions {

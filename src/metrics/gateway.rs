@@ -24,6 +24,9 @@ pub struct GatewayMetrics {
     pub client_gone: prometheus::IntCounter,
     /// Waits for a request another replica had in flight on the key.
     pub remote_waits: IntCounterVec,
+    /// Admissions sent to a shared fence store per statement (group
+    /// commit: one transaction and one WAL flush for all of them).
+    pub admissions_per_statement: HistogramVec,
     /// Tokens that advanced a mark by more than 2^40 (an alarm).
     pub token_jumps: IntCounterVec,
     /// In-flight stamps that could not be cleared (the key stays blocked
@@ -121,6 +124,18 @@ impl GatewayMetrics {
                 prometheus::IntCounter::new(
                     "fencer_gateway_client_gone_total",
                     "Fenced requests whose client disconnected before the storage answered; the forward completed without it and the key stayed serialized until then.",
+                )
+                .expect("valid metric"),
+            ),
+            admissions_per_statement: register(
+                registry,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "fencer_gateway_fence_admissions_per_statement",
+                        "Admissions a shared fence store committed together in one statement (1: alone), by store.",
+                    )
+                    .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]),
+                    &["store"],
                 )
                 .expect("valid metric"),
             ),

@@ -28,6 +28,7 @@
 pub mod memory;
 pub mod mysql;
 mod mysql_sql;
+mod pg_batch;
 pub mod postgres;
 mod sql;
 

@@ -23,6 +23,7 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::pg_batch::{Admissions, AdmitArgs, AdmitRow};
 use super::{sql, Admitted, Decision, FenceError, FenceStore, Stamp};
 use crate::lock::WakeSink;
 use crate::pg::listener::Listener;
@@ -36,6 +37,8 @@ const CHANNEL_PREFIX: &str = "fencer_gw";
 
 pub struct PgFences {
     runner: Runner,
+    /// Admissions, group-committed ([`super::pg_batch`]).
+    admissions: Arc<Admissions>,
     /// A fresh connection per readiness probe: `/readyz` must answer within
     /// the kubelet's timeout even when every pooled connection is busy
     /// (issue 10 item 8).
@@ -128,8 +131,10 @@ impl PgFences {
         let mut listen_config = config.clone();
         listen_config.application_name("fencer-gateway-listener");
         let wakeups = Arc::new(KeyWakeups::default());
+        let runner = Runner::new(pool, tls.clone(), o.request_timeout, o.url);
         let store = PgFences {
-            runner: Runner::new(pool, tls.clone(), o.request_timeout, o.url),
+            admissions: Arc::new(Admissions::new(runner.clone(), o.request_timeout)),
+            runner,
             probe: (probe_config, tls.clone()),
             listener: Listener::start(CHANNEL_PREFIX, listen_config, tls, wakeups.clone()),
             wakeups,
@@ -148,9 +153,18 @@ impl PgFences {
         }
     }
 
-    /// Counts waits for another replica (`fencer_gateway_remote_waits_total`).
-    pub fn with_metrics(mut self, remote_waits: prometheus::IntCounterVec) -> PgFences {
+    /// Counts waits for another replica (`fencer_gateway_remote_waits_total`)
+    /// and admissions per statement
+    /// (`fencer_gateway_fence_admissions_per_statement`).
+    pub fn with_metrics(
+        mut self,
+        remote_waits: prometheus::IntCounterVec,
+        per_statement: prometheus::Histogram,
+    ) -> PgFences {
         self.remote_waits = Some(remote_waits);
+        if let Some(a) = Arc::get_mut(&mut self.admissions) {
+            a.set_metrics(per_statement);
+        }
         self
     }
 
@@ -172,32 +186,8 @@ impl PgFences {
         Ok(())
     }
 
-    async fn call_admit(
-        &self,
-        key: &str,
-        token: i64,
-        lease: &str,
-        seq: i64,
-        stamp: (&str, i64),
-    ) -> Result<(i32, Option<i64>, Option<String>, Option<i64>, i64), FenceError> {
-        let (key, lease, stamp_id) = (key.to_owned(), lease.to_owned(), stamp.0.to_owned());
-        let hold_ms = stamp.1;
-        self.runner
-            .run(
-                move |conn: Lent| async move {
-                    let r = async {
-                        let stmt = conn.prepare_cached(sql::CALL_ADMIT).await?;
-                        conn.query_one(&stmt, &[&key, &token, &lease, &seq, &stamp_id, &hold_ms])
-                            .await
-                    }
-                    .await;
-                    (conn, r)
-                },
-                None,
-            )
-            .await
-            .map_err(run_error)
-            .map(|row| (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4)))
+    async fn call_admit(&self, args: AdmitArgs) -> Result<AdmitRow, FenceError> {
+        self.admissions.admit(args).await
     }
 
     fn count_wait(&self, result: &str) {
@@ -254,7 +244,14 @@ impl FenceStore for PgFences {
         let mut watching = None;
         loop {
             let (code, mark_token, _lease, mark_seq, busy_ms) = self
-                .call_admit(key, token_i, lease, seq_i, (stamp_id, hold_ms))
+                .call_admit(AdmitArgs {
+                    key: key.to_owned(),
+                    token: token_i,
+                    lease: lease.to_owned(),
+                    seq: seq_i,
+                    stamp: stamp_id.to_owned(),
+                    hold_ms,
+                })
                 .await?;
             if code != 4 {
                 if let Some((slot, _watch)) = watching.take() {

@@ -30,6 +30,7 @@ pub const COLUMNS: &[(&str, &str)] = &[
 pub const FUNCTIONS: &[(&str, &str)] = &[
     ("fencer_gw_admit_v1", ADMIT),
     ("fencer_gw_finish_v1", FINISH),
+    ("fencer_gw_admit_many_v1", ADMIT_MANY),
 ];
 
 /// The schema, piece by piece: the table, each column (tables of earlier
@@ -118,6 +119,28 @@ BEGIN
 END
 $fn$"#;
 
+/// `fencer_gw_admit_many_v1(keys[], tokens[], lease tags[], seqs[], stamp
+/// ids[], hold ms[])` → one row per item, `(index (1-based), outcome, mark
+/// token, mark lease, mark seq, busy ms)`: each item admitted by
+/// `fencer_gw_admit_v1` itself, in one transaction (one WAL flush for all:
+/// [`super::pg_batch`]). Items are taken in key order, so two statements
+/// lock shared rows in the same order and cannot deadlock; a key appears at
+/// most once per statement (the caller sends each key's current turn only).
+const ADMIT_MANY: &str = r#"
+CREATE FUNCTION fencer_gw_admit_many_v1(p_keys text[], p_tokens bigint[], p_leases text[],
+                                        p_seqs bigint[], p_stamps text[], p_holds bigint[])
+RETURNS TABLE (o_idx int, o_outcome int, o_token bigint, o_lease text, o_seq bigint, o_busy_ms bigint)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+  n int;
+BEGIN
+  FOR n IN SELECT s.n FROM generate_subscripts(p_keys, 1) AS s(n) ORDER BY p_keys[s.n] COLLATE "C" LOOP
+    RETURN QUERY SELECT n, a.o_outcome, a.o_token, a.o_lease, a.o_seq, a.o_busy_ms
+      FROM fencer_gw_admit_v1(p_keys[n], p_tokens[n], p_leases[n], p_seqs[n], p_stamps[n], p_holds[n]) a;
+  END LOOP;
+END
+$fn$"#;
+
 /// `fencer_gw_finish_v1(key, stamp id, channel)` → whether the stamp was
 /// still there. Notifies `channel` when a replica waits for the key.
 ///
@@ -149,5 +172,6 @@ END
 $fn$"#;
 
 pub const CALL_ADMIT: &str = "SELECT * FROM fencer_gw_admit_v1($1, $2, $3, $4, $5, $6)";
+pub const CALL_ADMIT_MANY: &str = "SELECT * FROM fencer_gw_admit_many_v1($1, $2, $3, $4, $5, $6)";
 pub const CALL_FINISH: &str = "SELECT fencer_gw_finish_v1($1, $2, $3)";
 pub const HIGHEST: &str = "SELECT token, lease_id FROM fencer_fences WHERE key = $1";

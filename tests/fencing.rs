@@ -519,7 +519,7 @@ async fn a_postgres_gateway_commits_concurrent_admissions_together() {
     let g = Fencer::gateway(&upstream.url(), &extra);
     let client = reqwest::Client::new();
     let url = format!("{}/b", g.api);
-    let name = "fencer_gateway_fence_admissions_per_statement";
+    let name = "fencer_gateway_fence_items_per_statement";
     let at_once = |token: fn(u64, u64) -> u64, lease: &'static str, round: u64| {
         let tasks: Vec<_> = (0..32u64)
             .map(|i| {
@@ -560,8 +560,9 @@ async fn a_postgres_gateway_commits_concurrent_admissions_together() {
             assert_eq!(r.body["highest_seen"], round * 100 + i, "acct:b{i}");
         }
         let m = g.metrics().await;
-        let statements = metric_sum(&m, &format!("{name}_count"), &[("store", "postgres")]);
-        let items = metric_sum(&m, &format!("{name}_sum"), &[("store", "postgres")]);
+        let labels = [("store", "postgres"), ("op", "admit")];
+        let statements = metric_sum(&m, &format!("{name}_count"), &labels);
+        let items = metric_sum(&m, &format!("{name}_sum"), &labels);
         assert!(
             statements >= 1.0 && items >= 64.0 * round as f64,
             "{statements} {items}"

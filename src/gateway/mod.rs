@@ -83,12 +83,7 @@ pub async fn build(
             })
             .await
             .map_err(|e| StartError::Store(e.to_string()))?
-            .with_metrics(
-                metrics.remote_waits.clone(),
-                metrics
-                    .admissions_per_statement
-                    .with_label_values(&["postgres"]),
-            ),
+            .with_metrics(metrics.remote_waits.clone(), &metrics.items_per_statement),
         ),
         FenceStoreKind::Mysql => Arc::new(
             MyFences::connect(&MyFenceOptions {

@@ -24,9 +24,9 @@ pub struct GatewayMetrics {
     pub client_gone: prometheus::IntCounter,
     /// Waits for a request another replica had in flight on the key.
     pub remote_waits: IntCounterVec,
-    /// Admissions sent to a shared fence store per statement (group
-    /// commit: one transaction and one WAL flush for all of them).
-    pub admissions_per_statement: HistogramVec,
+    /// Calls a shared fence store sent per statement (group commit: one
+    /// transaction and one WAL flush for all of them).
+    pub items_per_statement: HistogramVec,
     /// Tokens that advanced a mark by more than 2^40 (an alarm).
     pub token_jumps: IntCounterVec,
     /// In-flight stamps that could not be cleared (the key stays blocked
@@ -127,15 +127,15 @@ impl GatewayMetrics {
                 )
                 .expect("valid metric"),
             ),
-            admissions_per_statement: register(
+            items_per_statement: register(
                 registry,
                 HistogramVec::new(
                     HistogramOpts::new(
-                        "fencer_gateway_fence_admissions_per_statement",
-                        "Admissions a shared fence store committed together in one statement (1: alone), by store.",
+                        "fencer_gateway_fence_items_per_statement",
+                        "Calls a shared fence store committed together in one statement (1: alone), by store and op (admit, finish).",
                     )
                     .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]),
-                    &["store"],
+                    &["store", "op"],
                 )
                 .expect("valid metric"),
             ),

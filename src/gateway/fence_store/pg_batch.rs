@@ -1,22 +1,25 @@
-//! Group commit of PostgreSQL admissions.
+//! Group commit of the PostgreSQL fence store's statements.
 //!
 //! Every fenced write is admitted by a transaction that must be durable
-//! before the write is forwarded: its commit waits for a WAL flush. One
-//! gateway sees every fenced write of the keys it serves, so admissions of
-//! different keys that arrive together can share one statement, one
-//! transaction and one flush (`fencer_gw_admit_many_v1`, which runs each
-//! item through the very function a single admission calls). This is what
-//! lifts the fence store above the database's commit rate per connection
-//! (docs/performance.md, "PostgreSQL fence store").
+//! before the write is forwarded: its commit waits for a WAL flush. Then,
+//! when the storage has answered, another transaction clears its stamp.
+//! One gateway sees every fenced write of the keys it serves, so admissions
+//! (and clearings) of different keys that arrive together can share one
+//! statement, one transaction and one flush (`fencer_gw_admit_many_v1`,
+//! `fencer_gw_finish_many_v1`, which run each item through the very
+//! function a single call uses). This is what lifts the fence store above
+//! the database's commit rate per connection (docs/performance.md,
+//! "PostgreSQL fence store").
 //!
-//! One admission statement is on its way at a time. When none is, a call
+//! Per operation, one statement is on its way at a time. When none is, a call
 //! goes out at once, alone, from the caller's own task — today's statement
 //! exactly, no added latency. Calls that arrive meanwhile queue; when the
 //! statement in flight has answered, everything queued (at most
 //! [`MAX_ITEMS`]) goes out together from a task of its own. Its items are
 //! the keys' current turns in this gateway ([`super::super::key_queue`]),
-//! so a key appears at most once in a statement; the function locks the
-//! rows in key order, so two replicas' statements cannot deadlock.
+//! so a key appears at most once in a statement; the functions lock the
+//! rows in key order, so two statements (of any replica, either operation)
+//! cannot deadlock.
 //!
 //! Bounds: a queued caller waits at most the single statement's budget (a
 //! caller that gave up has closed its reply channel, and an item whose
@@ -30,6 +33,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use async_trait::async_trait;
 use tokio::sync::oneshot;
 
 use super::{sql, FenceError};
@@ -60,92 +64,40 @@ pub struct AdmitArgs {
 /// `fencer_gw_admit_v1` answers.
 pub type AdmitRow = (i32, Option<i64>, Option<String>, Option<i64>, i64);
 
-type Answer = Result<AdmitRow, FenceError>;
-
-struct Queued {
-    args: AdmitArgs,
-    reply: oneshot::Sender<Answer>,
+/// One clearing's arguments, as `fencer_gw_finish_v1` takes them.
+#[derive(Debug, Clone)]
+pub struct FinishArgs {
+    pub key: String,
+    pub stamp: String,
+    pub channel: String,
 }
 
-/// How a call goes out.
-enum Entry {
-    /// Now, alone, as the statement on its way.
-    Lead(AdmitArgs),
-    /// Now, alone, beside the statement on its way (the queue is full).
-    Alone(AdmitArgs),
-    /// In the next shared statement.
-    Queued(oneshot::Receiver<Answer>),
+/// An operation that can go alone or several at once.
+#[async_trait]
+pub trait Batched: Send + Sync + 'static {
+    type Args: Send + 'static;
+    type Row: Send + 'static;
+    /// The `op` label.
+    const OP: &'static str;
+    async fn one(runner: &Runner, args: Self::Args) -> Result<Self::Row, RunError>;
+    /// Rows with the 1-based index of the item each answers.
+    async fn many(
+        runner: &Runner,
+        args: Vec<Self::Args>,
+    ) -> Result<Vec<(i32, Self::Row)>, RunError>;
 }
 
-#[derive(Default)]
-struct State {
-    /// An admission statement is on its way.
-    busy: bool,
-    waiting: Vec<Queued>,
-}
+/// Admissions (`fencer_gw_admit_v1` / `_many_v1`).
+pub struct Admit;
 
-pub struct Admissions {
-    runner: Runner,
-    /// The statement's budget: how long a queued caller waits at most.
-    budget: Duration,
-    state: Mutex<State>,
-    /// Items per statement (`fencer_gateway_fence_admissions_per_statement`).
-    per_statement: Option<prometheus::Histogram>,
-}
+#[async_trait]
+impl Batched for Admit {
+    type Args = AdmitArgs;
+    type Row = AdmitRow;
+    const OP: &'static str = "admit";
 
-impl Admissions {
-    pub fn new(runner: Runner, budget: Duration) -> Admissions {
-        Admissions {
-            runner,
-            budget,
-            state: Mutex::new(State::default()),
-            per_statement: None,
-        }
-    }
-
-    pub fn set_metrics(&mut self, per_statement: prometheus::Histogram) {
-        self.per_statement = Some(per_statement);
-    }
-
-    /// Admits one request: alone when no admission is on its way, else in
-    /// the next shared statement.
-    pub async fn admit(self: &Arc<Self>, args: AdmitArgs) -> Answer {
-        let rx = match self.enter(args) {
-            Entry::Lead(args) => {
-                // Ours is the statement on its way; whatever becomes of
-                // this future (answered, or dropped mid-way), the turn
-                // passes on.
-                let _turn = Turn(self.clone());
-                return self.single(args).await;
-            }
-            Entry::Alone(args) => return self.single(args).await,
-            Entry::Queued(rx) => rx,
-        };
-        match tokio::time::timeout(self.budget, rx).await {
-            Ok(Ok(answer)) => answer,
-            // The statement's task ended without answering (a panic).
-            Ok(Err(_)) => Err(run_error(RunError::Timeout)),
-            Err(_) => Err(run_error(RunError::Timeout)),
-        }
-    }
-
-    fn enter(&self, args: AdmitArgs) -> Entry {
-        let mut st = self.state.lock().expect("admissions poisoned");
-        if !st.busy {
-            st.busy = true;
-            return Entry::Lead(args);
-        }
-        if st.waiting.len() >= MAX_QUEUED {
-            return Entry::Alone(args);
-        }
-        let (tx, rx) = oneshot::channel();
-        st.waiting.push(Queued { args, reply: tx });
-        Entry::Queued(rx)
-    }
-
-    async fn single(&self, args: AdmitArgs) -> Answer {
-        self.observe(1);
-        self.runner
+    async fn one(runner: &Runner, args: AdmitArgs) -> Result<AdmitRow, RunError> {
+        runner
             .run(
                 move |conn: Lent| async move {
                     let r = async {
@@ -169,15 +121,188 @@ impl Admissions {
                 None,
             )
             .await
-            .map_err(run_error)
             .map(|row| (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4)))
+    }
+
+    async fn many(runner: &Runner, args: Vec<AdmitArgs>) -> Result<Vec<(i32, AdmitRow)>, RunError> {
+        let mut c = (vec![], vec![], vec![], vec![], vec![], vec![]);
+        for a in args {
+            c.0.push(a.key);
+            c.1.push(a.token);
+            c.2.push(a.lease);
+            c.3.push(a.seq);
+            c.4.push(a.stamp);
+            c.5.push(a.hold_ms);
+        }
+        let rows = runner
+            .run(
+                move |conn: Lent| async move {
+                    let r = async {
+                        let stmt = conn.prepare_cached(sql::CALL_ADMIT_MANY).await?;
+                        conn.query(&stmt, &[&c.0, &c.1, &c.2, &c.3, &c.4, &c.5])
+                            .await
+                    }
+                    .await;
+                    (conn, r)
+                },
+                None,
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| (r.get(0), (r.get(1), r.get(2), r.get(3), r.get(4), r.get(5))))
+            .collect())
+    }
+}
+
+/// Clearings of in-flight stamps (`fencer_gw_finish_v1` / `_many_v1`):
+/// whether the stamp was still there.
+pub struct Finish;
+
+#[async_trait]
+impl Batched for Finish {
+    type Args = FinishArgs;
+    type Row = bool;
+    const OP: &'static str = "finish";
+
+    async fn one(runner: &Runner, args: FinishArgs) -> Result<bool, RunError> {
+        runner
+            .run(
+                move |conn: Lent| async move {
+                    let r = async {
+                        let stmt = conn.prepare_cached(sql::CALL_FINISH).await?;
+                        conn.query_one(&stmt, &[&args.key, &args.stamp, &args.channel])
+                            .await
+                    }
+                    .await;
+                    (conn, r)
+                },
+                None,
+            )
+            .await
+            .map(|row| row.get(0))
+    }
+
+    async fn many(runner: &Runner, args: Vec<FinishArgs>) -> Result<Vec<(i32, bool)>, RunError> {
+        let mut c = (vec![], vec![], vec![]);
+        for a in args {
+            c.0.push(a.key);
+            c.1.push(a.stamp);
+            c.2.push(a.channel);
+        }
+        let rows = runner
+            .run(
+                move |conn: Lent| async move {
+                    let r = async {
+                        let stmt = conn.prepare_cached(sql::CALL_FINISH_MANY).await?;
+                        conn.query(&stmt, &[&c.0, &c.1, &c.2]).await
+                    }
+                    .await;
+                    (conn, r)
+                },
+                None,
+            )
+            .await?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
+}
+
+type Answer<R> = Result<R, FenceError>;
+
+struct Queued<B: Batched> {
+    args: B::Args,
+    reply: oneshot::Sender<Answer<B::Row>>,
+}
+
+/// How a call goes out.
+enum Entry<B: Batched> {
+    /// Now, alone, as the statement on its way.
+    Lead(B::Args),
+    /// Now, alone, beside the statement on its way (the queue is full).
+    Alone(B::Args),
+    /// In the next shared statement.
+    Queued(oneshot::Receiver<Answer<B::Row>>),
+}
+
+struct State<B: Batched> {
+    /// A statement of this operation is on its way.
+    busy: bool,
+    waiting: Vec<Queued<B>>,
+}
+
+/// One operation's group commit.
+pub struct Group<B: Batched> {
+    runner: Runner,
+    /// The statement's budget: how long a queued caller waits at most.
+    budget: Duration,
+    state: Mutex<State<B>>,
+    /// Items per statement (`fencer_gateway_fence_items_per_statement`).
+    per_statement: Option<prometheus::Histogram>,
+}
+
+impl<B: Batched> Group<B> {
+    pub fn new(runner: Runner, budget: Duration) -> Group<B> {
+        Group {
+            runner,
+            budget,
+            state: Mutex::new(State {
+                busy: false,
+                waiting: Vec::new(),
+            }),
+            per_statement: None,
+        }
+    }
+
+    pub fn set_metrics(&mut self, per_statement: prometheus::Histogram) {
+        self.per_statement = Some(per_statement);
+    }
+
+    /// One call: alone when none of this operation is on its way, else in
+    /// the next shared statement.
+    pub async fn call(self: &Arc<Self>, args: B::Args) -> Answer<B::Row> {
+        let rx = match self.enter(args) {
+            Entry::Lead(args) => {
+                // Ours is the statement on its way; whatever becomes of
+                // this future (answered, or dropped mid-way), the turn
+                // passes on.
+                let _turn = Turn(self.clone());
+                return self.single(args).await;
+            }
+            Entry::Alone(args) => return self.single(args).await,
+            Entry::Queued(rx) => rx,
+        };
+        match tokio::time::timeout(self.budget, rx).await {
+            Ok(Ok(answer)) => answer,
+            // The statement's task ended without answering (a panic).
+            Ok(Err(_)) => Err(run_error(RunError::Timeout)),
+            Err(_) => Err(run_error(RunError::Timeout)),
+        }
+    }
+
+    fn enter(&self, args: B::Args) -> Entry<B> {
+        let mut st = self.state.lock().expect("group commit poisoned");
+        if !st.busy {
+            st.busy = true;
+            return Entry::Lead(args);
+        }
+        if st.waiting.len() >= MAX_QUEUED {
+            return Entry::Alone(args);
+        }
+        let (tx, rx) = oneshot::channel();
+        st.waiting.push(Queued { args, reply: tx });
+        Entry::Queued(rx)
+    }
+
+    async fn single(&self, args: B::Args) -> Answer<B::Row> {
+        self.observe(1);
+        B::one(&self.runner, args).await.map_err(run_error)
     }
 
     /// The statement on its way has answered: send what queued meanwhile,
     /// or stand idle.
     fn next(self: &Arc<Self>) {
         let batch = {
-            let mut st = self.state.lock().expect("admissions poisoned");
+            let mut st = self.state.lock().expect("group commit poisoned");
             // Callers that gave up are not sent.
             st.waiting.retain(|q| !q.reply.is_closed());
             if st.waiting.is_empty() {
@@ -189,7 +314,7 @@ impl Admissions {
         };
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             // Dropped outside the runtime (shutting down): nobody to send.
-            self.state.lock().expect("admissions poisoned").busy = false;
+            self.state.lock().expect("group commit poisoned").busy = false;
             return;
         };
         let me = self.clone();
@@ -199,48 +324,20 @@ impl Admissions {
         });
     }
 
-    async fn send(&self, batch: Vec<Queued>) {
+    async fn send(&self, batch: Vec<Queued<B>>) {
         if batch.len() == 1 {
             let q = batch.into_iter().next().expect("one item");
             let _ = q.reply.send(self.single(q.args).await);
             return;
         }
         self.observe(batch.len());
-        let mut cols = Columns::default();
-        for q in &batch {
-            cols.push(&q.args);
-        }
-        let answer = self
-            .runner
-            .run(
-                move |conn: Lent| async move {
-                    let r = async {
-                        let stmt = conn.prepare_cached(sql::CALL_ADMIT_MANY).await?;
-                        conn.query(
-                            &stmt,
-                            &[
-                                &cols.keys,
-                                &cols.tokens,
-                                &cols.leases,
-                                &cols.seqs,
-                                &cols.stamps,
-                                &cols.holds,
-                            ],
-                        )
-                        .await
-                    }
-                    .await;
-                    (conn, r)
-                },
-                None,
-            )
-            .await;
-        match answer {
+        let n = batch.len();
+        let (args, replies): (Vec<_>, Vec<_>) =
+            batch.into_iter().map(|q| (q.args, q.reply)).unzip();
+        match B::many(&self.runner, args).await {
             Ok(rows) => {
-                let mut replies: Vec<Option<oneshot::Sender<Answer>>> =
-                    batch.into_iter().map(|q| Some(q.reply)).collect();
-                for row in rows {
-                    let idx: i32 = row.get(0);
+                let mut replies: Vec<_> = replies.into_iter().map(Some).collect();
+                for (idx, row) in rows {
                     let Some(reply) = usize::try_from(idx)
                         .ok()
                         .and_then(|i| i.checked_sub(1))
@@ -249,28 +346,25 @@ impl Admissions {
                     else {
                         continue;
                     };
-                    let _ = reply.send(Ok((
-                        row.get(1),
-                        row.get(2),
-                        row.get(3),
-                        row.get(4),
-                        row.get(5),
-                    )));
+                    let _ = reply.send(Ok(row));
                 }
-                // Every item is answered by the function; one that was not
-                // is an unknown outcome.
+                // The function answers every item; one it did not is an
+                // unknown outcome.
                 for reply in replies.into_iter().flatten() {
-                    tracing::error!("batched admission got no row; answered as unknown");
+                    tracing::error!(
+                        op = B::OP,
+                        "a batched fence-store call got no row; answered as unknown"
+                    );
                     let _ = reply.send(Err(FenceError::Unavailable(
-                        "batched admission got no answer".into(),
+                        "batched fence-store call got no answer".into(),
                     )));
                 }
             }
             Err(e) => {
                 let msg = e.to_string();
-                tracing::warn!(items = batch.len(), error = %msg, "batched admission failed");
-                for q in batch {
-                    let _ = q.reply.send(Err(FenceError::Unavailable(msg.clone())));
+                tracing::warn!(op = B::OP, items = n, error = %msg, "batched fence-store call failed");
+                for reply in replies {
+                    let _ = reply.send(Err(FenceError::Unavailable(msg.clone())));
                 }
             }
         }
@@ -283,35 +377,12 @@ impl Admissions {
     }
 }
 
-/// The admission statement's turn: passed on when its holder is done or
-/// dropped.
-struct Turn(Arc<Admissions>);
+/// The operation's turn: passed on when its holder is done or dropped.
+struct Turn<B: Batched>(Arc<Group<B>>);
 
-impl Drop for Turn {
+impl<B: Batched> Drop for Turn<B> {
     fn drop(&mut self) {
         self.0.next();
-    }
-}
-
-/// A statement's items as the function's array parameters.
-#[derive(Default)]
-struct Columns {
-    keys: Vec<String>,
-    tokens: Vec<i64>,
-    leases: Vec<String>,
-    seqs: Vec<i64>,
-    stamps: Vec<String>,
-    holds: Vec<i64>,
-}
-
-impl Columns {
-    fn push(&mut self, a: &AdmitArgs) {
-        self.keys.push(a.key.clone());
-        self.tokens.push(a.token);
-        self.leases.push(a.lease.clone());
-        self.seqs.push(a.seq);
-        self.stamps.push(a.stamp.clone());
-        self.holds.push(a.hold_ms);
     }
 }
 

@@ -23,7 +23,7 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::pg_batch::{Admissions, AdmitArgs, AdmitRow};
+use super::pg_batch::{Admit, AdmitArgs, AdmitRow, Batched, Finish, FinishArgs, Group};
 use super::{sql, Admitted, Decision, FenceError, FenceStore, Stamp};
 use crate::lock::WakeSink;
 use crate::pg::listener::Listener;
@@ -37,8 +37,9 @@ const CHANNEL_PREFIX: &str = "fencer_gw";
 
 pub struct PgFences {
     runner: Runner,
-    /// Admissions, group-committed ([`super::pg_batch`]).
-    admissions: Arc<Admissions>,
+    /// Admissions and clearings, group-committed ([`super::pg_batch`]).
+    admissions: Arc<Group<Admit>>,
+    finishes: Arc<Group<Finish>>,
     /// A fresh connection per readiness probe: `/readyz` must answer within
     /// the kubelet's timeout even when every pooled connection is busy
     /// (issue 10 item 8).
@@ -133,7 +134,8 @@ impl PgFences {
         let wakeups = Arc::new(KeyWakeups::default());
         let runner = Runner::new(pool, tls.clone(), o.request_timeout, o.url);
         let store = PgFences {
-            admissions: Arc::new(Admissions::new(runner.clone(), o.request_timeout)),
+            admissions: Arc::new(Group::new(runner.clone(), o.request_timeout)),
+            finishes: Arc::new(Group::new(runner.clone(), o.request_timeout)),
             runner,
             probe: (probe_config, tls.clone()),
             listener: Listener::start(CHANNEL_PREFIX, listen_config, tls, wakeups.clone()),
@@ -154,16 +156,19 @@ impl PgFences {
     }
 
     /// Counts waits for another replica (`fencer_gateway_remote_waits_total`)
-    /// and admissions per statement
-    /// (`fencer_gateway_fence_admissions_per_statement`).
+    /// and calls per statement (`fencer_gateway_fence_items_per_statement`).
     pub fn with_metrics(
         mut self,
         remote_waits: prometheus::IntCounterVec,
-        per_statement: prometheus::Histogram,
+        per_statement: &prometheus::HistogramVec,
     ) -> PgFences {
         self.remote_waits = Some(remote_waits);
+        let h = |op| per_statement.with_label_values(&["postgres", op]);
         if let Some(a) = Arc::get_mut(&mut self.admissions) {
-            a.set_metrics(per_statement);
+            a.set_metrics(h(Admit::OP));
+        }
+        if let Some(f) = Arc::get_mut(&mut self.finishes) {
+            f.set_metrics(h(Finish::OP));
         }
         self
     }
@@ -187,7 +192,7 @@ impl PgFences {
     }
 
     async fn call_admit(&self, args: AdmitArgs) -> Result<AdmitRow, FenceError> {
-        self.admissions.admit(args).await
+        self.admissions.call(args).await
     }
 
     fn count_wait(&self, result: &str) {
@@ -293,22 +298,13 @@ impl FenceStore for PgFences {
     }
 
     async fn finish(&self, key: &str, stamp_id: &str) -> Result<(), FenceError> {
-        let (key, stamp_id) = (key.to_owned(), stamp_id.to_owned());
-        let channel = self.listener.channel(&key);
-        self.runner
-            .run(
-                move |conn: Lent| async move {
-                    let r = async {
-                        let stmt = conn.prepare_cached(sql::CALL_FINISH).await?;
-                        conn.query_one(&stmt, &[&key, &stamp_id, &channel]).await
-                    }
-                    .await;
-                    (conn, r)
-                },
-                None,
-            )
+        self.finishes
+            .call(FinishArgs {
+                key: key.to_owned(),
+                stamp: stamp_id.to_owned(),
+                channel: self.listener.channel(key),
+            })
             .await
-            .map_err(run_error)
             .map(|_| ())
     }
 

@@ -31,6 +31,7 @@ pub const FUNCTIONS: &[(&str, &str)] = &[
     ("fencer_gw_admit_v1", ADMIT),
     ("fencer_gw_finish_v1", FINISH),
     ("fencer_gw_admit_many_v1", ADMIT_MANY),
+    ("fencer_gw_finish_many_v1", FINISH_MANY),
 ];
 
 /// The schema, piece by piece: the table, each column (tables of earlier
@@ -171,7 +172,24 @@ BEGIN
 END
 $fn$"#;
 
+/// `fencer_gw_finish_many_v1(keys[], stamp ids[], channels[])` → one row
+/// per item, `(index (1-based), cleared)`: each by `fencer_gw_finish_v1`,
+/// in key order, in one transaction.
+const FINISH_MANY: &str = r#"
+CREATE FUNCTION fencer_gw_finish_many_v1(p_keys text[], p_stamps text[], p_channels text[])
+RETURNS TABLE (o_idx int, o_cleared boolean)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+  n int;
+BEGIN
+  FOR n IN SELECT s.n FROM generate_subscripts(p_keys, 1) AS s(n) ORDER BY p_keys[s.n] COLLATE "C" LOOP
+    RETURN QUERY SELECT n, fencer_gw_finish_v1(p_keys[n], p_stamps[n], p_channels[n]);
+  END LOOP;
+END
+$fn$"#;
+
 pub const CALL_ADMIT: &str = "SELECT * FROM fencer_gw_admit_v1($1, $2, $3, $4, $5, $6)";
 pub const CALL_ADMIT_MANY: &str = "SELECT * FROM fencer_gw_admit_many_v1($1, $2, $3, $4, $5, $6)";
 pub const CALL_FINISH: &str = "SELECT fencer_gw_finish_v1($1, $2, $3)";
+pub const CALL_FINISH_MANY: &str = "SELECT * FROM fencer_gw_finish_many_v1($1, $2, $3)";
 pub const HIGHEST: &str = "SELECT token, lease_id FROM fencer_fences WHERE key = $1";

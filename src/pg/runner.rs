@@ -57,6 +57,9 @@ pub enum RunError {
     Timeout,
     #[error("no postgres connection: {0}")]
     Pool(String),
+    /// A statement that always answers one row answered none.
+    #[error("postgres: the statement answered no row")]
+    NoRow,
     #[error("postgres: {}", super::describe(.0))]
     Db(#[from] tokio_postgres::Error),
 }
@@ -110,6 +113,9 @@ impl Drop for Lent {
     }
 }
 
+/// A statement's parameters, owned (they go to the statement's task).
+pub type Params = Vec<Box<dyn tokio_postgres::types::ToSql + Sync + Send>>;
+
 /// Runs statements on a pool, each in a task that owns its connection.
 #[derive(Clone)]
 pub struct Runner {
@@ -161,6 +167,32 @@ impl Runner {
             // Dropping `rx` tells the task its caller is gone.
             Err(_) => Err(RunError::Timeout),
         }
+    }
+
+    /// Runs one prepared (and cached) `statement` with `params`: [`Runner::run`]
+    /// for the common case.
+    pub async fn query(
+        &self,
+        statement: &'static str,
+        params: Params,
+        undo: Option<Undo>,
+    ) -> Result<Vec<tokio_postgres::Row>, RunError> {
+        self.run(
+            move |conn: Lent| async move {
+                let result = async {
+                    let stmt = conn.prepare_cached(statement).await?;
+                    let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = params
+                        .iter()
+                        .map(|p| p.as_ref() as &(dyn tokio_postgres::types::ToSql + Sync))
+                        .collect();
+                    conn.query(&stmt, &refs).await
+                }
+                .await;
+                (conn, result)
+            },
+            undo,
+        )
+        .await
     }
 
     /// Runs `undo` on a connection of the pool until it ran, retrying

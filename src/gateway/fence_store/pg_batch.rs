@@ -37,7 +37,7 @@ use async_trait::async_trait;
 use tokio::sync::oneshot;
 
 use super::{sql, FenceError};
-use crate::pg::runner::Lent;
+use crate::pg::runner::Params;
 use crate::pg::{RunError, Runner};
 
 /// Items per statement: bounds how long one transaction holds its rows'
@@ -96,32 +96,18 @@ impl Batched for Admit {
     type Row = AdmitRow;
     const OP: &'static str = "admit";
 
-    async fn one(runner: &Runner, args: AdmitArgs) -> Result<AdmitRow, RunError> {
-        runner
-            .run(
-                move |conn: Lent| async move {
-                    let r = async {
-                        let stmt = conn.prepare_cached(sql::CALL_ADMIT).await?;
-                        conn.query_one(
-                            &stmt,
-                            &[
-                                &args.key,
-                                &args.token,
-                                &args.lease,
-                                &args.seq,
-                                &args.stamp,
-                                &args.hold_ms,
-                            ],
-                        )
-                        .await
-                    }
-                    .await;
-                    (conn, r)
-                },
-                None,
-            )
-            .await
-            .map(|row| (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4)))
+    async fn one(runner: &Runner, a: AdmitArgs) -> Result<AdmitRow, RunError> {
+        let params: Params = vec![
+            Box::new(a.key),
+            Box::new(a.token),
+            Box::new(a.lease),
+            Box::new(a.seq),
+            Box::new(a.stamp),
+            Box::new(a.hold_ms),
+        ];
+        let rows = runner.query(sql::CALL_ADMIT, params, None).await?;
+        let row = only_row(&rows)?;
+        Ok((row.get(0), row.get(1), row.get(2), row.get(3), row.get(4)))
     }
 
     async fn many(runner: &Runner, args: Vec<AdmitArgs>) -> Result<Vec<(i32, AdmitRow)>, RunError> {
@@ -134,20 +120,15 @@ impl Batched for Admit {
             c.4.push(a.stamp);
             c.5.push(a.hold_ms);
         }
-        let rows = runner
-            .run(
-                move |conn: Lent| async move {
-                    let r = async {
-                        let stmt = conn.prepare_cached(sql::CALL_ADMIT_MANY).await?;
-                        conn.query(&stmt, &[&c.0, &c.1, &c.2, &c.3, &c.4, &c.5])
-                            .await
-                    }
-                    .await;
-                    (conn, r)
-                },
-                None,
-            )
-            .await?;
+        let params: Params = vec![
+            Box::new(c.0),
+            Box::new(c.1),
+            Box::new(c.2),
+            Box::new(c.3),
+            Box::new(c.4),
+            Box::new(c.5),
+        ];
+        let rows = runner.query(sql::CALL_ADMIT_MANY, params, None).await?;
         Ok(rows
             .iter()
             .map(|r| (r.get(0), (r.get(1), r.get(2), r.get(3), r.get(4), r.get(5))))
@@ -165,22 +146,10 @@ impl Batched for Finish {
     type Row = bool;
     const OP: &'static str = "finish";
 
-    async fn one(runner: &Runner, args: FinishArgs) -> Result<bool, RunError> {
-        runner
-            .run(
-                move |conn: Lent| async move {
-                    let r = async {
-                        let stmt = conn.prepare_cached(sql::CALL_FINISH).await?;
-                        conn.query_one(&stmt, &[&args.key, &args.stamp, &args.channel])
-                            .await
-                    }
-                    .await;
-                    (conn, r)
-                },
-                None,
-            )
-            .await
-            .map(|row| row.get(0))
+    async fn one(runner: &Runner, a: FinishArgs) -> Result<bool, RunError> {
+        let params: Params = vec![Box::new(a.key), Box::new(a.stamp), Box::new(a.channel)];
+        let rows = runner.query(sql::CALL_FINISH, params, None).await?;
+        Ok(only_row(&rows)?.get(0))
     }
 
     async fn many(runner: &Runner, args: Vec<FinishArgs>) -> Result<Vec<(i32, bool)>, RunError> {
@@ -190,21 +159,15 @@ impl Batched for Finish {
             c.1.push(a.stamp);
             c.2.push(a.channel);
         }
-        let rows = runner
-            .run(
-                move |conn: Lent| async move {
-                    let r = async {
-                        let stmt = conn.prepare_cached(sql::CALL_FINISH_MANY).await?;
-                        conn.query(&stmt, &[&c.0, &c.1, &c.2]).await
-                    }
-                    .await;
-                    (conn, r)
-                },
-                None,
-            )
-            .await?;
+        let params: Params = vec![Box::new(c.0), Box::new(c.1), Box::new(c.2)];
+        let rows = runner.query(sql::CALL_FINISH_MANY, params, None).await?;
         Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
     }
+}
+
+/// The one row a single call's function answers.
+fn only_row(rows: &[tokio_postgres::Row]) -> Result<&tokio_postgres::Row, RunError> {
+    rows.first().ok_or(RunError::NoRow)
 }
 
 type Answer<R> = Result<R, FenceError>;

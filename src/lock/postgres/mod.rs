@@ -22,13 +22,13 @@ use super::{
 };
 use crate::lock::settings::PostgresSettings;
 use crate::pg::listener::Listener;
-use crate::pg::runner::{Lent, Undo};
+use crate::pg::runner::Undo;
 use crate::pg::{RunError, Runner};
 
 /// Prefix of the NOTIFY channels of lock releases.
 const CHANNEL_PREFIX: &str = "fencer";
 
-type Params = Vec<Box<dyn tokio_postgres::types::ToSql + Sync + Send>>;
+use crate::pg::runner::Params;
 
 /// Every statement runs through a [`Runner`]: in a task that owns its
 /// connection, so a caller that times out or is cancelled never returns a
@@ -92,21 +92,7 @@ impl PgBackend {
         undo: Option<Undo>,
     ) -> Result<Vec<tokio_postgres::Row>, BackendError> {
         self.runner
-            .run(
-                move |conn: Lent| async move {
-                    let result = async {
-                        let stmt = conn.prepare_cached(statement).await?;
-                        let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = params
-                            .iter()
-                            .map(|p| p.as_ref() as &(dyn tokio_postgres::types::ToSql + Sync))
-                            .collect();
-                        conn.query(&stmt, &refs).await
-                    }
-                    .await;
-                    (conn, result)
-                },
-                undo,
-            )
+            .query(statement, params, undo)
             .await
             .map_err(|e| match e {
                 // The server refused or cancelled it: not applied.

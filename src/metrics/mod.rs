@@ -273,17 +273,18 @@ impl Groups {
         }
         let group = key.split(self.separator.as_str()).next().unwrap_or(key);
         // Group names are user data too: bound their length and charset.
-        let group: String = group
-            .chars()
-            .take(48)
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
-                    c
-                } else {
-                    '_'
-                }
-            })
-            .collect();
+        let allowed = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
+        let group: String = if group.len() <= 48 && group.chars().all(allowed) {
+            // The common case, on every lock operation: nothing to replace,
+            // one copy instead of a char-by-char rebuild.
+            group.to_owned()
+        } else {
+            group
+                .chars()
+                .take(48)
+                .map(|c| if allowed(c) { c } else { '_' })
+                .collect()
+        };
         let mut seen = self.seen.lock().expect("groups poisoned");
         if seen.contains(&group) {
             return (group, false);
@@ -330,5 +331,23 @@ mod tests {
         assert_eq!(g.classify("account:2"), ("account".into(), false));
         // Past the limit: `other`, which is known from the start.
         assert_eq!(g.classify("user:1"), ("other".into(), false));
+    }
+
+    #[test]
+    fn group_names_are_cut_to_48_safe_characters() {
+        let g = Groups::new(&MetricsSettings {
+            group_separator: ":".into(),
+            max_groups: 10,
+            group_rules: vec![],
+        });
+        let long = "a".repeat(60);
+        assert_eq!(g.of(&format!("{long}:1")), "a".repeat(48));
+        assert_eq!(g.of("a.b c:1"), "a_b_c");
+        assert_eq!(g.of("ü-x_9:1"), "_-x_9");
+        assert_eq!(
+            g.of(&format!("{}é:1", "b".repeat(47))),
+            format!("{}_", "b".repeat(47))
+        );
+        assert_eq!(g.of("plain-Key_1:2"), "plain-Key_1");
     }
 }

@@ -39,6 +39,7 @@ pub const ALL: &[(&str, &str)] = &[
     ("unknown_methods_passed", "the gateway and the proxy treat a method outside PUT, POST, PATCH, DELETE (and their read list) as a read: MOVE, PROPPATCH, a lower-case `put` pass without a token, as before issue 26"),
     ("duplicate_header_first_wins", "a Fencing-* header sent twice is not refused: the gateway and the proxy check its first value and forward every value, as before issue 26"),
     ("batch_replies_shifted", "the Redis backend answers each call of a batched acquire or release with its neighbour's reply (item i gets item i+1's status and token)"),
+    ("fence_batch_replies_shifted", "the PostgreSQL fence store's group commit answers each call of a shared statement with its neighbour's row (item i gets item i+1's verdict and mark)"),
     ("fresh_send_time", "as before issue 10: one lease id for every try of an acquire, each try counting the deadline from its own send time, and PostgreSQL statements whose caller gave up neither bounded by the server, cancelled nor compensated"),
 ];
 

@@ -599,6 +599,9 @@ DIRECTED_MUTANTS = {
     # Issue 32: the Redis group commit answering each call of a batch with
     # its neighbour's reply (a lease told it holds with another key's token).
     "batch_replies_shifted": ("redis_batch", "concurrent_acquires_on_distinct_keys_share_batches"),
+    # The PostgreSQL fence store's group commit answering each admission of
+    # a shared statement with its neighbour's verdict and mark.
+    "fence_batch_replies_shifted": ("fencing", "a_postgres_gateway_commits_concurrent_admissions_together"),
 }
 
 

@@ -300,7 +300,10 @@ impl<B: Batched> Group<B> {
         match B::many(&self.runner, args).await {
             Ok(rows) => {
                 let mut replies: Vec<_> = replies.into_iter().map(Some).collect();
+                let shifted = crate::mutants::active("fence_batch_replies_shifted");
                 for (idx, row) in rows {
+                    // Mutant: item i answered with its neighbour's row.
+                    let idx = if shifted { idx % n as i32 + 1 } else { idx };
                     let Some(reply) = usize::try_from(idx)
                         .ok()
                         .and_then(|i| i.checked_sub(1))

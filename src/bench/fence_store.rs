@@ -19,12 +19,14 @@ use crate::token::{Claim, Signer};
 pub struct Stack {
     pub storage: String,
     pub gateway: String,
+    /// The gateway's admin listener (its metrics).
+    admin: String,
     _procs: Vec<Proc>,
 }
 
 impl Stack {
     pub async fn start(postgres_url: &str) -> Result<Stack, String> {
-        let (storage_port, gateway_addr, procs) = local::storage_and_gateway(&[
+        let (storage_port, gateway_addr, admin, procs) = local::storage_and_gateway(&[
             ("gateway.fence_store", "postgres".into()),
             ("gateway.postgres_url", postgres_url.into()),
         ])
@@ -32,8 +34,37 @@ impl Stack {
         Ok(Stack {
             storage: format!("http://127.0.0.1:{storage_port}"),
             gateway: format!("http://{gateway_addr}"),
+            admin: format!("http://{admin}"),
             _procs: procs,
         })
+    }
+}
+
+impl Stack {
+    /// Calls per statement so far, by op (`admit`, `finish`): `(statements,
+    /// calls)` from the gateway's `fencer_gateway_fence_items_per_statement`
+    /// — how much the group commit shared.
+    pub async fn items_per_statement(&self) -> Result<Vec<(String, f64, f64)>, String> {
+        let mut conn = ApiConn::new(&self.admin);
+        let (status, body) = conn
+            .send(hyper::Method::GET, "/metrics", &[], Bytes::new())
+            .await?;
+        if status != 200 {
+            return Err(format!("gateway metrics answered {status}"));
+        }
+        let text = String::from_utf8_lossy(&body);
+        let name = "fencer_gateway_fence_items_per_statement";
+        let value = |suffix: &str, op: &str| {
+            text.lines()
+                .filter(|l| l.starts_with(&format!("{name}_{suffix}{{")))
+                .filter(|l| l.contains(&format!("op=\"{op}\"")))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>()
+        };
+        Ok(["admit", "finish"]
+            .iter()
+            .map(|op| (op.to_string(), value("count", op), value("sum", op)))
+            .collect())
     }
 }
 

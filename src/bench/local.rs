@@ -195,9 +195,11 @@ pub async fn fencer(role: &str, env: &[(&str, String)], ready_addr: &str) -> Res
 /// The demo storage (memory) and a gateway in front of it, configured with
 /// `gateway_env` as well: the storage's port, the gateway's address, and
 /// the two processes (storage first).
+/// The demo storage and a gateway in front of it: the storage's port, the
+/// gateway's address, its admin (metrics) address, and the processes.
 pub async fn storage_and_gateway(
     gateway_env: &[(&str, String)],
-) -> Result<(u16, String, Vec<Proc>), String> {
+) -> Result<(u16, String, String, Vec<Proc>), String> {
     let storage_port = free_port()?;
     let storage_addr = format!("127.0.0.1:{storage_port}");
     let storage = fencer(
@@ -210,14 +212,20 @@ pub async fn storage_and_gateway(
     )
     .await?;
     let gateway_addr = format!("127.0.0.1:{}", free_port()?);
+    let admin_addr = format!("127.0.0.1:{}", free_port()?);
     let mut env = vec![
         ("gateway.listen", gateway_addr.clone()),
         ("gateway.upstream", format!("http://{storage_addr}")),
-        ("admin.listen", format!("127.0.0.1:{}", free_port()?)),
+        ("admin.listen", admin_addr.clone()),
     ];
     env.extend(gateway_env.iter().cloned());
     let gateway = fencer("gateway", &env, &gateway_addr).await?;
-    Ok((storage_port, gateway_addr, vec![storage, gateway]))
+    Ok((
+        storage_port,
+        gateway_addr,
+        admin_addr,
+        vec![storage, gateway],
+    ))
 }
 
 /// The signing secret of every locally started fencer process.

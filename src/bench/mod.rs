@@ -386,6 +386,19 @@ pub async fn measure(args: &BenchArgs) -> Result<Results, String> {
                 "  ratio     writes/s fenced/direct {:.2}x",
                 f.cycles_per_sec() / d.cycles_per_sec().max(1e-9)
             );
+            match stack.items_per_statement().await {
+                Ok(ops) => {
+                    for (op, statements, calls) in ops {
+                        crate::outln!(
+                            "  group commit {op}: {calls:.0} calls in {statements:.0} statements ({:.1} per statement)",
+                            calls / statements.max(1.0)
+                        );
+                    }
+                }
+                Err(e) => {
+                    crate::outln!("  group commit: gateway metrics unreadable: {e}");
+                }
+            }
             results.fence_store = Some((d, f));
         } else if name == LEASES {
             let window = args

@@ -30,7 +30,7 @@ pub struct Stack {
 
 impl Stack {
     pub async fn start() -> Result<Stack, String> {
-        let (storage_port, gateway_addr, base) =
+        let (storage_port, gateway_addr, _admin, base) =
             local::storage_and_gateway(&[("gateway.fence_store", "memory".into())]).await?;
         let storage_addr = format!("127.0.0.1:{storage_port}");
         let api_addr = format!("127.0.0.1:{}", local::free_port()?);

@@ -612,27 +612,8 @@ async fn shared_admission_statements_lock_rows_in_key_order() {
         .await
         .unwrap();
     let waiting = |n: i64| {
-        let pg_url = pg.url();
-        async move {
-            let (c, conn) = tokio_postgres::connect(&pg_url, tokio_postgres::NoTls)
-                .await
-                .unwrap();
-            tokio::spawn(conn);
-            for _ in 0..500 {
-                let row = c
-                    .query_one(
-                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
-                        &[],
-                    )
-                    .await
-                    .unwrap();
-                if row.get::<_, i64>(0) >= n {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            panic!("fewer than {n} statements waiting on a row lock");
-        }
+        let url = pg.url();
+        async move { pg_until_lock_waiters(&url, n).await }
     };
     let many = |keys: [&'static str; 2], token: i64| {
         let pg_url = pg.url();

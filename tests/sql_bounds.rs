@@ -445,3 +445,129 @@ async fn postgres_an_acquire_and_its_undo_are_ordered_whichever_comes_first() {
         "the undone attempt still holds the key"
     );
 }
+
+/// The PostgreSQL lock backend's group commit (issue 32) × the undo of an
+/// abandoned acquire (issue 27 item 3), at the level of the backend (no
+/// lock manager, whose own release-on-give-up would hide a missing undo).
+/// A lone acquire is held on its way, so six acquires queue behind it and
+/// go together in one shared statement — which the relay makes arrive
+/// 1.5 s late, after every one of their callers gave up. The shared
+/// statement is not cancelled for them (others could still want it); the
+/// group undoes each item, so no key stays taken by a lease nobody was
+/// told of until its 30 s TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_shared_acquire_whose_callers_gave_up_takes_nothing_for_good() {
+    use fencer::lock::postgres::PgBackend;
+    use fencer::lock::settings::PostgresSettings;
+    use fencer::lock::{LeaseId, LockBackend, LockKey, WakeSink};
+    use fencer::metrics::sql::SQL;
+    use std::sync::Arc;
+
+    struct NoWake;
+    impl WakeSink for NoWake {
+        fn released(&self, _: &str) {}
+        fn resync(&self) {}
+    }
+    const ITEMS: usize = 6;
+    let pg = PgServer::start();
+    let relay = TcpFault::start(pg.port);
+    let settings = PostgresSettings {
+        url: format!("postgres://postgres@127.0.0.1:{}/postgres", relay.port),
+        pool_size: 8,
+        request_timeout_ms: REQUEST_TIMEOUT_MS,
+        ..Default::default()
+    };
+    let backend = Arc::new(PgBackend::new(&settings, Duration::ZERO, Arc::new(NoWake)).unwrap());
+    let key = |k: &str| LockKey::parse(k).unwrap();
+    let ttl = Duration::from_secs(30);
+    // The schema (created in the background), then a warm pool: no
+    // connection is opened while the relay holds requests.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let warm: Vec<_> = (0..8)
+            .map(|i| {
+                let b = backend.clone();
+                tokio::spawn(async move {
+                    let (k, l) = (key(&format!("warm-{i}")), LeaseId::generate());
+                    let got = b.try_acquire(&k, &l, ttl).await?;
+                    b.release(&k, &l).await?;
+                    Ok::<_, fencer::lock::BackendError>(got)
+                })
+            })
+            .collect();
+        let mut ok = true;
+        for w in warm {
+            ok &= w.await.unwrap().is_ok();
+        }
+        if ok {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the backend never became usable");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let shared = SQL
+        .items_per_statement
+        .with_label_values(&["postgres", "acquire"]);
+    let (count0, sum0) = (shared.get_sample_count(), shared.get_sample_sum());
+
+    relay.delay_request_to(b"lead-key", Duration::from_millis(1_200));
+    relay.delay_request_to(b"gave-up-", Duration::from_millis(1_500));
+    let lead = {
+        let b = backend.clone();
+        tokio::spawn(async move {
+            b.try_acquire(&key("lead-key"), &LeaseId::generate(), ttl)
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let items: Vec<_> = (0..ITEMS)
+        .map(|i| {
+            let b = backend.clone();
+            tokio::spawn(async move {
+                b.try_acquire(&key(&format!("gave-up-{i}")), &LeaseId::generate(), ttl)
+                    .await
+            })
+        })
+        .collect();
+    let _ = lead.await.unwrap();
+    for (i, item) in items.into_iter().enumerate() {
+        let got = item.await.unwrap();
+        assert!(
+            got.is_err(),
+            "gave-up-{i} was answered in time after all ({got:?}): the order under test did not happen"
+        );
+    }
+    assert!(
+        (shared.get_sample_sum() - sum0) - (shared.get_sample_count() - count0) as f64
+            >= (ITEMS - 1) as f64,
+        "the six acquires did not go together (items {} in {} statements)",
+        shared.get_sample_sum() - sum0,
+        shared.get_sample_count() - count0
+    );
+    // The late shared statement, and whatever undo the relay held.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let taken = loop {
+        let taken = pg_query_i64(
+            &pg.url(),
+            "SELECT count(*) FROM fencer_locks WHERE key LIKE 'gave-up-%' \
+             AND lease_id IS NOT NULL AND expires_at > clock_timestamp()",
+        )
+        .await;
+        if (taken == 0 && relay.requests_held() == relay.requests_released())
+            || Instant::now() > deadline
+        {
+            break taken;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        taken, 0,
+        "keys taken by a shared acquire whose callers all gave up stay held until their TTL"
+    );
+    assert!(
+        relay.requests_released() >= 2,
+        "the relay held {} requests and released {}: the shared statement never arrived late",
+        relay.requests_held(),
+        relay.requests_released()
+    );
+}

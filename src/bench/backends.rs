@@ -4,7 +4,9 @@
 //! private MariaDB server) and `zookeeper` (a 3-member ensemble, the
 //! smallest that survives a member's loss) — with the ratio of each to
 //! Redis in the same run, and of MySQL to PostgreSQL (the other SQL
-//! backend): cycles/s, owner changes/s and wait p99.
+//! backend): cycles/s, owner changes/s and wait p99. `postgres-alone` is
+//! the same PostgreSQL with `backend.postgres.group_commit = false`, one
+//! statement per call: the group commit's gain, in the same run.
 //!
 //! The critical sections' read-modify-write counters live in one further
 //! Redis shared by all, so only the lock backend differs; targets take
@@ -20,7 +22,7 @@ pub const NAME: &str = "lock-backends";
 const ZK_MEMBERS: usize = 3;
 
 /// Compared directly besides each with Redis: (target, base).
-const PAIRS: [(&str, &str); 1] = [("mysql", "postgres")];
+const PAIRS: [(&str, &str); 2] = [("mysql", "postgres"), ("postgres", "postgres-alone")];
 
 /// Every process of the comparison; the sidecars drop first.
 struct Processes {
@@ -56,10 +58,21 @@ impl Processes {
                 label: "postgres",
                 env: vec![
                     ("backend.kind", "postgres".into()),
-                    ("backend.postgres.url", pg_url),
+                    ("backend.postgres.url", pg_url.clone()),
                 ],
                 // The postmaster; its backends are its children, counted
                 // with it.
+                masters: vec![pg_pid],
+                others: vec![],
+                backend_label: "postgres".into(),
+            },
+            Spec {
+                label: "postgres-alone",
+                env: vec![
+                    ("backend.kind", "postgres".into()),
+                    ("backend.postgres.url", pg_url),
+                    ("backend.postgres.group_commit", "false".into()),
+                ],
                 masters: vec![pg_pid],
                 others: vec![],
                 backend_label: "postgres".into(),

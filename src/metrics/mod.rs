@@ -168,6 +168,9 @@ pub fn registry(role: &str, backend: &str) -> Registry {
             .register(Box::new(c.clone()))
             .expect("registered once per registry");
     }
+    registry
+        .register(Box::new(sql::SQL.items_per_statement.clone()))
+        .expect("registered once per registry");
     let build = IntGaugeVec::new(
         Opts::new("fencer_build_info", "Build information; always 1."),
         &["version", "commit", "role", "backend"],

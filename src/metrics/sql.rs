@@ -3,7 +3,7 @@
 //! gateway's fence stores. Process-wide, like [`super::SERVER`]: a runner
 //! has no registry of its own; [`super::registry`] registers these in each.
 
-use prometheus::{IntCounterVec, Opts};
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts};
 
 pub struct SqlMetrics {
     /// Statements whose caller gave up before their answer, by database
@@ -19,6 +19,10 @@ pub struct SqlMetrics {
     /// Statements the server rolled back to break a deadlock (or as a
     /// serialization failure) and that were tried again, by database.
     pub retries: IntCounterVec,
+    /// Lock operations a SQL lock backend's group commit
+    /// ([`crate::pg::group`]) sent together in one statement, by database
+    /// and `op` (acquire, release); 1: alone.
+    pub items_per_statement: HistogramVec,
 }
 
 pub static SQL: std::sync::LazyLock<SqlMetrics> = std::sync::LazyLock::new(|| {
@@ -45,6 +49,15 @@ pub static SQL: std::sync::LazyLock<SqlMetrics> = std::sync::LazyLock::new(|| {
             "SQL statements the server rolled back to break a deadlock (or as a serialization failure) and that were tried again within their budget; nothing of a rolled-back try applied.",
         ),
         &["db"],
+    )
+    .expect("valid metric"),
+    items_per_statement: HistogramVec::new(
+        HistogramOpts::new(
+            "fencer_sql_lock_items_per_statement",
+            "Lock operations a SQL lock backend's group commit sent together in one statement (1: alone), by db and op (acquire, release).",
+        )
+        .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]),
+        &["db", "op"],
     )
     .expect("valid metric"),
 }

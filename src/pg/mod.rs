@@ -18,6 +18,7 @@
 //! `ALTER ROLE`/`ALTER DATABASE` settings, so an operator cannot weaken them
 //! by accident.
 
+pub mod group;
 pub mod listener;
 pub mod runner;
 pub mod schema;

@@ -62,6 +62,28 @@ pub enum RunError {
     NoRow,
     #[error("postgres: {}", super::describe(.0))]
     Db(#[from] tokio_postgres::Error),
+    /// The shared statement of a group commit ([`super::group`]) failed;
+    /// each of its items is answered with this.
+    #[error("postgres (shared statement): {message}")]
+    Shared {
+        message: String,
+        /// The server refused it or it was never sent: nothing applied.
+        refused: bool,
+    },
+}
+
+impl RunError {
+    /// Whether nothing of the statement was applied: the server refused
+    /// it (an error with an SQLSTATE on a sound connection), or no
+    /// connection was had. Otherwise the outcome is unknown.
+    pub fn refused(&self) -> bool {
+        match self {
+            RunError::Db(e) => !super::connection_suspect(e),
+            RunError::Pool(_) => true,
+            RunError::Shared { refused, .. } => *refused,
+            RunError::Timeout | RunError::NoRow => false,
+        }
+    }
 }
 
 /// What undoes a statement whose caller gave up: one statement whose
@@ -197,7 +219,7 @@ impl Runner {
 
     /// Runs `undo` on a connection of the pool until it ran, retrying
     /// (bounded) while the database cannot be reached.
-    fn spawn_undo(&self, undo: Undo) {
+    pub(crate) fn spawn_undo(&self, undo: Undo) {
         if self.pending_undos.fetch_add(1, Ordering::AcqRel) >= MAX_PENDING_UNDOS {
             self.pending_undos.fetch_sub(1, Ordering::AcqRel);
             SQL.undos.with_label_values(&["postgres", "failed"]).inc();

@@ -908,6 +908,35 @@ pub async fn pg_query_i64(url: &str, sql: &str) -> i64 {
     client.query_one(sql, &[]).await.unwrap().get(0)
 }
 
+/// A plain connection to the server at `url`, its driver spawned.
+pub async fn pg_connect(url: &str) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    client
+}
+
+/// Waits (up to 5 s) until at least `n` sessions of the server at `url`
+/// wait on a lock (a row lock held by another transaction).
+pub async fn pg_until_lock_waiters(url: &str, n: i64) {
+    let c = pg_connect(url).await;
+    for _ in 0..500 {
+        let row = c
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .unwrap();
+        if row.get::<_, i64>(0) >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("fewer than {n} statements waiting on a row lock");
+}
+
 fn http_get_ok(url: &str) -> bool {
     let Some(rest) = url.strip_prefix("http://") else {
         return false;

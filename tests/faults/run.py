@@ -599,9 +599,16 @@ DIRECTED_MUTANTS = {
     # Issue 32: the Redis group commit answering each call of a batch with
     # its neighbour's reply (a lease told it holds with another key's token).
     "batch_replies_shifted": ("redis_batch", "concurrent_acquires_on_distinct_keys_share_batches"),
-    # The PostgreSQL fence store's group commit answering each admission of
-    # a shared statement with its neighbour's verdict and mark.
-    "fence_batch_replies_shifted": ("fencing", "a_postgres_gateway_commits_concurrent_admissions_together"),
+    # A PostgreSQL group commit answering each item of a shared statement
+    # with its neighbour's row: the fence store's admissions (verdict and
+    # mark), the lock backend's acquires (status and token).
+    "fence_batch_replies_shifted": [
+        ("fencing", "a_postgres_gateway_commits_concurrent_admissions_together"),
+        ("postgres_backend", "concurrent_acquires_share_statements_and_keep_keys_exclusive"),
+    ],
+    # The PostgreSQL lock backend's group commit leaving an abandoned item
+    # of a shared acquire to its TTL.
+    "pg_group_undo_skipped": ("sql_bounds", "postgres_a_shared_acquire_whose_callers_gave_up_takes_nothing_for_good"),
 }
 
 

@@ -192,7 +192,7 @@ impl PgFences {
     }
 
     async fn call_admit(&self, args: AdmitArgs) -> Result<AdmitRow, FenceError> {
-        self.admissions.call(args).await
+        self.admissions.call(args).await.map_err(run_error)
     }
 
     fn count_wait(&self, result: &str) {
@@ -306,6 +306,7 @@ impl FenceStore for PgFences {
             })
             .await
             .map(|_| ())
+            .map_err(run_error)
     }
 
     async fn highest(&self, key: &str) -> Result<Option<(u64, String)>, FenceError> {

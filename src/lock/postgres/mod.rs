@@ -8,6 +8,7 @@
 //! operation is one autocommit statement on a pooled connection), leases
 //! expire by themselves, and waiters are woken by NOTIFY, not polling.
 
+mod batch;
 pub mod settings;
 pub mod sql;
 
@@ -21,6 +22,7 @@ use super::{
     Attempt, BackendError, LeaseId, LockBackend, LockKey, Ownership, WakeSink, WatchGuard,
 };
 use crate::lock::settings::PostgresSettings;
+use crate::pg::group::Group;
 use crate::pg::listener::Listener;
 use crate::pg::runner::Undo;
 use crate::pg::{RunError, Runner};
@@ -39,6 +41,9 @@ use crate::pg::runner::Params;
 /// timeout) ends a stuck statement with a known failure first.
 pub struct PgBackend {
     runner: Runner,
+    /// Acquires and releases, group-committed ([`batch`]).
+    acquires: Arc<Group<batch::Acquire>>,
+    releases: Arc<Group<batch::Release>>,
     lock_delay_ms: i64,
     listener: Listener,
 }
@@ -70,8 +75,29 @@ impl PgBackend {
         })
         .map_err(BackendError::Unavailable)?;
         config.application_name("fencer-listener");
+        let runner = Runner::new(pool.clone(), tls.clone(), timeout, &settings.url);
+        let metric = |op| {
+            crate::metrics::sql::SQL
+                .items_per_statement
+                .with_label_values(&["postgres", op])
+        };
+        let mut acquires = Group::new(runner.clone(), timeout);
+        acquires.set_metrics(metric("acquire"));
+        let mut releases = Group::new(runner.clone(), timeout);
+        releases.set_metrics(metric("release"));
+        if !settings.group_commit {
+            acquires.disable();
+            releases.disable();
+        }
+        if crate::mutants::active("fresh_send_time") {
+            // The mutant's statement is the lone one's text; the shared
+            // function runs the real one.
+            acquires.disable();
+        }
         let backend = PgBackend {
-            runner: Runner::new(pool.clone(), tls.clone(), timeout, &settings.url),
+            runner,
+            acquires: Arc::new(acquires),
+            releases: Arc::new(releases),
             lock_delay_ms: ms(lock_delay),
             listener: Listener::start(CHANNEL_PREFIX, config, tls, wake),
         };
@@ -94,13 +120,22 @@ impl PgBackend {
         self.runner
             .query(statement, params, undo)
             .await
-            .map_err(|e| match e {
-                // The server refused or cancelled it: not applied.
-                RunError::Db(e) if !crate::pg::connection_suspect(&e) => {
-                    BackendError::Protocol(crate::pg::describe(&e))
-                }
-                other => unavailable(other),
-            })
+            .map_err(backend_error)
+    }
+}
+
+/// A statement's failure as the lock manager sees it.
+fn backend_error(e: RunError) -> BackendError {
+    match e {
+        // The server refused or cancelled it: not applied.
+        RunError::Db(e) if !crate::pg::connection_suspect(&e) => {
+            BackendError::Protocol(crate::pg::describe(&e))
+        }
+        RunError::Shared {
+            message,
+            refused: true,
+        } => BackendError::Protocol(message),
+        other => unavailable(other),
     }
 }
 
@@ -258,37 +293,28 @@ impl LockBackend for PgBackend {
         // CI as `seams::postgres_a_late_first_reply…`). Once more, then,
         // with a fresh snapshot that sees the committed row: "already ours"
         // or a true "held".
-        let mut rows = Vec::new();
+        let mut row = None;
         for _ in 0..2 {
-            let attempt = crate::lock::lease_id::attempt_id();
-            rows = self
-                .query(
-                    acquire_sql(),
-                    vec![
-                        Box::new(key.as_str().to_owned()),
-                        Box::new(lease.as_str().to_owned()),
-                        Box::new(None::<String>),
-                        Box::new(ms(ttl)),
-                        Box::new(self.lock_delay_ms),
-                        Box::new(attempt.clone()),
-                    ],
-                    Some(void_attempt(
-                        key,
-                        lease,
-                        self.listener.channel(key.as_str()),
-                        attempt,
-                    )),
-                )
-                .await?;
-            if !rows.is_empty() {
+            row = self
+                .acquires
+                .call(batch::AcquireArgs {
+                    key: key.clone(),
+                    lease: lease.clone(),
+                    ttl_ms: ms(ttl),
+                    delay_ms: self.lock_delay_ms,
+                    attempt: crate::lock::lease_id::attempt_id(),
+                    channel: self.listener.channel(key.as_str()),
+                })
+                .await
+                .map_err(backend_error)?;
+            if row.is_some() {
                 break;
             }
         }
-        let Some(row) = rows.first() else {
+        let Some((status, token, remaining)) = row else {
             // Still not visible: held by a concurrent first acquire.
             return Ok(Attempt::Held { remaining: None });
         };
-        let (status, token, remaining): (i32, i64, i64) = (row.get(0), row.get(1), row.get(2));
         if status == -2 {
             // Voided by the undo of a caller that gave up: never answered.
             return Err(unavailable("acquire attempt voided by its undo"));
@@ -325,18 +351,22 @@ impl LockBackend for PgBackend {
     }
 
     async fn release(&self, key: &LockKey, lease: &LeaseId) -> Result<Ownership, BackendError> {
-        let rows = self
-            .query(
-                sql::RELEASE,
-                vec![
-                    Box::new(key.as_str().to_owned()),
-                    Box::new(lease.as_str().to_owned()),
-                    Box::new(self.listener.channel(key.as_str())),
-                ],
-                None,
-            )
-            .await?;
-        ownership(&rows)
+        let row = self
+            .releases
+            .call(batch::ReleaseArgs {
+                key: key.clone(),
+                lease: lease.clone(),
+                channel: self.listener.channel(key.as_str()),
+            })
+            .await
+            .map_err(backend_error)?;
+        Ok(match row {
+            Some((1, token)) => Ownership::Owned {
+                token: token as u64,
+            },
+            None | Some((0, _)) => Ownership::Free,
+            Some(_) => Ownership::OtherHolder,
+        })
     }
 
     async fn renew_many(

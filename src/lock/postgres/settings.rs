@@ -19,6 +19,10 @@ pub struct PostgresSettings {
     /// PEM CA certificate(s) that sign the server's certificate, for
     /// `sslmode=require` (default: the public web roots).
     pub ca_file: Option<String>,
+    /// Concurrent acquires (and releases) of different keys share one
+    /// statement and one commit ([`crate::pg::group`]). `false`: every call
+    /// is its own statement (the comparison `fencer bench` draws).
+    pub group_commit: bool,
 }
 
 impl Default for PostgresSettings {
@@ -31,6 +35,7 @@ impl Default for PostgresSettings {
             idle_cleanup_after_ms: 7 * 24 * 3_600_000,
             cleanup_interval_ms: 60_000,
             ca_file: None,
+            group_commit: true,
         }
     }
 }

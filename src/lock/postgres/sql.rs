@@ -107,8 +107,117 @@ CREATE INDEX fencer_void_attempts_voided_at ON fencer_void_attempts (voided_at)"
             exists: function_exists("fencer_void_attempt"),
             create: VOID_ATTEMPT_FN.into(),
         },
+        Piece {
+            name: "fencer_acquire_many_v1",
+            exists: function_exists("fencer_acquire_many_v1"),
+            create: acquire_many_fn(),
+        },
+        Piece {
+            name: "fencer_release_many_v1",
+            exists: function_exists("fencer_release_many_v1"),
+            create: release_many_fn(),
+        },
     ]
 }
+
+/// `statement` with its parameters `$1`…`$n` replaced by `names` (PL/pgSQL
+/// variables): the shared functions below run the single statements' own
+/// text, so a batch item does exactly what a lone call does.
+fn with_variables(statement: &str, names: &[&str]) -> String {
+    let mut s = statement.to_owned();
+    // From the highest number down, so `$1` never eats the start of `$12`.
+    for (i, name) in names.iter().enumerate().rev() {
+        s = s.replace(&format!("${}", i + 1), name);
+    }
+    s
+}
+
+/// Many acquires in one transaction (the group commit of
+/// [`crate::pg::group`]): each item runs [`ACQUIRE`] itself, as its own
+/// statement (so with its own snapshot, and its expiry counted from the
+/// moment its row is taken), in key order — two shared statements lock
+/// rows in the same order and cannot deadlock. One row per item: (item,
+/// status, token, remaining ms); status 0 when [`ACQUIRE`] answered no row
+/// (the key's row was created by a transaction its snapshot could not see:
+/// the caller asks again, as for a lone call).
+fn acquire_many_fn() -> String {
+    let body = with_variables(
+        ACQUIRE,
+        &[
+            "v_key",
+            "v_lease",
+            "v_owner",
+            "v_ttl",
+            "v_delay",
+            "v_attempt",
+        ],
+    );
+    format!(
+        r#"
+CREATE FUNCTION fencer_acquire_many_v1(p_keys text[], p_leases text[], p_ttls bigint[],
+                                       p_delay bigint, p_attempts text[])
+RETURNS TABLE (item integer, st integer, tok bigint, rem bigint)
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+  v_key text; v_lease text; v_owner text := NULL; v_ttl bigint; v_delay bigint := p_delay;
+  v_attempt text; rec record; i bigint; answered boolean;
+BEGIN
+  FOR i IN SELECT t.ord FROM unnest(p_keys) WITH ORDINALITY AS t(k, ord)
+            ORDER BY t.k COLLATE "C", t.ord LOOP
+    v_key := p_keys[i]; v_lease := p_leases[i]; v_ttl := p_ttls[i]; v_attempt := p_attempts[i];
+    answered := false;
+    FOR rec IN {body} LOOP
+      item := i; st := rec.status; tok := rec.token; rem := rec.remaining_ms;
+      answered := true;
+      RETURN NEXT;
+    END LOOP;
+    IF NOT answered THEN
+      item := i; st := 0; tok := 0; rem := 0;
+      RETURN NEXT;
+    END IF;
+  END LOOP;
+END $fn$
+"#
+    )
+}
+
+/// Many releases in one transaction, each item through [`RELEASE`] in key
+/// order (see [`acquire_many_fn`]). One row per item: (item, status,
+/// token); status 0 when the key has no row (free).
+fn release_many_fn() -> String {
+    let body = with_variables(RELEASE, &["v_key", "v_lease", "v_channel"]);
+    format!(
+        r#"
+CREATE FUNCTION fencer_release_many_v1(p_keys text[], p_leases text[], p_channels text[])
+RETURNS TABLE (item integer, st integer, tok bigint)
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+  v_key text; v_lease text; v_channel text; rec record; i bigint; answered boolean;
+BEGIN
+  FOR i IN SELECT t.ord FROM unnest(p_keys) WITH ORDINALITY AS t(k, ord)
+            ORDER BY t.k COLLATE "C", t.ord LOOP
+    v_key := p_keys[i]; v_lease := p_leases[i]; v_channel := p_channels[i];
+    answered := false;
+    FOR rec IN {body} LOOP
+      item := i; st := rec.status; tok := rec.token;
+      answered := true;
+      RETURN NEXT;
+    END LOOP;
+    IF NOT answered THEN
+      item := i; st := 0; tok := 0;
+      RETURN NEXT;
+    END IF;
+  END LOOP;
+END $fn$
+"#
+    )
+}
+
+/// $1 keys, $2 leases, $3 ttls (ms), $4 lock-delay ms, $5 attempt ids.
+pub const ACQUIRE_MANY: &str = "SELECT * FROM fencer_acquire_many_v1($1, $2, $3, $4, $5)";
+
+/// $1 keys, $2 leases, $3 notification channels.
+pub const RELEASE_MANY: &str = "SELECT * FROM fencer_release_many_v1($1, $2, $3)";
 
 /// VOLATILE: in READ COMMITTED (pinned on every connection) its query takes
 /// a fresh snapshot after the shared lock is granted, so it sees a clean-up
@@ -263,16 +372,24 @@ SELECT CASE WHEN l.lease_id IS NULL OR l.lease_id = $2 OR l.expires_at <= clock_
 "#;
 
 /// $1 keys, $2 leases, $3 ttls (ms), as arrays. One row per input, in
-/// order: (renewed, token).
+/// order: (renewed, token). Rows are locked in key order first (`lk`), as
+/// the shared acquire and release functions lock theirs: statements that
+/// each lock several rows in one order cannot deadlock.
 pub const RENEW_MANY: &str = r#"
 WITH t AS (
   SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY AS t(key, lease, ttl, n)
+), lk AS (
+  SELECT l.key FROM fencer_locks l
+   WHERE l.key IN (SELECT key FROM t)
+   ORDER BY l.key COLLATE "C"
+   FOR UPDATE OF l
 ), r AS (
   UPDATE fencer_locks l
      SET expires_at = clock_timestamp() + t.ttl * interval '1 millisecond',
          updated_at = clock_timestamp()
     FROM t
    WHERE l.key = t.key AND l.lease_id = t.lease AND l.expires_at > clock_timestamp()
+     AND l.key IN (SELECT key FROM lk)
   RETURNING l.key, l.token
 )
 SELECT r.key IS NOT NULL, COALESCE(r.token, 0) FROM t LEFT JOIN r ON r.key = t.key ORDER BY t.n

@@ -131,10 +131,10 @@ fn backend_error(e: RunError) -> BackendError {
         RunError::Db(e) if !crate::pg::connection_suspect(&e) => {
             BackendError::Protocol(crate::pg::describe(&e))
         }
-        RunError::Shared {
-            message,
-            refused: true,
-        } => BackendError::Protocol(message),
+        // A shared statement failed as a whole (one item's row lock timed
+        // out, say): nothing of it applied, and the fault may not be this
+        // item's — worth another try, which the lock manager makes for
+        // `Unavailable`.
         other => unavailable(other),
     }
 }

@@ -309,6 +309,17 @@ async fn dashboards_and_alerts_work_against_a_real_prometheus() {
             ("gateway.mysql_url", db_url.as_str()),
         ],
     );
+    // And a gateway on a PostgreSQL fence store, for its group commit's
+    // panel.
+    let pg = common::postgres::PgServer::start();
+    let pg_url = pg.url();
+    let gp = Fencer::gateway(
+        &storage.api,
+        &[
+            ("gateway.fence_store", "postgres"),
+            ("gateway.postgres_url", pg_url.as_str()),
+        ],
+    );
     // And the injector, for the injection row: one pod injected, one that
     // asked with a misspelt annotation (failed open).
     let certs = make_certs();
@@ -326,6 +337,7 @@ async fn dashboards_and_alerts_work_against_a_real_prometheus() {
         ("sidecar-redlock", rl.admin_port),
         ("sidecar-zookeeper", zk.admin_port),
         ("gateway-mysql", gm.admin_port),
+        ("gateway-postgres", gp.admin_port),
     ]);
     let client = reqwest::Client::new();
     // Both targets scraped at least once before anything happens, so every
@@ -333,7 +345,7 @@ async fn dashboards_and_alerts_work_against_a_real_prometheus() {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let up = query(&client, &prom.url, "sum(up)").await;
-        if up["data"]["result"][0]["value"][1] == "7" {
+        if up["data"]["result"][0]["value"][1] == "8" {
             break;
         }
         assert!(Instant::now() < deadline, "targets not scraped: {up}");

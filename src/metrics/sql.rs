@@ -75,5 +75,10 @@ impl SqlMetrics {
                 self.undos.with_label_values(&[db, outcome]);
             }
         }
+        // Only PostgreSQL's lock backend group-commits.
+        for op in ["acquire", "release"] {
+            self.items_per_statement
+                .with_label_values(&["postgres", op]);
+        }
     }
 }

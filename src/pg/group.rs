@@ -217,10 +217,21 @@ impl<B: Batched> Group<B> {
 
     async fn send(&self, batch: Vec<Queued<B>>) {
         if batch.len() == 1 {
-            // Alone after all: the single statement, whose runner undoes
-            // it if this caller gives up meanwhile.
+            // Alone after all: the single statement. Its runner's caller is
+            // this task, not the item's, so an item whose caller gave up
+            // meanwhile is undone here, as a shared item is — except after
+            // the runner's own timeout, when the runner has undone it.
             let q = batch.into_iter().next().expect("one item");
-            let _ = q.reply.send(self.single(q.args).await);
+            let undo = B::undo(&q.args);
+            let result = self.single(q.args).await;
+            let undo_if_unheard = match &result {
+                Ok(row) => B::took(row),
+                Err(RunError::Timeout) => false,
+                Err(e) => !e.refused(),
+            };
+            if q.reply.send(result).is_err() && undo_if_unheard {
+                self.undo(undo);
+            }
             return;
         }
         self.observe(batch.len());

@@ -206,15 +206,16 @@ fn redis_topologies_scenario_runs_without_lost_updates() {
     );
 }
 
-/// `lock-backends`: sidecars on Redis, PostgreSQL, MySQL (a private
-/// MariaDB) and a 3-member ZooKeeper ensemble; MySQL is also compared with
-/// PostgreSQL.
+/// `lock-backends`: sidecars on Redis, PostgreSQL (with and without group
+/// commit), MySQL (a private MariaDB) and a 3-member ZooKeeper ensemble;
+/// MySQL is also compared with PostgreSQL, and PostgreSQL with itself
+/// without group commit.
 #[test]
 fn lock_backends_scenario_runs_without_lost_updates() {
     comparison_runs_without_lost_updates(
         "lock-backends",
-        &["redis", "postgres", "mysql", "zookeeper"],
-        &[("mysql", "postgres")],
+        &["redis", "postgres", "postgres-alone", "mysql", "zookeeper"],
+        &[("mysql", "postgres"), ("postgres", "postgres-alone")],
     );
 }
 

@@ -477,59 +477,98 @@ async fn postgres_a_queued_acquire_sent_alone_whose_caller_gave_up_takes_nothing
     queued_acquires_whose_callers_gave_up(1, Duration::from_millis(400)).await;
 }
 
-/// The three tests above count statements in one process-wide metric: one
+/// The retry that meets the undo of the try before it, through the group
+/// commit (PITFALLS 11 at the seam of issue 32 and issue 27): try 1 of a
+/// lease is an item of a shared statement that the relay holds back, so
+/// its caller gives up and retries with the same lease. The retry queues
+/// behind the stuck statement, goes out when the group's runner gives up
+/// on it (which undoes try 1's attempt, outcome unknown) and is answered
+/// "acquired": the lease is now the application's. Try 1 then lands late.
+/// Neither the late try nor its undo may take the key from the lease (the
+/// undo names try 1's attempt, the retry's confirmation keeps the later
+/// one): another lease is refused and the lease renews.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_shared_try_landing_after_its_retry_was_answered_leaves_the_lease_held() {
+    let _alone = GROUP_METRIC.lock().await;
+    use fencer::lock::{Attempt, LeaseId, LockBackend, Ownership};
+
+    let (_pg, relay, backend) = pg_backend_via_relay().await;
+    let ttl = Duration::from_secs(30);
+    let lease = LeaseId::generate();
+    relay.delay_request_to(b"lead-key", Duration::from_millis(1_200));
+    relay.delay_request_to(b"retried-", Duration::from_millis(1_500));
+    // The undos of the shared statement's two items (sent when the group
+    // gives up on it) arrive after the retry was answered and after try 1
+    // landed: the order in which an undo by lease alone would take the
+    // key from the application. (`pg_notify`: the text of that undo, the
+    // `undo_by_lease` mutant's; each hold catches one request, and the
+    // lone statement's own undo comes first, so three of each.)
+    for marker in [b"fencer_void_attempt" as &'static [u8], b"pg_notify"] {
+        for _ in 0..3 {
+            relay.delay_request_to(marker, Duration::from_millis(1_000));
+        }
+    }
+    let lead = hold_the_group(&backend).await;
+    // Try 1, shared with another key's acquire.
+    let other = {
+        let b = backend.clone();
+        tokio::spawn(async move {
+            b.try_acquire(&key("retried-other"), &LeaseId::generate(), ttl)
+                .await
+        })
+    };
+    let first = backend.try_acquire(&key("retried-key"), &lease, ttl).await;
+    assert!(
+        first.is_err(),
+        "try 1 was answered in time ({first:?}): the order under test did not happen"
+    );
+    let _ = (lead.await.unwrap(), other.await.unwrap());
+    // The retry, with the same lease, as the lock manager makes it (a
+    // little later, so that its own budget outlasts the stuck statement's
+    // on a loaded machine).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let retry = backend.try_acquire(&key("retried-key"), &lease, ttl).await;
+    assert!(
+        matches!(retry, Ok(Attempt::Acquired { .. })),
+        "the retry was not answered \"acquired\": {retry:?}"
+    );
+    // Try 1 lands, then the undos.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while relay.requests_released() < 5 {
+        assert!(
+            Instant::now() < deadline,
+            "the relay held {} requests and released {}: not the lone one, its undo, try 1 and two undos",
+            relay.requests_held(),
+            relay.requests_released()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let thief = backend
+        .try_acquire(&key("retried-key"), &LeaseId::generate(), ttl)
+        .await;
+    assert!(
+        matches!(thief, Ok(Attempt::Held { .. })),
+        "another lease acquired a key whose lease the application holds: {thief:?}"
+    );
+    let renewed = backend.renew(&key("retried-key"), &lease, ttl).await;
+    assert!(
+        matches!(renewed, Ok(Ownership::Owned { .. })),
+        "the application's lease was lost: {renewed:?}"
+    );
+}
+
+/// The tests above that count statements in one process-wide metric: one
 /// at a time.
 static GROUP_METRIC: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 async fn queued_acquires_whose_callers_gave_up(items: usize, late: Duration) {
     let _alone = GROUP_METRIC.lock().await;
-    use fencer::lock::postgres::PgBackend;
-    use fencer::lock::settings::PostgresSettings;
-    use fencer::lock::{LeaseId, LockBackend, LockKey, WakeSink};
+    use fencer::lock::{LeaseId, LockBackend};
     use fencer::metrics::sql::SQL;
-    use std::sync::Arc;
 
-    struct NoWake;
-    impl WakeSink for NoWake {
-        fn released(&self, _: &str) {}
-        fn resync(&self) {}
-    }
-    let pg = PgServer::start();
-    let relay = TcpFault::start(pg.port);
-    let settings = PostgresSettings {
-        url: format!("postgres://postgres@127.0.0.1:{}/postgres", relay.port),
-        pool_size: 8,
-        request_timeout_ms: REQUEST_TIMEOUT_MS,
-        ..Default::default()
-    };
-    let backend = Arc::new(PgBackend::new(&settings, Duration::ZERO, Arc::new(NoWake)).unwrap());
-    let key = |k: &str| LockKey::parse(k).unwrap();
+    let (pg, relay, backend) = pg_backend_via_relay().await;
     let ttl = Duration::from_secs(30);
-    // The schema (created in the background), then a warm pool: no
-    // connection is opened while the relay holds requests.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let warm: Vec<_> = (0..8)
-            .map(|i| {
-                let b = backend.clone();
-                tokio::spawn(async move {
-                    let (k, l) = (key(&format!("warm-{i}")), LeaseId::generate());
-                    let got = b.try_acquire(&k, &l, ttl).await?;
-                    b.release(&k, &l).await?;
-                    Ok::<_, fencer::lock::BackendError>(got)
-                })
-            })
-            .collect();
-        let mut ok = true;
-        for w in warm {
-            ok &= w.await.unwrap().is_ok();
-        }
-        if ok {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the backend never became usable");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
     let shared = SQL
         .items_per_statement
         .with_label_values(&["postgres", "acquire"]);
@@ -537,14 +576,7 @@ async fn queued_acquires_whose_callers_gave_up(items: usize, late: Duration) {
 
     relay.delay_request_to(b"lead-key", Duration::from_millis(1_200));
     relay.delay_request_to(b"gave-up-", late);
-    let lead = {
-        let b = backend.clone();
-        tokio::spawn(async move {
-            b.try_acquire(&key("lead-key"), &LeaseId::generate(), ttl)
-                .await
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    let lead = hold_the_group(&backend).await;
     let queued: Vec<_> = (0..items)
         .map(|i| {
             let b = backend.clone();
@@ -597,4 +629,81 @@ async fn queued_acquires_whose_callers_gave_up(items: usize, late: Duration) {
         relay.requests_held(),
         relay.requests_released()
     );
+}
+
+/// A PostgreSQL lock backend (no lock manager) on its own server, reached
+/// through a relay, its schema created and its pool warm (no connection is
+/// opened while the relay holds requests).
+async fn pg_backend_via_relay() -> (
+    PgServer,
+    TcpFault,
+    std::sync::Arc<fencer::lock::postgres::PgBackend>,
+) {
+    use fencer::lock::postgres::PgBackend;
+    use fencer::lock::settings::PostgresSettings;
+    use fencer::lock::{LeaseId, LockBackend, WakeSink};
+    use std::sync::Arc;
+
+    struct NoWake;
+    impl WakeSink for NoWake {
+        fn released(&self, _: &str) {}
+        fn resync(&self) {}
+    }
+    let pg = PgServer::start();
+    let relay = TcpFault::start(pg.port);
+    let settings = PostgresSettings {
+        url: format!("postgres://postgres@127.0.0.1:{}/postgres", relay.port),
+        pool_size: 8,
+        request_timeout_ms: REQUEST_TIMEOUT_MS,
+        ..Default::default()
+    };
+    let backend = Arc::new(PgBackend::new(&settings, Duration::ZERO, Arc::new(NoWake)).unwrap());
+    let ttl = Duration::from_secs(30);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let warm: Vec<_> = (0..8)
+            .map(|i| {
+                let b = backend.clone();
+                tokio::spawn(async move {
+                    let (k, l) = (key(&format!("warm-{i}")), LeaseId::generate());
+                    let got = b.try_acquire(&k, &l, ttl).await?;
+                    b.release(&k, &l).await?;
+                    Ok::<_, fencer::lock::BackendError>(got)
+                })
+            })
+            .collect();
+        let mut ok = true;
+        for w in warm {
+            ok &= w.await.unwrap().is_ok();
+        }
+        if ok {
+            return (pg, relay, backend);
+        }
+        assert!(Instant::now() < deadline, "the backend never became usable");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn key(k: &str) -> fencer::lock::LockKey {
+    fencer::lock::LockKey::parse(k).unwrap()
+}
+
+/// A lone acquire of `lead-key` on its way (the test holds its request),
+/// so that the group's next calls queue behind it; 150 ms later, for them
+/// to be sent. Its task ends when the lone call's runner gives up (1 s).
+async fn hold_the_group(
+    backend: &std::sync::Arc<fencer::lock::postgres::PgBackend>,
+) -> tokio::task::JoinHandle<Result<fencer::lock::Attempt, fencer::lock::BackendError>> {
+    use fencer::lock::{LeaseId, LockBackend};
+    let b = backend.clone();
+    let lead = tokio::spawn(async move {
+        b.try_acquire(
+            &key("lead-key"),
+            &LeaseId::generate(),
+            Duration::from_secs(30),
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    lead
 }

@@ -463,3 +463,55 @@ async fn a_stopped_postgres_under_shared_statements_leaves_no_orphan_and_no_seco
         "keys still taken 3 s after every client released (TTL 30 s)"
     );
 }
+
+/// One slow key does not hold the others up behind the group commit: a
+/// third transaction holds `pg:blocked`'s row, so an acquire of it waits
+/// for the row lock (up to `lock_timeout`, 2.5 s here). Acquires of other
+/// keys that arrive once that statement is older than the group's bound
+/// (250 ms) go out alone instead of queueing behind it for the whole wait.
+/// (Calls that queued before it became slow still wait for it; see
+/// `src/pg/group.rs`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_waiting_on_a_row_lock_does_not_hold_up_other_keys() {
+    let pg = PgServer::start();
+    let s = Arc::new(sidecar(
+        &pg,
+        &[("backend.postgres.request_timeout_ms", "5000")],
+    ));
+    let r = s.acquire("pg:blocked", 10_000, 0).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    s.release("pg:blocked", &r.lease()).await;
+    let x = pg_connect(&pg.url()).await;
+    x.batch_execute("BEGIN; SELECT 1 FROM fencer_locks WHERE key = 'pg:blocked' FOR UPDATE")
+        .await
+        .unwrap();
+    let blocked = {
+        let s = s.clone();
+        tokio::spawn(async move { s.acquire("pg:blocked", 10_000, 0).await })
+    };
+    pg_until_lock_waiters(&pg.url(), 1).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let others: Vec<_> = (0..8)
+        .map(|i| {
+            let s = s.clone();
+            tokio::spawn(async move { s.acquire(&format!("pg:free-{i}"), 10_000, 0).await })
+        })
+        .collect();
+    for o in others {
+        let r = o.await.unwrap();
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(1_500),
+        "acquires of free keys waited {took:?} behind a statement waiting on another key's row lock"
+    );
+    assert!(
+        !blocked.is_finished(),
+        "the blocked acquire ended before the others: nothing under test"
+    );
+    x.batch_execute("COMMIT").await.unwrap();
+    let r = blocked.await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+}

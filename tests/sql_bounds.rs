@@ -480,10 +480,11 @@ async fn postgres_a_queued_acquire_sent_alone_whose_caller_gave_up_takes_nothing
 /// The retry that meets the undo of the try before it, through the group
 /// commit (PITFALLS 11 at the seam of issue 32 and issue 27): try 1 of a
 /// lease is an item of a shared statement that the relay holds back, so
-/// its caller gives up and retries with the same lease. The retry queues
-/// behind the stuck statement, goes out when the group's runner gives up
-/// on it (which undoes try 1's attempt, outcome unknown) and is answered
-/// "acquired": the lease is now the application's. Try 1 then lands late.
+/// its caller gives up and retries with the same lease. The retry goes out
+/// alone past the stuck statement (older than the group's bound) and is
+/// answered "acquired": the lease is now the application's. The group's
+/// runner then gives up on the stuck statement (and undoes try 1's attempt,
+/// outcome unknown), and try 1 lands late.
 /// Neither the late try nor its undo may take the key from the lease (the
 /// undo names try 1's attempt, the retry's confirmation keeps the later
 /// one): another lease is refused and the lease renews.
@@ -523,10 +524,9 @@ async fn postgres_a_shared_try_landing_after_its_retry_was_answered_leaves_the_l
         "try 1 was answered in time ({first:?}): the order under test did not happen"
     );
     let _ = (lead.await.unwrap(), other.await.unwrap());
-    // The retry, with the same lease, as the lock manager makes it (a
-    // little later, so that its own budget outlasts the stuck statement's
-    // on a loaded machine).
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The retry, with the same lease, as the lock manager makes it — once
+    // the stuck statement is older than the group's bound (250 ms).
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let retry = backend.try_acquire(&key("retried-key"), &lease, ttl).await;
     assert!(
         matches!(retry, Ok(Attempt::Acquired { .. })),

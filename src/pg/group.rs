@@ -21,7 +21,11 @@
 //! Bounds: a queued caller waits at most the group's budget (a caller that
 //! gave up has closed its reply channel, and an item whose channel is
 //! closed when the statement is formed is never sent); [`MAX_QUEUED`] calls
-//! at most wait, beyond that a call goes out alone.
+//! at most wait, beyond that a call goes out alone; and once the statement
+//! on its way is older than [`ALONE_AFTER`] (slow: a row-lock wait, a
+//! stalled connection), new calls go out alone rather than queue behind it.
+//! Calls that queued while it was young still wait for it (at most their
+//! budget): taking them back out of the queue is not built.
 //!
 //! A caller that gave up after its item was sent is the seam between this
 //! group and the runner's undo: the shared statement is not cancelled for
@@ -34,7 +38,7 @@
 //! server refused it (nothing applied) or the outcome is unknown.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use tokio::sync::oneshot;
@@ -48,6 +52,16 @@ pub const MAX_ITEMS: usize = 64;
 
 /// Calls waiting for the next statement; beyond this a call goes out alone.
 const MAX_QUEUED: usize = 1024;
+
+/// A statement on its way longer than this is slow (a row-lock wait, a
+/// stalled connection): calls that arrive meanwhile go out alone, on
+/// connections of their own, instead of queueing behind it — so one slow
+/// key holds the others up for this long at most, not for the database's
+/// `lock_timeout` or the request budget. Far above a healthy statement (a
+/// few ms, its commit's flush included; 8 ms p99 with 64 writers), so a
+/// loaded database does not tip the group into one statement per call,
+/// which would load it further.
+const ALONE_AFTER: Duration = Duration::from_millis(250);
 
 /// An operation that can go alone or several at once.
 #[async_trait]
@@ -93,8 +107,8 @@ enum Entry<B: Batched> {
 }
 
 struct State<B: Batched> {
-    /// A statement of this operation is on its way.
-    busy: bool,
+    /// A statement of this operation is on its way, since then.
+    busy: Option<Instant>,
     waiting: Vec<Queued<B>>,
 }
 
@@ -117,7 +131,7 @@ impl<B: Batched> Group<B> {
             runner,
             budget,
             state: Mutex::new(State {
-                busy: false,
+                busy: None,
                 waiting: Vec::new(),
             }),
             per_statement: None,
@@ -172,11 +186,11 @@ impl<B: Batched> Group<B> {
             return Entry::Alone(args);
         }
         let mut st = self.state.lock().expect("group commit poisoned");
-        if !st.busy {
-            st.busy = true;
+        let Some(since) = st.busy else {
+            st.busy = Some(Instant::now());
             return Entry::Lead(args);
-        }
-        if st.waiting.len() >= MAX_QUEUED {
+        };
+        if st.waiting.len() >= MAX_QUEUED || since.elapsed() > ALONE_AFTER {
             return Entry::Alone(args);
         }
         let (tx, rx) = oneshot::channel();
@@ -197,15 +211,16 @@ impl<B: Batched> Group<B> {
             // Callers that gave up are not sent.
             st.waiting.retain(|q| !q.reply.is_closed());
             if st.waiting.is_empty() {
-                st.busy = false;
+                st.busy = None;
                 return;
             }
+            st.busy = Some(Instant::now());
             let n = st.waiting.len().min(MAX_ITEMS);
             st.waiting.drain(..n).collect::<Vec<_>>()
         };
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             // Dropped outside the runtime (shutting down): nobody to send.
-            self.state.lock().expect("group commit poisoned").busy = false;
+            self.state.lock().expect("group commit poisoned").busy = None;
             return;
         };
         let me = self.clone();

@@ -312,7 +312,8 @@ async fn wrong_ca_wrong_name_and_missing_client_certificate_are_refused() {
         let mut labels = vec![("link", counted_at)];
         if counted_at == "proxy_upstream" {
             labels.push(("reason", case));
-            assert!(s.logs().contains(case), "{case}: {}", s.logs());
+            let logs = s.logs_with(case);
+            assert!(logs.contains(case), "{case}: {logs}");
         } else {
             // The proxy learns of the refusal after its side of the
             // handshake, from the server's alert, and counts it too.

@@ -641,6 +641,20 @@ impl Fencer {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The logs once they contain `needle`, or as they are after 5 s: a line
+    /// logged while a request was answered can reach the file after the
+    /// answer (the log writer is a thread of its own).
+    pub fn logs_with(&self, needle: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let logs = self.logs();
+            if logs.contains(needle) || Instant::now() > deadline {
+                return logs;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.as_ref().unwrap().id()
     }

@@ -493,7 +493,9 @@ async fn at_the_descriptor_limit_silent_connections_give_way_and_the_rest_are_re
     );
     assert!(refused_n >= 1.0, "refused connections counted: {refused_n}");
     assert!(
-        gateway.logs().contains("out of file descriptors"),
+        gateway
+            .logs_with("out of file descriptors")
+            .contains("out of file descriptors"),
         "no warning logged"
     );
 }

@@ -622,7 +622,10 @@ async fn shutdown_releases_leases(backend: Backend) {
         .await;
         assert_eq!(held, 0, "locks left after shutdown");
     }
-    assert!(h.sidecar.logs().contains("released leases on shutdown"));
+    assert!(h
+        .sidecar
+        .logs_with("released leases on shutdown")
+        .contains("released leases on shutdown"));
 }
 
 // ------------------------------------------------------------ lifetimes

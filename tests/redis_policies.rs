@@ -119,7 +119,8 @@ async fn a_single_redis_that_may_evict_is_not_ready_and_refuses_acquires() {
         1.0
     );
     assert!(
-        s.logs().contains("redis may evict live lock entries"),
+        s.logs_with("redis may evict live lock entries")
+            .contains("redis may evict live lock entries"),
         "{}",
         s.logs()
     );
@@ -224,7 +225,9 @@ async fn allow_eviction_makes_it_a_warning() {
         s.logs().matches("allowed by the setting").count() >= 2
     })
     .await;
-    assert!(s.logs().contains("eviction check is advisory"));
+    assert!(s
+        .logs_with("eviction check is advisory")
+        .contains("eviction check is advisory"));
     assert_eq!(s.metric("fencer_redis_eviction_allowed", &[]).await, 1.0);
     assert_eq!(
         s.metric("fencer_redis_eviction_safe", &[("mode", "single")])

@@ -718,7 +718,8 @@ async fn cluster_slot_move_under_a_waiter_keeps_its_wakeup() {
         b.metrics().await
     );
     assert!(
-        b.logs().contains("sharded subscription dropped by redis"),
+        b.logs_with("sharded subscription dropped by redis")
+            .contains("sharded subscription dropped by redis"),
         "{}",
         b.logs()
     );

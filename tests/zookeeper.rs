@@ -504,7 +504,11 @@ async fn tls_with_a_private_ca() {
         last = r.token();
         assert_eq!(s.release("tls:1", &r.lease()).await.status, 200);
     }
-    assert!(s.logs().contains("tcp+tls://"), "{}", s.logs());
+    assert!(
+        s.logs_with("tcp+tls://").contains("tcp+tls://"),
+        "{}",
+        s.logs()
+    );
     // The system roots do not include the test CA: no session.
     let untrusting = Fencer::sidecar(
         Backend::ZooKeeper,

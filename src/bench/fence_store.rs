@@ -38,9 +38,7 @@ impl Stack {
             _procs: procs,
         })
     }
-}
 
-impl Stack {
     /// Calls per statement so far, by op (`admit`, `finish`): `(statements,
     /// calls)` from the gateway's `fencer_gateway_fence_items_per_statement`
     /// — how much the group commit shared.

@@ -193,10 +193,8 @@ pub async fn fencer(role: &str, env: &[(&str, String)], ready_addr: &str) -> Res
 }
 
 /// The demo storage (memory) and a gateway in front of it, configured with
-/// `gateway_env` as well: the storage's port, the gateway's address, and
-/// the two processes (storage first).
-/// The demo storage and a gateway in front of it: the storage's port, the
-/// gateway's address, its admin (metrics) address, and the processes.
+/// `gateway_env` as well: the storage's port, the gateway's address, its
+/// admin (metrics) address, and the two processes (storage first).
 pub async fn storage_and_gateway(
     gateway_env: &[(&str, String)],
 ) -> Result<(u16, String, String, Vec<Proc>), String> {

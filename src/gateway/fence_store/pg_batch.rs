@@ -19,7 +19,7 @@
 use async_trait::async_trait;
 
 use super::sql;
-pub use crate::pg::group::{Batched, Group};
+use crate::pg::group::Batched;
 use crate::pg::runner::Params;
 use crate::pg::{RunError, Runner};
 

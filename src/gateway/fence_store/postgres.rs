@@ -23,9 +23,10 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::pg_batch::{Admit, AdmitArgs, AdmitRow, Batched, Finish, FinishArgs, Group};
+use super::pg_batch::{Admit, AdmitArgs, AdmitRow, Finish, FinishArgs};
 use super::{sql, Admitted, Decision, FenceError, FenceStore, Stamp};
 use crate::lock::WakeSink;
+use crate::pg::group::{Batched, Group};
 use crate::pg::listener::Listener;
 use crate::pg::{RunError, Runner};
 

@@ -60,6 +60,24 @@ class O1Test(unittest.TestCase):
                     {"t0": 400 * MS, "t1": 401 * MS, "key": "other", "lease": "L1", "left_ms": 480}]
         self.assertEqual(len(o1([], probes("L1"), observed)), 1)
 
+    def test_a_lease_the_late_statement_does_not_name_is_not(self):
+        # CI, seed 653660: a late release landed, a waiting hold took the
+        # key 50 ms later and renewed it while its pre-registration waited
+        # out fence_busy — untold, alive at both probes, not the release's.
+        delivered = {"kind": "late_request_delivered", "t": 1000 * MS, "whole": True,
+                     "request": "B...V.s22....k....L0....fencer_ec6c....E...."}
+        self.assertEqual(o1([], probes("L1") + [delivered]), [])
+
+    def test_a_lease_the_late_statement_names_still_is(self):
+        delivered = {"kind": "late_request_delivered", "t": 1000 * MS, "whole": True,
+                     "request": "B...V.s9....k....L1....E...."}
+        self.assertEqual(len(o1([], probes("L1") + [delivered])), 1)
+
+    def test_a_statement_recorded_in_part_is_still_checked(self):
+        delivered = {"kind": "late_request_delivered", "t": 1000 * MS, "whole": False,
+                     "request": "B...V.s9....k....L0...."}
+        self.assertEqual(len(o1([], probes("L1") + [delivered])), 1)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -38,6 +38,9 @@ import time
 
 from .procs import free_port
 
+# The most of a late request's bytes its events record (printable form).
+LATE_TEXT_MAX = 4096
+
 
 class _Loop:
     _instance = None
@@ -174,7 +177,9 @@ class FaultProxy:
         """Holds a late request `ms`, then forwards it; records both ends
         (`late_request_fired`, `late_request_delivered`, with the request's
         printable bytes: the nemesis finds its key there)."""
-        text = "".join(chr(b) if 32 <= b < 127 else "." for b in chunk[:600])
+        # Up to 4 KiB: the checker (late_requests.check) looks for the lease
+        # id a late statement names, and a shared statement names several.
+        text = "".join(chr(b) if 32 <= b < 127 else "." for b in chunk[:LATE_TEXT_MAX])
         t_fired = time.monotonic_ns()
         if self.events:
             self.events(kind="late_request_fired", proxy=self.name, ms=ms, request=text[:160])
@@ -187,7 +192,8 @@ class FaultProxy:
         except (ConnectionError, OSError):
             return False
         if self.events:
-            self.events(kind="late_request_delivered", proxy=self.name, ms=ms, fired=t_fired, request=text)
+            self.events(kind="late_request_delivered", proxy=self.name, ms=ms, fired=t_fired, request=text,
+                        whole=len(chunk) <= LATE_TEXT_MAX)
         return True
 
     async def _pump(self, reader, writer, conn, up):

@@ -98,6 +98,11 @@ impl From<LockError> for ApiError {
             LockError::Held(key) => {
                 ApiError::new(StatusCode::CONFLICT, "lock_held", message).with("key", key.as_str())
             }
+            LockError::Delayed { key, retry_after } => {
+                ApiError::new(StatusCode::CONFLICT, "lock_delayed", message)
+                    .with("key", key.as_str())
+                    .with("retry_after_ms", retry_after.as_millis().max(1) as u64)
+            }
             LockError::LeaseLost(key) => {
                 ApiError::new(StatusCode::CONFLICT, "lease_lost", message).with("key", key.as_str())
             }

@@ -813,7 +813,11 @@ async fn max_hold_caps_renewal(backend: Backend) {
 }
 
 /// Lock-delay: after an expiry (not a release) the key stays unavailable
-/// for the delay, then frees up; a release frees it at once.
+/// for the delay, then frees up; a release frees it at once. While the
+/// delay lasts an acquire that gives up is told so — 409 `lock_delayed`
+/// with `retry_after_ms` (issue 33 item 6) — not `lock_held`: nobody holds
+/// the key. ZooKeeper's waiters cannot tell (the delay is the expired
+/// holder's node living on): `lock_held` there, as README says.
 async fn lock_delay_after_expiry(backend: Backend) {
     let f = slowness(backend);
     let delay = (800 * f).to_string();
@@ -821,9 +825,33 @@ async fn lock_delay_after_expiry(backend: Backend) {
     let s = &h.sidecar;
     let a = s.acquire("delay:1", 200 * f, 0).await;
     assert_eq!(a.status, 200, "{}", a.body);
+    // Held, not delayed: a lease holds it.
+    assert_eq!(s.acquire("delay:1", 200 * f, 0).await.code(), "lock_held");
     tokio::time::sleep(Duration::from_millis(400 * f)).await;
     // Expired 200 ms (× f) ago, delay 800 ms (× f): refused.
-    assert_eq!(s.acquire("delay:1", 200 * f, 0).await.code(), "lock_held");
+    let refused = s.acquire("delay:1", 200 * f, 0).await;
+    assert_eq!(refused.status, 409, "{}", refused.body);
+    if backend == Backend::ZooKeeper {
+        assert_eq!(refused.code(), "lock_held", "{}", refused.body);
+    } else {
+        assert_eq!(refused.code(), "lock_delayed", "{}", refused.body);
+        let retry = refused.body["retry_after_ms"]
+            .as_u64()
+            .expect("retry_after_ms");
+        // The delay ends 200 + 800 ms (× f) after the grant, ~400 ms (× f) ago.
+        assert!(
+            (1..=800 * f).contains(&retry),
+            "retry_after_ms {retry}: {}",
+            refused.body
+        );
+        // A waiter whose wait outlasts the delay gets the key at its end.
+        let waited = s.acquire("delay:1", 200 * f, retry + 1_500 * f).await;
+        assert_eq!(waited.status, 200, "{}", waited.body);
+        // A release clears the delay.
+        assert_eq!(s.release("delay:1", &waited.lease()).await.status, 200);
+        assert_eq!(s.acquire("delay:1", 200 * f, 0).await.status, 200);
+        return;
+    }
     tokio::time::sleep(Duration::from_millis(800 * f)).await;
     let b = s.acquire("delay:1", 200 * f, 0).await;
     assert_eq!(b.status, 200, "{}", b.body);

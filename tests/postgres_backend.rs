@@ -63,6 +63,13 @@ async fn a_killed_listen_connection_is_replaced() {
     let b2 = b.clone();
     let waiter = tokio::spawn(async move { b2.acquire("pg:listen", 60_000, 30_000).await });
     tokio::time::sleep(Duration::from_millis(300)).await;
+    let acquire_calls = [("op", "acquire")];
+    let tries = b
+        .metric(
+            "fencer_backend_request_duration_seconds_count",
+            &acquire_calls,
+        )
+        .await;
     let killed = pg_query_i64(
         &pg.url(),
         "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = 'fencer-listener'",
@@ -78,6 +85,20 @@ async fn a_killed_listen_connection_is_replaced() {
     {
         assert!(Instant::now() < deadline, "no resync after reconnect");
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The resync's re-check has answered "held" before the release: else a
+    // slow re-check could land after it and take the key with no wake-up
+    // at all (seen once under load).
+    while b
+        .metric(
+            "fencer_backend_request_duration_seconds_count",
+            &acquire_calls,
+        )
+        .await
+        <= tries
+    {
+        assert!(Instant::now() < deadline, "no re-check after the resync");
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(!waiter.is_finished());
     assert_eq!(a.release("pg:listen", &held.lease()).await.status, 200);

@@ -252,7 +252,7 @@ async fn lock_delay_holds_in_a_batch() {
         got.push(q.await.unwrap());
     }
     match &got[0] {
-        Ok(Attempt::Held { remaining: Some(r) }) => {
+        Ok(Attempt::Delayed { remaining: r }) => {
             assert!(*r > Duration::from_millis(3_000), "{r:?}")
         }
         other => panic!("expired key not delayed: {other:?}"),

@@ -80,8 +80,8 @@ impl LockBackend for MemoryBackend {
         }
         if let Some(until) = state.delayed.get(key).copied() {
             if until > now {
-                return Ok(Attempt::Held {
-                    remaining: Some(until - now),
+                return Ok(Attempt::Delayed {
+                    remaining: until - now,
                 });
             }
             state.delayed.remove(key);

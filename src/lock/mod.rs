@@ -41,6 +41,23 @@ pub enum Attempt {
     /// Someone else holds it; `remaining` is the backend's remaining TTL when
     /// known (used to schedule the fallback re-check of waiters).
     Held { remaining: Option<Duration> },
+    /// Nobody holds the key, but the lease that last held it ended without
+    /// a release (it expired) and the key stays closed for
+    /// `sidecar.lock_delay_ms` after that; free again in `remaining`. The
+    /// caller is told so (`lock_delayed` with `retry_after_ms`), not "held".
+    Delayed { remaining: Duration },
+}
+
+impl Attempt {
+    /// The wait the backend knows of before the key could be taken:
+    /// a holder's TTL left, or the lock-delay left.
+    pub fn remaining(&self) -> Option<Duration> {
+        match self {
+            Attempt::Acquired { .. } => None,
+            Attempt::Held { remaining } => *remaining,
+            Attempt::Delayed { remaining } => Some(*remaining),
+        }
+    }
 }
 
 /// What a conditional operation (renew, release) found.

@@ -170,7 +170,8 @@ async fn refusal(answer: Answer, key: &str, wait: &str) -> LockCmdError {
             String::from_utf8_lossy(&body[..body.len().min(200)])
         ));
     }
-    if status == 409 && code == "lock_held" {
+    // A key in lock-delay is not free yet either: the same exit as held.
+    if status == 409 && (code == "lock_held" || code == "lock_delayed") {
         return LockCmdError::Held {
             key: key.to_owned(),
             wait: wait.to_owned(),

@@ -13,7 +13,7 @@ use super::{register, render, Groups, BACKEND_BUCKETS, WAIT_BUCKETS};
 pub const LOST_REASONS: [&str; 3] = ["deadline", "backend", "failover"];
 
 /// The `result` values of `fencer_acquisitions_total`.
-const ACQUIRE_RESULTS: [&str; 3] = ["acquired", "timeout", "error"];
+const ACQUIRE_RESULTS: [&str; 4] = ["acquired", "timeout", "delayed", "error"];
 
 /// The sidecar's series.
 pub struct Metrics {

@@ -261,7 +261,7 @@ async fn try_lock_inner(state: &ApiState, req: &TryLock) -> Result<Option<LeaseV
     };
     match state.locks.acquire(acquire).await {
         Ok(view) => Ok(Some(view)),
-        Err(LockError::Held(_)) => Ok(None),
+        Err(LockError::Held(_) | LockError::Delayed { .. }) => Ok(None),
         Err(e) => Err(DaprFailure::Backend(e)),
     }
 }

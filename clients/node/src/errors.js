@@ -49,6 +49,15 @@ MethodNotAllowedError.code = 'method_not_allowed';
 export class LockHeldError extends FencerError {}
 LockHeldError.code = 'lock_held';
 
+/** 409: nobody holds the lock, but its last lease expired without a release and the key stays closed for the sidecar's lock-delay; `retryAfterMs` says for how much longer. A `LockHeldError`, so code that checks for that keeps working. */
+export class LockDelayedError extends LockHeldError {
+  /** @returns {number | undefined} */
+  get retryAfterMs() {
+    return typeof this.body.retry_after_ms === 'number' ? this.body.retry_after_ms : undefined;
+  }
+}
+LockDelayedError.code = 'lock_delayed';
+
 /** 409: the lease no longer holds its lock (expired, released or lost): stop the work it protects. Also raised by this library (status 0) when a kept-alive lease was not renewed before its deadline; `reason` says why. */
 export class LeaseLostError extends FencerError {
   /** @param {number} status @param {string} code @param {string} message @param {Record<string, unknown>} [body] @param {string} [reason] */
@@ -185,7 +194,7 @@ FenceStoreUnavailableError.code = 'fence_store_unavailable';
  * @type {Readonly<Record<string, typeof FencerError>>}
  */
 export const ERROR_CLASSES = Object.freeze(Object.fromEntries(
-  [InvalidRequestError, TtlTooLongError, PayloadTooLargeError, NotFoundError, MethodNotAllowedError, LockHeldError, LeaseLostError, NotOwnerError, MaxHoldReachedError, TooManyWaitersError, TooManyLeasesError, BackendUnavailableError, BackendRefusedError, NotReplicatedError, GatewayUnavailableError, TokenBehindGatewayError, TokenJumpError, LeaseExpiredBeforeAnswerError, ShuttingDownError, InternalError, LockStoreNotFoundError, LeaseNotFoundError, NotReadyError, LeaseRequiredError, LockNotHeldError, LeaseBusyError, DuplicateFencingHeaderError, UpstreamError, UpstreamTimeoutError, FencingTokenRequiredError, InvalidFencingTokenError, PathNotRoutedError, StaleFencingTokenError, StaleSequenceError, DuplicateSequenceError, FenceBusyError, FenceStoreUnavailableError].map((cls) => [cls.code, cls]),
+  [InvalidRequestError, TtlTooLongError, PayloadTooLargeError, NotFoundError, MethodNotAllowedError, LockHeldError, LockDelayedError, LeaseLostError, NotOwnerError, MaxHoldReachedError, TooManyWaitersError, TooManyLeasesError, BackendUnavailableError, BackendRefusedError, NotReplicatedError, GatewayUnavailableError, TokenBehindGatewayError, TokenJumpError, LeaseExpiredBeforeAnswerError, ShuttingDownError, InternalError, LockStoreNotFoundError, LeaseNotFoundError, NotReadyError, LeaseRequiredError, LockNotHeldError, LeaseBusyError, DuplicateFencingHeaderError, UpstreamError, UpstreamTimeoutError, FencingTokenRequiredError, InvalidFencingTokenError, PathNotRoutedError, StaleFencingTokenError, StaleSequenceError, DuplicateSequenceError, FenceBusyError, FenceStoreUnavailableError].map((cls) => [cls.code, cls]),
 ));
 
 /**

@@ -178,6 +178,11 @@ export class NotFoundError extends FencerError {}
 export class MethodNotAllowedError extends FencerError {}
 /** 409: another lease still held the lock when `waitMs` ran out. */
 export class LockHeldError extends FencerError {}
+/** 409: nobody holds the lock, but its last lease expired without a release and the key stays closed for the sidecar's lock-delay. */
+export class LockDelayedError extends LockHeldError {
+  /** How long the lock-delay lasts still (`retry_after_ms`). */
+  readonly retryAfterMs: number | undefined;
+}
 /** 409: the lease no longer holds its lock (expired, released or lost): stop the work it protects. Also raised by this library (status 0) when a kept-alive lease was not renewed before its deadline; `reason` says why. */
 export class LeaseLostError extends FencerError {
   constructor(status: number, code: string, message: string, body?: Record<string, unknown>, reason?: string);

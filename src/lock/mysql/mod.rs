@@ -237,7 +237,7 @@ fn lease_value(lease: &LeaseId) -> Value {
 /// How soon a waiter re-checks a key held without a bell.
 const NO_BELL_RECHECK: Duration = Duration::from_millis(500);
 
-const ACQUIRE: &str = "CALL fencer_lock_acquire_v2(?, ?, ?, ?, ?, ?)";
+const ACQUIRE: &str = "CALL fencer_lock_acquire_v3(?, ?, ?, ?, ?, ?)";
 const RENEW: &str = "CALL fencer_lock_renew_v1(?, ?, ?)";
 const RENEW_MANY: &str = "CALL fencer_lock_renew_many_v1(?)";
 const RELEASE: &str = "CALL fencer_lock_release_v1(?, ?)";
@@ -427,6 +427,11 @@ impl LockBackend for MySqlBackend {
         }
         let mut holder = holder.clamp(0, u32::MAX as i64) as u32;
         let mut remaining = Duration::from_millis(remaining.max(0) as u64);
+        if status == -3 {
+            // Nobody holds it: the lock-delay of an expired lease, with
+            // nothing to ring at its end.
+            return Ok(Attempt::Delayed { remaining });
+        }
         if holder != 0 && self.bells.is_ours(holder) && !self.bells.has_lease(key.as_str()) {
             // Our bell, but only because our own tries took it (concurrent
             // first acquires: ours took the bell, another sidecar's got the

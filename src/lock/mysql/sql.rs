@@ -43,6 +43,11 @@ pub fn pieces() -> Vec<crate::mysql::schema::Piece> {
             ACQUIRE_V2_PROC,
         ),
         (
+            "fencer_lock_acquire_v3",
+            routine("fencer_lock_acquire_v3"),
+            ACQUIRE_V3_PROC.as_str(),
+        ),
+        (
             "fencer_lock_renew_v1",
             routine("fencer_lock_renew_v1"),
             RENEW_PROC,
@@ -226,6 +231,18 @@ proc: BEGIN
            COALESCE(IS_USED_LOCK(p_bell), 0);
   END IF;
 END";
+
+/// [`ACQUIRE_V2_PROC`] telling a key in lock-delay from a held one: status
+/// -3 when nobody holds the key but the last lease expired less than its
+/// lock-delay ago (`remaining` is the delay's), -1 only while a lease
+/// holds it. Made from the v2 text, so the two cannot drift apart.
+pub static ACQUIRE_V3_PROC: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let held = "    SELECT -1, v_token,\n";
+    assert_eq!(ACQUIRE_V2_PROC.matches(held).count(), 1, "v2's held branch");
+    ACQUIRE_V2_PROC
+        .replacen("fencer_lock_acquire_v2", "fencer_lock_acquire_v3", 1)
+        .replacen(held, "    SELECT IF(v_exp > v_now, -1, -3), v_token,\n", 1)
+});
 
 /// (key, lease, ttl ms) → (status, token): 1 renewed, 0 not held (expired
 /// or released), -1 held by another lease.

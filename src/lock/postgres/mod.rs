@@ -319,14 +319,15 @@ impl LockBackend for PgBackend {
             // Voided by the undo of a caller that gave up: never answered.
             return Err(unavailable("acquire attempt voided by its undo"));
         }
-        Ok(if status == 1 {
-            Attempt::Acquired {
+        let remaining = Duration::from_millis(remaining.max(0) as u64);
+        Ok(match status {
+            1 => Attempt::Acquired {
                 token: token as u64,
-            }
-        } else {
-            Attempt::Held {
-                remaining: Some(Duration::from_millis(remaining.max(0) as u64)),
-            }
+            },
+            -3 => Attempt::Delayed { remaining },
+            _ => Attempt::Held {
+                remaining: Some(remaining),
+            },
         })
     }
 

@@ -289,7 +289,8 @@ pub const VOID_ATTEMPT: &str = "SELECT fencer_void_attempt($1, $2, $4, $3)";
 
 /// $1 key, $2 lease, $3 owner, $4 ttl ms, $5 lock-delay ms, $6 attempt id.
 /// Returns (status, token, remaining_ms): 1 acquired (or already ours),
-/// -1 held by another lease, -2 the attempt was voided by its undo (its
+/// -1 held by another lease, -3 free but in lock-delay (the last lease
+/// expired; `remaining_ms` is the delay's), -2 the attempt was voided by its undo (its
 /// caller gave up; nothing taken). Every grant stores the attempt id; a
 /// confirmation of a grant to the same lease (a retry) stores it only if it
 /// is later than the one on the row ([`VOID_ATTEMPT_FN`] says why: the
@@ -340,7 +341,7 @@ SELECT 1, token, 0::bigint FROM ins
 UNION ALL
 SELECT 1, token, 0::bigint FROM again
 UNION ALL
-SELECT -1,
+SELECT CASE WHEN l.expires_at > clock_timestamp() THEN -1 ELSE -3 END,
        l.token,
        GREATEST(0, (EXTRACT(EPOCH FROM (l.expires_at + l.delay_ms * interval '1 millisecond'
                                         - clock_timestamp())) * 1000)::bigint)

@@ -528,6 +528,9 @@ impl LockBackend for RedisBackend {
                     remaining: (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
                 })
             }
+            -3 => Ok(Attempt::Delayed {
+                remaining: Duration::from_millis(value.parse().unwrap_or(0)),
+            }),
             other => Err(BackendError::Protocol(format!(
                 "unknown acquire status {other}"
             ))),

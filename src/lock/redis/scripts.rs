@@ -43,7 +43,9 @@ pub(crate) use keep_counter_lua;
 
 /// Lua: `acquire(lock, counter, delay, lease, ttl, mode, lock_delay, idle)`,
 /// the body of [`ACQUIRE`] and [`ACQUIRE_MANY`] (one source for both).
-/// Returns `{status, value}`; status -2 = refused with the message in
+/// Returns `{status, value}`: 1 acquired (value: the token), -1 held by
+/// another lease (value: its PTTL), -3 free but in lock-delay (value: the
+/// delay's PTTL); status -2 = refused with the message in
 /// `value` (the single script turns it into an error reply, the batch
 /// script reports it for that item alone).
 ///
@@ -87,7 +89,7 @@ local function acquire(lock, counter, delay, lease, ttl, mode, lock_delay, idle)
   end
   local delayed = redis.call('PTTL', delay)
   if delayed > 0 then
-    return {-1, tostring(delayed)}
+    return {-3, tostring(delayed)}
   end
   local tok
   if mode == 'hybrid' then

@@ -251,7 +251,8 @@ impl RedLockBackend {
     }
 }
 
-/// `{1, counter, token, floor}` or `{-1, pttl}` → a vote.
+/// `{1, counter, token, floor}`, `{-1, pttl}` or `{-3, pttl}` (lock-delay)
+/// → a vote.
 fn vote(value: Option<redis::Value>) -> Vote {
     let Some(value) = value else {
         return Vote::Unknown;
@@ -277,10 +278,11 @@ fn vote(value: Option<redis::Value>) -> Vote {
             },
             _ => Vote::Unknown,
         },
-        Some(-1) => Vote::Held {
+        Some(status @ (-1 | -3)) => Vote::Held {
             pttl: num(1)
                 .filter(|p| *p >= 0)
                 .map(|p| Duration::from_millis(p as u64)),
+            delayed: status == -3,
         },
         _ => Vote::Unknown,
     }
@@ -381,14 +383,17 @@ impl LockBackend for RedLockBackend {
         let outcome = tally(&votes, self.quorum).map_err(BackendError::Protocol)?;
         let (token, granted) = match outcome {
             Tally::Majority { token, granted } => (token, granted),
-            Tally::Held { remaining } => {
+            Tally::Held { remaining, delayed } => {
                 self.round("acquire", "held");
                 // Masters where this lease did get the key: give it back now,
                 // or they would stay taken for the TTL.
                 if votes.iter().any(|v| matches!(v, Vote::Granted { .. })) {
                     self.release_everywhere(key, lease).await;
                 }
-                return Ok(Attempt::Held { remaining });
+                return Ok(match remaining {
+                    Some(remaining) if delayed => Attempt::Delayed { remaining },
+                    _ => Attempt::Held { remaining },
+                });
             }
             Tally::Split => {
                 self.round("acquire", "split");

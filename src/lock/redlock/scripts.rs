@@ -15,7 +15,8 @@
 /// Returns `{1, counter, entry token, clock floor}` when this lease holds
 /// the key on this master (just taken, or already: a retry), where the
 /// entry token is `0` before the write-back; `{-1, pttl}` when another
-/// lease holds it (or the lock-delay marker lives); `{0, ms}` when this
+/// lease holds it, `{-3, pttl}` when nobody does but the lock-delay marker
+/// lives; `{0, ms}` when this
 /// master abstains for `ms` more: it has not kept its data for the
 /// quarantine yet. The age marker (the master's own `TIME` at the first
 /// vote, never expiring) vanishes with the data, so a master restarted
@@ -46,7 +47,7 @@ if cur then
 end
 local delayed = redis.call('PTTL', KEYS[3])
 if delayed > 0 then
-  return {-1, tostring(delayed)}
+  return {-3, tostring(delayed)}
 end
 redis.call('SET', KEYS[1], ARGV[1] .. ' 0', 'PX', ARGV[2])
 if tonumber(ARGV[3]) > 0 then

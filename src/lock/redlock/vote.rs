@@ -29,8 +29,12 @@ pub enum Vote {
         token: u64,
         floor: u64,
     },
-    /// Another lease holds it there (for `pttl`, when known).
-    Held { pttl: Option<Duration> },
+    /// Another lease holds it there (for `pttl`, when known) — or, with
+    /// `delayed`, nobody does but the key is in its lock-delay there.
+    Held {
+        pttl: Option<Duration>,
+        delayed: bool,
+    },
     /// No answer in time, or an error: it may or may not hold it.
     Unknown,
     /// The master has not kept its data for the restart quarantine yet: it
@@ -44,7 +48,12 @@ pub enum Tally {
     /// A majority granted: write `token` back to them (indices).
     Majority { token: u64, granted: Vec<usize> },
     /// A majority is held by another lease; look again after `remaining`.
-    Held { remaining: Option<Duration> },
+    /// `delayed`: on every master that said so, by a lock-delay alone (the
+    /// last lease expired; nobody holds the key).
+    Held {
+        remaining: Option<Duration>,
+        delayed: bool,
+    },
     /// Nobody has a majority for sure (split vote): release, retry later.
     Split,
     /// Too many masters did not answer to tell.
@@ -64,10 +73,14 @@ pub fn tally(votes: &[Vote], quorum: usize) -> Result<Tally, String> {
     let held: Vec<Option<Duration>> = votes
         .iter()
         .filter_map(|v| match v {
-            Vote::Held { pttl } => Some(*pttl),
+            Vote::Held { pttl, .. } => Some(*pttl),
             _ => None,
         })
         .collect();
+    let delayed = votes.iter().all(|v| match v {
+        Vote::Held { delayed, .. } => *delayed,
+        _ => true,
+    });
     let unknown = votes.iter().filter(|v| **v == Vote::Unknown).count();
     let mut abstaining: Vec<Duration> = votes
         .iter()
@@ -85,7 +98,7 @@ pub fn tally(votes: &[Vote], quorum: usize) -> Result<Tally, String> {
     if held.len() >= quorum {
         // The earliest moment the key can be free on a majority.
         let remaining = held.iter().flatten().min().copied();
-        return Ok(Tally::Held { remaining });
+        return Ok(Tally::Held { remaining, delayed });
     }
     if votes.len() - abstaining.len() < quorum {
         // Enough must come back for the voters to make a majority.
@@ -140,7 +153,33 @@ mod tests {
     fn held(ms: u64) -> Vote {
         Vote::Held {
             pttl: Some(Duration::from_millis(ms)),
+            delayed: false,
         }
+    }
+
+    fn delayed(ms: u64) -> Vote {
+        Vote::Held {
+            pttl: Some(Duration::from_millis(ms)),
+            delayed: true,
+        }
+    }
+
+    #[test]
+    fn a_majority_in_lock_delay_alone_is_delayed_and_one_holder_makes_it_held() {
+        assert_eq!(
+            tally(&[delayed(300), delayed(200), g(1, 0, 0)], 2),
+            Ok(Tally::Held {
+                remaining: Some(Duration::from_millis(200)),
+                delayed: true
+            })
+        );
+        assert_eq!(
+            tally(&[delayed(300), held(200), g(1, 0, 0)], 2),
+            Ok(Tally::Held {
+                remaining: Some(Duration::from_millis(200)),
+                delayed: false
+            })
+        );
     }
 
     #[test]
@@ -238,13 +277,15 @@ mod tests {
         assert_eq!(
             tally(&[held(300), held(200), g(1, 0, 0)], 2),
             Ok(Tally::Held {
-                remaining: Some(Duration::from_millis(200))
+                remaining: Some(Duration::from_millis(200)),
+                delayed: false
             })
         );
         assert_eq!(
             tally(&[g(1, 0, 0), g(1, 0, 0), held(5), held(5), held(9)], 3),
             Ok(Tally::Held {
-                remaining: Some(Duration::from_millis(5))
+                remaining: Some(Duration::from_millis(5)),
+                delayed: false
             })
         );
         assert_eq!(

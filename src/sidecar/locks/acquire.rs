@@ -64,7 +64,28 @@ enum Repair {
 
 enum Try {
     Got(Box<LeaseRecord>),
-    Held(Option<Duration>),
+    /// Not taken: how long the backend said it stays so, and whether that
+    /// is a lock-delay (nobody holds the key) rather than a holder.
+    Held(Option<Duration>, Delay),
+}
+
+/// Whether a "not taken" was a lock-delay, and when it ends.
+#[derive(Clone, Copy, Default)]
+struct Delay(Option<Instant>);
+
+impl Delay {
+    /// The answer to an acquire that gives up on this: `lock_delayed` with
+    /// the time left while the delay lasts, else `lock_held`.
+    fn gave_up(self, key: &LockKey) -> LockError {
+        let now = Instant::now();
+        match self.0 {
+            Some(until) if until > now => LockError::Delayed {
+                key: key.clone(),
+                retry_after: until - now,
+            },
+            _ => LockError::Held(key.clone()),
+        }
+    }
 }
 
 /// The lease ids one acquire tried that may hold its key, and its backend
@@ -182,6 +203,7 @@ impl LockManager {
         let outcome = match &result {
             Ok(_) => "acquired",
             Err(LockError::Held(_)) => "timeout",
+            Err(LockError::Delayed { .. }) => "delayed",
             Err(_) => "error",
         };
         self.metrics
@@ -363,8 +385,8 @@ impl LockManager {
         if !self.waiters.has_waiters(key.as_str()) {
             match self.try_once(req, attempts, group).await? {
                 Try::Got(rec) => return Ok(rec.view(Instant::now())),
-                Try::Held(_) if wait.is_zero() => return Err(LockError::Held(key.clone())),
-                Try::Held(_) => {}
+                Try::Held(_, delay) if wait.is_zero() => return Err(delay.gave_up(key)),
+                Try::Held(..) => {}
             }
         } else if wait.is_zero() {
             // Others are queued ahead of us: a try-lock does not jump them.
@@ -405,22 +427,25 @@ impl LockManager {
         // repeated with backoff, and only a wait that ends on a failed try
         // answers with that failure (it does not know the key is held).
         let mut outage: Option<(LockError, Duration)> = None;
-        let gave_up = |outage: Option<(LockError, Duration)>| match outage {
+        // What the last try found, for the answer if the wait ends on it.
+        let mut delay = Delay::default();
+        let gave_up = |outage: Option<(LockError, Duration)>, delay: Delay| match outage {
             Some((e, _)) => e,
-            None => LockError::Held(key.clone()),
+            None => delay.gave_up(key),
         };
         loop {
             if must_try {
                 if Instant::now() >= deadline {
-                    return Err(gave_up(outage));
+                    return Err(gave_up(outage, delay));
                 }
                 match self.try_once(req, attempts, group).await {
                     Ok(Try::Got(rec)) => {
                         ticket.acquired(ttl);
                         return Ok(rec.view(Instant::now()));
                     }
-                    Ok(Try::Held(remaining)) => {
+                    Ok(Try::Held(remaining, found)) => {
                         outage = None;
+                        delay = found;
                         recheck_at = Some(Instant::now() + self.fallback_delay(remaining));
                         // Nothing watched yet (on MySQL: the key was held
                         // here, or without a bell, when this waiter queued):
@@ -459,7 +484,7 @@ impl LockManager {
                 }
                 _ = tokio::time::sleep_until(sleep_until) => {
                     if Instant::now() >= deadline {
-                        return Err(gave_up(outage));
+                        return Err(gave_up(outage, delay));
                     }
                     // The holder's TTL ran out without a release message
                     // (expiry publishes nothing): the one polling path. Or
@@ -531,11 +556,19 @@ impl LockManager {
                     );
                     return Ok(Try::Got(Box::new(record)));
                 }
-                Ok(Attempt::Held { remaining }) => {
+                Ok(not_taken @ (Attempt::Held { .. } | Attempt::Delayed { .. })) => {
                     if attempt == 0 && !self.backend.held_keeps_a_place() {
                         attempts.not_taken(&lease);
                     }
-                    return Ok(Try::Held(remaining));
+                    let delay = match not_taken {
+                        Attempt::Delayed { remaining } => {
+                            tracing::debug!(key = %key, retry_after_ms = remaining.as_millis() as u64,
+                                "key in lock-delay: its last lease expired without a release");
+                            Delay(Some(Instant::now() + remaining))
+                        }
+                        _ => Delay(None),
+                    };
+                    return Ok(Try::Held(not_taken.remaining(), delay));
                 }
                 Err(BackendError::Unavailable(_)) if attempt < ACQUIRE_RETRIES => {
                     attempt += 1;

@@ -33,6 +33,8 @@ use crate::token::Signer;
 pub enum LockError {
     #[error("lock `{0}` is held by another lease")]
     Held(LockKey),
+    #[error("lock `{key}` is free but in its lock-delay (its last lease expired without a release) for {} ms more", .retry_after.as_millis())]
+    Delayed { key: LockKey, retry_after: Duration },
     #[error("the lease no longer holds lock `{0}`")]
     LeaseLost(LockKey),
     #[error("lock `{0}` is held by a different lease")]

@@ -62,6 +62,18 @@ class LockHeld(FencerError):
     code = "lock_held"
 
 
+class LockDelayed(LockHeld):
+    """409: nobody holds the lock, but its last lease expired without a
+    release and the key stays closed for the sidecar's lock-delay;
+    ``retry_after_ms`` says for how much longer. A :class:`LockHeld`, so
+    code that catches that keeps working."""
+    code = "lock_delayed"
+
+    @property
+    def retry_after_ms(self) -> Optional[int]:
+        return (self.body or {}).get("retry_after_ms")
+
+
 class LeaseLost(FencerError):
     """409: the lease no longer holds its lock (expired, released or lost).
     Stop the work it protects: another holder may have the lock now.

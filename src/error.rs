@@ -103,6 +103,11 @@ impl From<LockError> for ApiError {
                     .with("key", key.as_str())
                     .with("retry_after_ms", retry_after.as_millis().max(1) as u64)
             }
+            LockError::RateLimited { retry_after } => {
+                ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limited", message)
+                    .with("retry_after_ms", retry_after.as_millis().max(1) as u64)
+            }
+            LockError::ViewOff => ApiError::new(StatusCode::BAD_REQUEST, "view_off", message),
             LockError::LeaseLost(key) => {
                 ApiError::new(StatusCode::CONFLICT, "lease_lost", message).with("key", key.as_str())
             }

@@ -28,7 +28,16 @@ pub struct TopArgs {
     /// Lease rows to show.
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub rows: u64,
+    /// Keys to show as the backend records them, whichever sidecar holds
+    /// them (`GET /v1/locks/{key}?scope=backend`; one read per key per
+    /// frame, within the sidecar's `backend_view_per_second`). Repeatable,
+    /// up to 10.
+    #[arg(long = "key", num_args = 1, value_name = "KEY")]
+    pub keys: Vec<String>,
 }
+
+/// At most this many `--key`s: each costs one backend read per frame.
+pub const MAX_KEYS: usize = 10;
 
 /// One series of a scrape: name, labels, value.
 type Series = (String, Vec<(String, String)>, f64);
@@ -253,11 +262,68 @@ async fn frame(
                 let _ = writeln!(out, "\n(lease table unavailable at {url})");
             }
         }
+        if !args.keys.is_empty() {
+            let _ = writeln!(out, "\nIN THE BACKEND");
+            let _ = writeln!(
+                out,
+                "{:<40} {:<8} {:>20} {:<16} {:>10} {:>7} {:<4}",
+                "KEY", "STATE", "TOKEN", "LEASE TAG", "REMAINING", "WAITING", "HERE"
+            );
+            for key in &args.keys {
+                let url = format!(
+                    "{}/v1/locks/{}?scope=backend",
+                    args.api.trim_end_matches('/'),
+                    percent_encoding::utf8_percent_encode(key, percent_encoding::NON_ALPHANUMERIC)
+                );
+                let v = match get(client, &url)
+                    .await
+                    .map(|t| serde_json::from_str::<Value>(&t))
+                {
+                    Ok(Ok(v)) => v,
+                    _ => Value::Null,
+                };
+                let _ = writeln!(out, "{}", backend_row(key, &v));
+            }
+        }
     }
     out
 }
 
+/// One row of the backend view (an error answer shows its code).
+fn backend_row(key: &str, v: &Value) -> String {
+    let text = |f: &str| v[f].as_str().unwrap_or("-").to_owned();
+    let num = |f: &str| v[f].as_u64().map_or("-".to_owned(), |n| n.to_string());
+    let state = match (v["state"].as_str(), v["error"].as_str()) {
+        (Some(s), _) => s.to_owned(),
+        (None, Some(e)) => e.to_owned(),
+        _ => "unreachable".to_owned(),
+    };
+    let left = match (v["remaining_ms"].as_f64(), v["retry_after_ms"].as_f64()) {
+        (Some(ms), _) | (None, Some(ms)) => fmt_ms(ms),
+        _ => "-".into(),
+    };
+    let here = match v["held_here"].as_bool() {
+        Some(true) => "yes",
+        Some(false) => "no",
+        None => "-",
+    };
+    format!(
+        "{key:<40} {state:<8} {:>20} {:<16} {left:>10} {:>7} {here:<4}",
+        num("token"),
+        text("lease_tag"),
+        num("waiting"),
+    )
+}
+
 pub async fn run(args: TopArgs) -> Result<(), String> {
+    if args.keys.len() > MAX_KEYS {
+        return Err(format!(
+            "at most {MAX_KEYS} --key (each is one backend read per frame)"
+        ));
+    }
+    if !args.keys.is_empty() && args.api.is_empty() {
+        return Err("--key needs the sidecar's lock API (--api)".into());
+    }
     let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
     let metrics_url = format!("{}/metrics", args.admin.trim_end_matches('/'));
     let interval = Duration::from_millis(args.interval_ms);
@@ -285,6 +351,18 @@ pub async fn run(args: TopArgs) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn backend_rows_show_state_token_tag_and_time_left() {
+        let held = serde_json::json!({"state": "held", "token": 7, "lease_tag": "abc",
+            "remaining_ms": 1500, "held_here": false, "waiting": 2});
+        let row = backend_row("k", &held);
+        for part in ["held", " 7 ", "abc", "1.5s", " 2 ", "no"] {
+            assert!(row.contains(part), "{part:?} in {row:?}");
+        }
+        let limited = serde_json::json!({"error": "rate_limited", "retry_after_ms": 90});
+        assert!(backend_row("k", &limited).contains("rate_limited"));
+    }
 
     #[test]
     fn parses_and_sums() {

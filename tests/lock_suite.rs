@@ -41,6 +41,24 @@ struct Harness {
     _zk: Option<Server<ZooKeeperEnsemble>>,
     _mysql: Option<MyDb>,
     sidecar: Fencer,
+    /// What started `sidecar`, for [`Harness::another`].
+    started_with: (Backend, Option<String>, Vec<(String, String)>),
+}
+
+impl Harness {
+    /// A second sidecar on the same backend and settings (another pod).
+    fn another(&self) -> Fencer {
+        let (backend, url, settings) = &self.started_with;
+        let all: Vec<(&str, &str)> = settings
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let sidecar = Fencer::sidecar(*backend, url.as_deref(), &all);
+        if !matches!(backend, Backend::Memory | Backend::Redis) {
+            sidecar.wait_ready();
+        }
+        sidecar
+    }
 }
 
 /// A harness on the binary's shared servers (unless `FENCER_TEST_SHARED=0`).
@@ -136,11 +154,11 @@ fn harness_with(backend: Backend, extra: &[(&str, &str)], share: bool) -> Harnes
             "70000".into(),
         ));
     }
-    let mut all: Vec<(&str, &str)> = settings
+    settings.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    let all: Vec<(&str, &str)> = settings
         .iter()
         .map(|(k, v)| (k.as_str(), v.as_str()))
         .collect();
-    all.extend_from_slice(extra);
     let sidecar = Fencer::sidecar(backend, url.as_deref(), &all);
     if !matches!(backend, Backend::Memory | Backend::Redis) {
         // The schema is created, or the topology found, in the background.
@@ -155,6 +173,7 @@ fn harness_with(backend: Backend, extra: &[(&str, &str)], share: bool) -> Harnes
         _zk: zk,
         _mysql: mysql,
         sidecar,
+        started_with: (backend, url, settings),
     }
 }
 
@@ -860,6 +879,89 @@ async fn lock_delay_after_expiry(backend: Backend) {
     assert_eq!(s.acquire("delay:1", 200 * f, 0).await.status, 200);
 }
 
+async fn view(s: &Fencer, key: &str) -> Resp {
+    s.get(&format!("{}?scope=backend", Fencer::path(key, "")))
+        .await
+}
+
+/// `GET /v1/locks/{key}?scope=backend` (issue 33 item 5): what the backend
+/// records, whichever sidecar's lease it is — the holder's token and tag
+/// (never its id), its time left, the key's last token, the queue where
+/// the backend keeps one (ZooKeeper); free and lock-delayed keys too.
+async fn backend_view(backend: Backend) {
+    let f = slowness(backend);
+    let delay = (2_000 * f).to_string();
+    let h = harness(backend, &[("sidecar.lock_delay_ms", &delay)]);
+    let a = &h.sidecar;
+    // The memory backend lives in its process: no other sidecar sees it.
+    let other = (backend != Backend::Memory).then(|| h.another());
+    let b = other.as_ref().unwrap_or(a);
+    let never = view(b, "view:never").await;
+    assert_eq!(never.status, 200, "{}", never.body);
+    assert_eq!(never.body["state"], "free", "{}", never.body);
+    assert_eq!(never.body["backend"], backend.name(), "{}", never.body);
+
+    let held = a.acquire("view:1", 20_000, 0).await;
+    assert_eq!(held.status, 200, "{}", held.body);
+    let tag = a.get(&Fencer::path("view:1", "")).await.body["lease_tag"].clone();
+    for (s, here) in [(b, backend == Backend::Memory), (a, true)] {
+        let v = view(s, "view:1").await;
+        assert_eq!(v.status, 200, "{}", v.body);
+        assert_eq!(v.body["state"], "held", "{}", v.body);
+        assert_eq!(v.body["token"], held.body["token"], "{}", v.body);
+        assert_eq!(v.body["lease_tag"], tag, "{}", v.body);
+        assert_eq!(v.body["held_here"], here, "{}", v.body);
+        assert!(
+            !v.body.to_string().contains(&held.lease()),
+            "the lease id (a credential) in {}",
+            v.body
+        );
+        if backend == Backend::ZooKeeper {
+            assert_eq!(v.body["waiting"], 0, "{}", v.body);
+        } else {
+            let left = v.body["remaining_ms"].as_u64().expect("remaining_ms");
+            assert!((1..=20_000).contains(&left), "{}", v.body);
+            assert_eq!(v.body["last_token"], held.body["token"], "{}", v.body);
+            assert!(v.body.get("waiting").is_none(), "{}", v.body);
+        }
+    }
+    if backend == Backend::ZooKeeper {
+        // The queue: a waiter on the other sidecar is counted.
+        let b = Arc::new(h.another());
+        let b2 = b.clone();
+        let waiter = tokio::spawn(async move { b2.acquire("view:1", 20_000, 20_000).await });
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while view(a, "view:1").await.body["waiting"] != 1 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the waiter is not counted"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(a.release("view:1", &held.lease()).await.status, 200);
+        let got = waiter.await.unwrap();
+        assert_eq!(got.status, 200, "{}", got.body);
+        let v = view(a, "view:1").await;
+        assert_eq!(
+            (v.body["token"].clone(), v.body["held_here"].clone()),
+            (got.body["token"].clone(), json!(false))
+        );
+        return;
+    }
+    assert_eq!(a.release("view:1", &held.lease()).await.status, 200);
+    let v = view(b, "view:1").await;
+    assert_eq!(v.body["state"], "free", "{}", v.body);
+    assert_eq!(v.body["last_token"], held.body["token"], "{}", v.body);
+    // An expiry, not a release: the key is in its lock-delay.
+    let short = a.acquire("view:1", 100 * f, 0).await;
+    assert_eq!(short.status, 200, "{}", short.body);
+    tokio::time::sleep(Duration::from_millis(300 * f)).await;
+    let v = view(b, "view:1").await;
+    assert_eq!(v.body["state"], "delayed", "{}", v.body);
+    let left = v.body["retry_after_ms"].as_u64().expect("retry_after_ms");
+    assert!((1..=2_000 * f).contains(&left), "{}", v.body);
+}
+
 /// SIGTERM closes hold streams with a final line.
 async fn shutdown_closes_hold_streams(backend: Backend) {
     let mut h = harness_own(backend, &[]);
@@ -954,5 +1056,66 @@ suite!(
     auto_renew_follows_the_application,
     max_hold_caps_renewal,
     lock_delay_after_expiry,
+    backend_view,
     shutdown_closes_hold_streams,
 );
+
+/// The backend view is bounded: past `sidecar.backend_view_per_second` (a
+/// burst of as many) it answers 429 `rate_limited` with `retry_after_ms`,
+/// counted; 0 turns it off; a bad `scope` or an unknown parameter is a 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backend_view_is_rate_limited_off_at_zero_and_validated() {
+    let s = Fencer::sidecar(
+        Backend::Memory,
+        None,
+        &[("sidecar.backend_view_per_second", "3")],
+    );
+    let mut codes = Vec::new();
+    for _ in 0..6 {
+        let r = view(&s, "rl:1").await;
+        codes.push((r.status, r.code().to_owned()));
+        if r.status == 429 {
+            assert!(
+                r.body["retry_after_ms"].as_u64().unwrap() >= 1,
+                "{}",
+                r.body
+            );
+        }
+    }
+    let ok = codes.iter().filter(|(s, _)| *s == 200).count();
+    let limited = codes
+        .iter()
+        .filter(|c| **c == (429, "rate_limited".to_owned()))
+        .count();
+    assert_eq!((ok, limited), (3, 3), "{codes:?}");
+    assert_eq!(
+        s.metric("fencer_backend_views_total", &[("result", "rate_limited")])
+            .await,
+        3.0
+    );
+    assert_eq!(
+        s.metric("fencer_backend_views_total", &[("result", "free")])
+            .await,
+        3.0
+    );
+    // The bucket refills: a read later goes through.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(view(&s, "rl:1").await.status, 200);
+    for (query, field) in [
+        ("scope=everywhere", "scope"),
+        ("scope=backend&x=1", "query"),
+    ] {
+        let r = s
+            .get(&format!("{}?{query}", Fencer::path("rl:1", "")))
+            .await;
+        assert_eq!((r.status, r.code()), (400, "invalid_request"), "{}", r.body);
+        assert_eq!(r.body["field"], field, "{}", r.body);
+    }
+    let off = Fencer::sidecar(
+        Backend::Memory,
+        None,
+        &[("sidecar.backend_view_per_second", "0")],
+    );
+    let r = view(&off, "rl:1").await;
+    assert_eq!((r.status, r.code()), (400, "view_off"), "{}", r.body);
+}

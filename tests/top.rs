@@ -79,3 +79,47 @@ async fn top_works_for_a_gateway() {
     assert!(text.contains("(gateway, memory)"), "{text}");
     assert!(text.contains("stale writes rejected 0"), "{text}");
 }
+
+/// `--key`: a key as the backend records it, held through another
+/// sidecar (issue 33 item 5): state, token, the holder's tag, not here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn top_shows_a_key_another_sidecar_holds() {
+    let redis = RedisServer::start(Persistence::Off);
+    let a = Fencer::sidecar(Backend::Redis, Some(&redis.url()), &[]);
+    let b = Fencer::sidecar(Backend::Redis, Some(&redis.url()), &[]);
+    let held = a.acquire("orders/9", 30_000, 0).await;
+    assert_eq!(held.status, 200, "{}", held.body);
+    let tag = a.get(&Fencer::path("orders/9", "")).await.body["lease_tag"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (admin, api) = (b.admin.clone(), b.api.clone());
+    let text = tokio::task::spawn_blocking(move || {
+        top(&[
+            "--admin",
+            &admin,
+            "--api",
+            &api,
+            "--interval-ms",
+            "200",
+            "--key",
+            "orders/9",
+            "--key",
+            "orders:free",
+        ])
+    })
+    .await
+    .unwrap();
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("orders/9 "))
+        .unwrap_or_else(|| panic!("no row for orders/9 in:\n{text}"));
+    for part in ["held", &held.token().to_string(), &tag, " no"] {
+        assert!(row.contains(part), "{part:?} not in {row:?}");
+    }
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("orders:free ") && l.contains("free")),
+        "{text}"
+    );
+}

@@ -12,7 +12,8 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use super::{
-    Attempt, BackendError, LeaseId, LockBackend, LockKey, Ownership, WakeSink, WatchGuard,
+    Attempt, BackendError, HolderView, KeyView, LeaseId, LockBackend, LockKey, Ownership, WakeSink,
+    WatchGuard,
 };
 
 struct Entry {
@@ -162,6 +163,26 @@ impl LockBackend for MemoryBackend {
     async fn watch(&self, _key: &LockKey, _timeout: Duration) -> WatchGuard {
         // Releases notify the sink directly; nothing to subscribe to.
         WatchGuard::none()
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<KeyView, BackendError> {
+        let now = Instant::now();
+        let mut state = self.state.lock().expect("memory backend poisoned");
+        let holder = Self::live_entry(&mut state, key, now).map(|e| HolderView {
+            lease: e.lease.as_str().to_owned(),
+            token: e.token,
+            remaining: Some(e.expires - now),
+        });
+        let delayed = match (&holder, state.delayed.get(key)) {
+            (None, Some(until)) if *until > now => Some(*until - now),
+            _ => None,
+        };
+        Ok(KeyView {
+            holder,
+            delayed,
+            last_token: state.counters.get(key).copied(),
+            ..KeyView::default()
+        })
     }
 
     async fn ping(&self) -> Result<(), BackendError> {

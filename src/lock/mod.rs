@@ -71,6 +71,60 @@ pub enum Ownership {
     OtherHolder,
 }
 
+/// What the backend itself records for a key, whoever's lease it is
+/// (`GET /v1/locks/{key}?scope=backend`). Read-only: reading it changes
+/// nothing and takes no lock a writer would wait for.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeyView {
+    /// The lease holding the key now, if any.
+    pub holder: Option<HolderView>,
+    /// Nobody holds the key but its lock-delay lasts this much longer.
+    pub delayed: Option<Duration>,
+    /// The key's token counter: the highest token issued for it, where the
+    /// backend keeps one (ZooKeeper's tokens are zxids: none).
+    pub last_token: Option<u64>,
+    /// Leases queued for the key in the backend, where it keeps a queue
+    /// (ZooKeeper); elsewhere waiters wait in their own sidecars.
+    pub waiting: Option<u64>,
+    /// The masters disagree (RedLock): no lease has a majority's entries.
+    pub split: bool,
+}
+
+impl KeyView {
+    /// A SQL backend's row for the key: whether a lease holds it, that
+    /// lease, the key's counter, and the ms left on the lease and on its
+    /// lock-delay (server clock).
+    pub fn of_row(
+        held: bool,
+        lease: Option<String>,
+        token: i64,
+        left_ms: i64,
+        delay_left_ms: i64,
+    ) -> KeyView {
+        let millis = |ms: i64| Duration::from_millis(ms.max(0) as u64);
+        KeyView {
+            holder: lease.filter(|_| held).map(|lease| HolderView {
+                lease,
+                token: token as u64,
+                remaining: Some(millis(left_ms)),
+            }),
+            delayed: (!held && delay_left_ms > 0).then(|| millis(delay_left_ms)),
+            last_token: Some(token as u64),
+            ..KeyView::default()
+        }
+    }
+}
+
+/// The holder of a key, as the backend records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HolderView {
+    /// The lease id — a credential: the API shows only its tag.
+    pub lease: String,
+    pub token: u64,
+    /// Time left on the backend's clock, where it can be read.
+    pub remaining: Option<Duration>,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
     /// The backend could not be reached or did not answer in time. The
@@ -216,6 +270,10 @@ pub trait LockBackend: Send + Sync + 'static {
     fn max_ttl_why(&self) -> &'static str {
         ""
     }
+
+    /// What the backend records for `key` now ([`KeyView`]), read in one
+    /// request bounded by the backend's request timeout.
+    async fn inspect(&self, key: &LockKey) -> Result<KeyView, BackendError>;
 
     /// Cheap reachability check for `/readyz`.
     async fn ping(&self) -> Result<(), BackendError>;

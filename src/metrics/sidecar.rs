@@ -49,7 +49,12 @@ pub struct Metrics {
     pub orphan_releases: IntCounterVec,
     /// Dapr API calls by protocol, op and result.
     pub dapr_requests: IntCounterVec,
+    /// `GET /v1/locks/{key}?scope=backend` reads, by what they found.
+    pub backend_views: IntCounterVec,
 }
+
+/// The `result` values of `fencer_backend_views_total`.
+const VIEW_RESULTS: [&str; 6] = ["held", "free", "delayed", "split", "error", "rate_limited"];
 
 impl Metrics {
     pub fn new(registry: &Registry, groups: Arc<Groups>) -> Metrics {
@@ -215,6 +220,14 @@ impl Metrics {
                 "Open hold connections (locks bound to a connection)."
             )
             .unwrap()),
+            backend_views: reg!(IntCounterVec::new(
+                Opts::new(
+                    "fencer_backend_views_total",
+                    "Reads of what the backend records for a key (GET /v1/locks/{key}?scope=backend), by result (held, free, delayed, split, error, rate_limited)."
+                ),
+                &["result"]
+            )
+            .unwrap()),
             orphan_releases: reg!(IntCounterVec::new(
                 Opts::new(
                     "fencer_orphan_releases_total",
@@ -268,6 +281,9 @@ impl Metrics {
         }
         for r in ["delivered", "failed", "dropped"] {
             self.webhook_deliveries.with_label_values(&[r]);
+        }
+        for r in VIEW_RESULTS {
+            self.backend_views.with_label_values(&[r]);
         }
         self.acquire_retries.with_label_values(&[backend]);
         for op in ["acquire", "renew", "renew_many", "release", "raise_floor"] {

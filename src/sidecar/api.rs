@@ -233,12 +233,69 @@ pub(super) async fn release_key(
     }))
 }
 
+/// `GET /v1/locks/{key}`: this sidecar's lease on the key (`scope=local`,
+/// the default), or what the backend records for it, whichever sidecar's
+/// lease it is (`scope=backend`, rate-limited: [`super::locks::view`]).
 async fn get_one(
     State(state): St,
     path: Result<Path<String>, PathRejection>,
+    RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let key = path_key(path)?;
-    Ok(Json(state.locks.get(&key)?.status()).into_response())
+    let mut backend = false;
+    for (_, value) in query_params(&query, "scope")? {
+        backend = match value {
+            "local" => false,
+            "backend" => true,
+            _ => {
+                return Err(ApiError::invalid(
+                    "scope",
+                    "`scope` must be `local` (this sidecar's lease) or `backend`",
+                ))
+            }
+        };
+    }
+    if !backend {
+        return Ok(Json(state.locks.get(&key)?.status()).into_response());
+    }
+    let found = state.locks.backend_view(&key).await?;
+    Ok(Json(backend_view_json(&key, state.locks.backend().name(), found)).into_response())
+}
+
+/// The backend view's answer: never the holder's lease id (a credential),
+/// only its tag.
+fn backend_view_json(
+    key: &crate::lock::LockKey,
+    backend: &str,
+    found: super::locks::view::BackendView,
+) -> serde_json::Value {
+    let v = found.view;
+    let mut out = json!({"key": key.as_str(), "scope": "backend", "backend": backend});
+    let state = match (&v.holder, v.delayed, v.split) {
+        (Some(h), _, _) => {
+            out["token"] = json!(h.token);
+            out["lease_tag"] = json!(crate::token::lease_tag(&h.lease));
+            out["held_here"] = json!(found.held_here);
+            if let Some(left) = h.remaining {
+                out["remaining_ms"] = json!(left.as_millis() as u64);
+            }
+            "held"
+        }
+        (None, _, true) => "split",
+        (None, Some(d), _) => {
+            out["retry_after_ms"] = json!(d.as_millis() as u64);
+            "delayed"
+        }
+        (None, None, false) => "free",
+    };
+    out["state"] = json!(state);
+    if let Some(t) = v.last_token {
+        out["last_token"] = json!(t);
+    }
+    if let Some(n) = v.waiting {
+        out["waiting"] = json!(n);
+    }
+    out
 }
 
 /// `POST /v1/locks/{key}/hold`: acquire, then stream the lease's life.
@@ -279,37 +336,43 @@ async fn keepalive(
     ))
 }
 
+/// A query string's `name=value` pairs, all named `allowed` (a route here
+/// takes one parameter); anything else is refused with the field `query`.
+fn query_params<'q>(
+    query: &'q Option<String>,
+    allowed: &str,
+) -> Result<Vec<(&'q str, &'q str)>, ApiError> {
+    query
+        .as_deref()
+        .unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|pair| match pair.split_once('=') {
+            Some((name, value)) if name == allowed => Ok((name, value)),
+            _ => Err(ApiError::invalid(
+                "query",
+                format!("unknown query parameter `{pair}`; allowed: {allowed}"),
+            )),
+        })
+        .collect()
+}
+
 const DEFAULT_LIST_LIMIT: usize = 1_000;
 const MAX_LIST_LIMIT: usize = 10_000;
 
 async fn list(State(state): St, RawQuery(query): RawQuery) -> Result<Response, ApiError> {
     let mut limit = DEFAULT_LIST_LIMIT;
-    for pair in query
-        .as_deref()
-        .unwrap_or("")
-        .split('&')
-        .filter(|p| !p.is_empty())
-    {
-        match pair.split_once('=') {
-            Some(("limit", v)) => {
-                limit = v
-                    .parse::<usize>()
-                    .ok()
-                    .filter(|n| (1..=MAX_LIST_LIMIT).contains(n))
-                    .ok_or_else(|| {
-                        ApiError::invalid(
-                            "limit",
-                            format!("`limit` must be an integer between 1 and {MAX_LIST_LIMIT}"),
-                        )
-                    })?;
-            }
-            _ => {
-                return Err(ApiError::invalid(
-                    "query",
-                    format!("unknown query parameter `{pair}`; allowed: limit"),
-                ))
-            }
-        }
+    for (_, v) in query_params(&query, "limit")? {
+        limit = v
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=MAX_LIST_LIMIT).contains(n))
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    "limit",
+                    format!("`limit` must be an integer between 1 and {MAX_LIST_LIMIT}"),
+                )
+            })?;
     }
     let (leases, total) = state.locks.list(limit);
     let leases: Vec<_> = leases.iter().map(|l| l.status()).collect();

@@ -222,6 +222,7 @@ impl Sidecar {
                     )
                 }),
                 max_leases: s.max_leases,
+                backend_view_per_second: s.backend_view_per_second,
                 max_fallback: Duration::from_millis(s.max_fallback_ms),
                 default_ttl: Duration::from_millis(s.default_ttl_ms),
             },

@@ -57,6 +57,10 @@ pub struct SidecarSettings {
     /// acquire the key for this long (Chubby's lock-delay); 0 = off.
     /// Enforced by the backend, so it holds across sidecars.
     pub lock_delay_ms: u64,
+    /// `GET /v1/locks/{key}?scope=backend` reads the backend: at most this
+    /// many such reads per second from this sidecar (a burst of as many),
+    /// four at a time; more answer 429 `rate_limited`. 0 = off (400).
+    pub backend_view_per_second: u32,
     /// POSTed a JSON body for every lease lost without a release. Empty: off.
     pub lost_lease_webhook: String,
     pub webhook_timeout_ms: u64,
@@ -100,6 +104,7 @@ impl Default for SidecarSettings {
             max_hold_ms: 0,
             hold_heartbeat_ms: 1_000,
             lock_delay_ms: 0,
+            backend_view_per_second: 20,
             lost_lease_webhook: String::new(),
             webhook_timeout_ms: 2_000,
             dapr_lock_stores: Vec::new(),
@@ -278,6 +283,12 @@ impl SidecarSettings {
             600_000,
         )?;
         check_range("sidecar.lock_delay_ms", s.lock_delay_ms, 0, MAX_TTL_MS)?;
+        check_range(
+            "sidecar.backend_view_per_second",
+            u64::from(s.backend_view_per_second),
+            0,
+            10_000,
+        )?;
         check_range(
             "sidecar.webhook_timeout_ms",
             s.webhook_timeout_ms,

@@ -85,6 +85,14 @@ TooManyWaitersError.code = 'too_many_waiters';
 export class TooManyLeasesError extends FencerError {}
 TooManyLeasesError.code = 'too_many_leases';
 
+/** 429: too many backend views (`GET /v1/locks/{key}?scope=backend`) from this sidecar; `body.retry_after_ms` says when to ask again. */
+export class RateLimitedError extends FencerError {}
+RateLimitedError.code = 'rate_limited';
+
+/** 400: `scope=backend` is off on this sidecar (`sidecar.backend_view_per_second = 0`). */
+export class ViewOffError extends FencerError {}
+ViewOffError.code = 'view_off';
+
 /** 503: the lock backend did not answer; nothing was taken. */
 export class BackendUnavailableError extends FencerError {}
 BackendUnavailableError.code = 'backend_unavailable';
@@ -194,7 +202,7 @@ FenceStoreUnavailableError.code = 'fence_store_unavailable';
  * @type {Readonly<Record<string, typeof FencerError>>}
  */
 export const ERROR_CLASSES = Object.freeze(Object.fromEntries(
-  [InvalidRequestError, TtlTooLongError, PayloadTooLargeError, NotFoundError, MethodNotAllowedError, LockHeldError, LockDelayedError, LeaseLostError, NotOwnerError, MaxHoldReachedError, TooManyWaitersError, TooManyLeasesError, BackendUnavailableError, BackendRefusedError, NotReplicatedError, GatewayUnavailableError, TokenBehindGatewayError, TokenJumpError, LeaseExpiredBeforeAnswerError, ShuttingDownError, InternalError, LockStoreNotFoundError, LeaseNotFoundError, NotReadyError, LeaseRequiredError, LockNotHeldError, LeaseBusyError, DuplicateFencingHeaderError, UpstreamError, UpstreamTimeoutError, FencingTokenRequiredError, InvalidFencingTokenError, PathNotRoutedError, StaleFencingTokenError, StaleSequenceError, DuplicateSequenceError, FenceBusyError, FenceStoreUnavailableError].map((cls) => [cls.code, cls]),
+  [InvalidRequestError, TtlTooLongError, PayloadTooLargeError, NotFoundError, MethodNotAllowedError, LockHeldError, LockDelayedError, LeaseLostError, NotOwnerError, MaxHoldReachedError, TooManyWaitersError, TooManyLeasesError, RateLimitedError, ViewOffError, BackendUnavailableError, BackendRefusedError, NotReplicatedError, GatewayUnavailableError, TokenBehindGatewayError, TokenJumpError, LeaseExpiredBeforeAnswerError, ShuttingDownError, InternalError, LockStoreNotFoundError, LeaseNotFoundError, NotReadyError, LeaseRequiredError, LockNotHeldError, LeaseBusyError, DuplicateFencingHeaderError, UpstreamError, UpstreamTimeoutError, FencingTokenRequiredError, InvalidFencingTokenError, PathNotRoutedError, StaleFencingTokenError, StaleSequenceError, DuplicateSequenceError, FenceBusyError, FenceStoreUnavailableError].map((cls) => [cls.code, cls]),
 ));
 
 /**

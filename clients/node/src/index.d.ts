@@ -197,6 +197,10 @@ export class MaxHoldReachedError extends FencerError {}
 export class TooManyWaitersError extends FencerError {}
 /** 429: the sidecar holds as many leases as it may. */
 export class TooManyLeasesError extends FencerError {}
+/** 429: too many backend views from this sidecar; `body.retry_after_ms` says when to ask again. */
+export class RateLimitedError extends FencerError {}
+/** 400: `scope=backend` is off on this sidecar. */
+export class ViewOffError extends FencerError {}
 /** 503: the lock backend did not answer; nothing was taken. */
 export class BackendUnavailableError extends FencerError {}
 /** 503: the lock backend refused the operation (e.g. a read-only replica). */

@@ -38,7 +38,7 @@ use self::bell::Bells;
 use self::settings::MySqlSettings;
 use self::wake::Waker;
 use super::{
-    Attempt, BackendError, LeaseId, LockBackend, LockKey, Ownership, WakeSink, WatchGuard,
+    Attempt, BackendError, KeyView, LeaseId, LockBackend, LockKey, Ownership, WakeSink, WatchGuard,
 };
 use crate::metrics::mysql::MySqlMetrics;
 use crate::metrics::sql::SQL;
@@ -242,6 +242,15 @@ const RENEW: &str = "CALL fencer_lock_renew_v1(?, ?, ?)";
 const RENEW_MANY: &str = "CALL fencer_lock_renew_many_v1(?)";
 const RELEASE: &str = "CALL fencer_lock_release_v1(?, ?)";
 const RELEASE_ATTEMPT: &str = "CALL fencer_lock_release_attempt_v1(?, ?, ?)";
+/// The key's row, read without a lock (a consistent read: no writer waits
+/// for it): held, lease, token (the key's counter), ms left on the lease
+/// and on its lock-delay, on the server's clock.
+const INSPECT: &str =
+    "SELECT IF(lease_id IS NOT NULL AND expires_at > SYSDATE(6), 1, 0), lease_id, token,
+  COALESCE(GREATEST(0, TIMESTAMPDIFF(MICROSECOND, SYSDATE(6), expires_at) DIV 1000), 0),
+  COALESCE(GREATEST(0, TIMESTAMPDIFF(MICROSECOND, SYSDATE(6),
+                        TIMESTAMPADD(MICROSECOND, delay_ms * 1000, expires_at)) DIV 1000), 0)
+  FROM fencer_locks WHERE lock_key = ?";
 
 /// Releases, on the acquire's own connection, a lock that an acquire
 /// attempt whose caller gave up was granted after all — only while the
@@ -457,6 +466,29 @@ impl LockBackend for MySqlBackend {
         Ok(Attempt::Held {
             remaining: Some(remaining),
         })
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<KeyView, BackendError> {
+        let deadline = Instant::now() + self.request_timeout;
+        let rows = self
+            .call_until(deadline, INSPECT, || (vec![key_value(key)], None))
+            .await?;
+        let Some(row) = rows.first() else {
+            return Ok(KeyView::default());
+        };
+        let held = int(row, 0)? == 1;
+        let lease = row
+            .get_opt::<Option<Vec<u8>>, _>(1)
+            .and_then(|r| r.ok())
+            .flatten()
+            .map(|b| String::from_utf8_lossy(&b).into_owned());
+        Ok(KeyView::of_row(
+            held,
+            lease,
+            int(row, 2)?,
+            int(row, 3)?,
+            int(row, 4)?,
+        ))
     }
 
     async fn renew(

@@ -19,7 +19,7 @@ use async_trait::async_trait;
 use deadpool_postgres::Pool;
 
 use super::{
-    Attempt, BackendError, LeaseId, LockBackend, LockKey, Ownership, WakeSink, WatchGuard,
+    Attempt, BackendError, KeyView, LeaseId, LockBackend, LockKey, Ownership, WakeSink, WatchGuard,
 };
 use crate::lock::settings::PostgresSettings;
 use crate::pg::group::Group;
@@ -349,6 +349,22 @@ impl LockBackend for PgBackend {
             )
             .await?;
         ownership(&rows)
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<KeyView, BackendError> {
+        let rows = self
+            .query(sql::INSPECT, vec![Box::new(key.as_str().to_owned())], None)
+            .await?;
+        let Some(row) = rows.first() else {
+            return Ok(KeyView::default());
+        };
+        Ok(KeyView::of_row(
+            row.get(0),
+            row.get(1),
+            row.get(2),
+            row.get(3),
+            row.get(4),
+        ))
     }
 
     async fn release(&self, key: &LockKey, lease: &LeaseId) -> Result<Ownership, BackendError> {

@@ -353,6 +353,20 @@ UNION ALL
 SELECT -2, 0::bigint, 0::bigint FROM live WHERE NOT ok
 "#;
 
+/// $1 key. Reads only (no row lock: a writer never waits for it). One row
+/// if the key has one: (held, lease, token — the key's counter, ms left
+/// on the lease, ms left on its lock-delay), times on the server's clock.
+pub const INSPECT: &str = r#"
+SELECT l.lease_id IS NOT NULL AND l.expires_at > clock_timestamp() AS held,
+       l.lease_id,
+       l.token,
+       COALESCE(GREATEST(0, (EXTRACT(EPOCH FROM (l.expires_at - clock_timestamp())) * 1000)::bigint), 0),
+       COALESCE(GREATEST(0, (EXTRACT(EPOCH FROM (l.expires_at + l.delay_ms * interval '1 millisecond'
+                                                 - clock_timestamp())) * 1000)::bigint), 0)
+  FROM fencer_locks l
+ WHERE l.key = $1
+"#;
+
 /// $1 key, $2 lease, $3 ttl ms. Returns (status, token): 1 renewed,
 /// 0 not held (expired or released), -1 held by another lease.
 pub const RENEW: &str = r#"

@@ -25,6 +25,7 @@ pub mod cluster;
 pub mod conn;
 pub mod counters;
 pub mod eviction;
+pub mod inspect;
 pub mod keys;
 pub mod runner;
 pub mod scripts;
@@ -56,7 +57,7 @@ use self::sharded_subscriber::ShardedSubscriber;
 use self::subscriber::{Source, Subscriber};
 use self::topology::Topology;
 use super::{
-    Attempt, BackendError, LeaseId, LockBackend, LockKey, Ownership, WakeSink, WatchGuard,
+    Attempt, BackendError, KeyView, LeaseId, LockBackend, LockKey, Ownership, WakeSink, WatchGuard,
 };
 use crate::metrics::redis::RedisMetrics;
 
@@ -672,6 +673,16 @@ impl LockBackend for RedisBackend {
 
     /// Reachable, and every master in use says `noeviction` (or
     /// `allow_eviction`): a Redis that may evict lock entries is not ready.
+    async fn inspect(&self, key: &LockKey) -> Result<KeyView, BackendError> {
+        let k = self.keys(key);
+        let mut call = Call::default();
+        call.key(k.lock()).key(k.delay()).key(k.counter());
+        let reply = self
+            .exec(&self.scripts.inspect, &call, Replicated::No)
+            .await?;
+        Ok(inspect::record(reply.value)?.view())
+    }
+
     async fn ping(&self) -> Result<(), BackendError> {
         let mut target = self.runner.topology.target()?;
         let reply = tokio::time::timeout(

@@ -323,6 +323,17 @@ impl Lua {
     }
 }
 
+/// KEYS: lock, delay marker, counter. Reads only: `{entry or "", its
+/// PTTL, the delay marker's PTTL, counter or ""}` at one instant
+/// (`GET /v1/locks/{key}?scope=backend`, [`super::inspect`]).
+pub const INSPECT: &str = r#"
+local cur = redis.call('GET', KEYS[1]) or ''
+local pttl = -2
+if cur ~= '' then pttl = redis.call('PTTL', KEYS[1]) end
+return {cur, tostring(pttl), tostring(redis.call('PTTL', KEYS[2])),
+        redis.call('GET', KEYS[3]) or ''}
+"#;
+
 /// The scripts, hashed once; `EVALSHA`, with `EVAL` on `NOSCRIPT`.
 pub struct Scripts {
     pub acquire: Lua,
@@ -333,6 +344,7 @@ pub struct Scripts {
     pub check_many: Lua,
     pub acquire_many: Lua,
     pub release_many: Lua,
+    pub inspect: Lua,
 }
 
 impl Scripts {
@@ -346,10 +358,11 @@ impl Scripts {
             check_many: Lua::new(CHECK_MANY),
             acquire_many: Lua::new(ACQUIRE_MANY),
             release_many: Lua::new(RELEASE_MANY),
+            inspect: Lua::new(INSPECT),
         }
     }
 
-    pub fn all(&self) -> [&Lua; 8] {
+    pub fn all(&self) -> [&Lua; 9] {
         [
             &self.acquire,
             &self.renew,
@@ -359,6 +372,7 @@ impl Scripts {
             &self.check_many,
             &self.acquire_many,
             &self.release_many,
+            &self.inspect,
         ]
     }
 }

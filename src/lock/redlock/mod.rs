@@ -47,11 +47,12 @@ use self::vote::{quorum, tally, validity, Tally, Vote};
 use super::redis::client::{manager_config, open_client, ClientTls};
 use super::redis::conn::{self, Call, Target};
 use super::redis::eviction::{EvictionGuard, Wording};
+use super::redis::inspect::{self, Record};
 use super::redis::keys::RedisKeys;
 use super::redis::scripts::{Lua, Scripts};
 use super::redis::subscriber::{Source, Subscriber};
 use super::{
-    Attempt, BackendError, LeaseId, LockBackend, LockKey, Ownership, WakeSink, WatchGuard,
+    Attempt, BackendError, KeyView, LeaseId, LockBackend, LockKey, Ownership, WakeSink, WatchGuard,
 };
 use crate::metrics::redlock::RedLockMetrics;
 
@@ -215,6 +216,18 @@ impl RedLockBackend {
             }
         });
         join_all(runs).await
+    }
+
+    /// Each master's record of `key` (`None`: no answer).
+    async fn records(&self, key: &LockKey) -> Vec<Option<Record>> {
+        let k = self.keys(key);
+        let mut call = Call::default();
+        call.key(k.lock()).key(k.delay()).key(k.counter());
+        self.on(&self.all(), &self.scripts.inspect, &call)
+            .await
+            .into_iter()
+            .map(|v| v.and_then(|v| inspect::record(v).ok()))
+            .collect()
     }
 
     fn all(&self) -> Vec<usize> {
@@ -610,6 +623,11 @@ impl LockBackend for RedLockBackend {
         )
         .await;
         WatchGuard::new(guards)
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<KeyView, BackendError> {
+        let records = self.records(key).await;
+        vote::inspect(&records, self.quorum).map_err(BackendError::Unavailable)
     }
 
     async fn ping(&self) -> Result<(), BackendError> {

@@ -4,6 +4,9 @@
 
 use std::time::Duration;
 
+use crate::lock::redis::inspect::Record;
+use crate::lock::{HolderView, KeyView};
+
 /// Masters that make a majority of `n`.
 pub fn quorum(n: usize) -> usize {
     n / 2 + 1
@@ -114,6 +117,68 @@ pub fn tally(votes: &[Vote], quorum: usize) -> Result<Tally, String> {
     Ok(Tally::Split)
 }
 
+/// The key as a majority of masters records it, from each master's record
+/// (`None`: no answer): held by a lease whose entry is on a majority (its
+/// token the highest written back; its time left until fewer than a
+/// majority keep it), free — or in lock-delay until a majority is past
+/// theirs — when a majority has no entry, else split.
+pub fn inspect(records: &[Option<Record>], quorum: usize) -> Result<KeyView, String> {
+    let answered: Vec<&Record> = records.iter().flatten().collect();
+    if answered.len() < quorum {
+        return Err(format!(
+            "{} of {} masters answered; {quorum} are needed to tell",
+            answered.len(),
+            records.len()
+        ));
+    }
+    let last_token = answered.iter().filter_map(|r| r.counter).max();
+    let mut leases: Vec<&str> = answered
+        .iter()
+        .filter_map(|r| r.entry.as_ref().map(|(l, _)| l.as_str()))
+        .collect();
+    leases.sort_unstable();
+    leases.dedup();
+    for lease in leases {
+        let mine: Vec<&&Record> = answered
+            .iter()
+            .filter(|r| r.entry.as_ref().is_some_and(|(l, _)| l == lease))
+            .collect();
+        if mine.len() >= quorum {
+            let mut left: Vec<Duration> = mine.iter().filter_map(|r| r.pttl).collect();
+            left.sort_unstable_by(|a, b| b.cmp(a));
+            return Ok(KeyView {
+                holder: Some(HolderView {
+                    lease: lease.to_owned(),
+                    token: mine
+                        .iter()
+                        .filter_map(|r| r.entry.as_ref())
+                        .map(|e| e.1)
+                        .max()
+                        .unwrap_or(0),
+                    remaining: left.get(quorum - 1).copied(),
+                }),
+                last_token,
+                ..KeyView::default()
+            });
+        }
+    }
+    let free: Vec<&&Record> = answered.iter().filter(|r| r.entry.is_none()).collect();
+    if free.len() < quorum {
+        return Ok(KeyView {
+            last_token,
+            split: true,
+            ..KeyView::default()
+        });
+    }
+    let mut delays: Vec<Duration> = free.iter().map(|r| r.delay.unwrap_or_default()).collect();
+    delays.sort_unstable();
+    Ok(KeyView {
+        delayed: Some(delays[quorum - 1]).filter(|d| !d.is_zero()),
+        last_token,
+        ..KeyView::default()
+    })
+}
+
 /// The token for a majority: above every counter of the granting masters
 /// and at least their clock floor — or, for a retry of the same lease, the
 /// token it already wrote back, if that is still above every counter.
@@ -180,6 +245,48 @@ mod tests {
                 delayed: false
             })
         );
+    }
+
+    fn rec(entry: Option<(&str, u64)>, pttl: u64, delay: u64) -> Option<Record> {
+        Some(Record {
+            entry: entry.map(|(l, t)| (l.to_owned(), t)),
+            pttl: entry.map(|_| Duration::from_millis(pttl)),
+            delay: (delay > 0).then(|| Duration::from_millis(delay)),
+            counter: Some(7),
+        })
+    }
+
+    #[test]
+    fn inspection_names_a_holder_only_with_a_majority() {
+        let held = inspect(
+            &[
+                rec(Some(("A", 7)), 900, 0),
+                rec(Some(("A", 0)), 500, 0),
+                rec(None, 0, 0),
+            ],
+            2,
+        )
+        .unwrap();
+        let h = held.holder.unwrap();
+        // Token: the one written back; time left: until fewer than 2 keep it.
+        assert_eq!((h.lease.as_str(), h.token), ("A", 7));
+        assert_eq!(h.remaining, Some(Duration::from_millis(500)));
+        let split = inspect(
+            &[
+                rec(Some(("A", 7)), 900, 0),
+                rec(Some(("B", 8)), 500, 0),
+                rec(None, 0, 0),
+            ],
+            2,
+        )
+        .unwrap();
+        assert!(split.split && split.holder.is_none());
+        let delayed = inspect(&[rec(None, 0, 300), rec(None, 0, 100), rec(None, 0, 0)], 2).unwrap();
+        assert_eq!(delayed.delayed, Some(Duration::from_millis(100)));
+        assert_eq!(delayed.last_token, Some(7));
+        let free = inspect(&[rec(None, 0, 300), rec(None, 0, 0), rec(None, 0, 0)], 2).unwrap();
+        assert_eq!(free.delayed, None);
+        assert!(inspect(&[rec(None, 0, 0), None, None], 2).is_err());
     }
 
     #[test]

@@ -69,7 +69,8 @@ use self::queue::Place;
 use self::session::{call, read_offset, Connect, Failed, Session, Sessions};
 use self::settings::{max_lease, ZooKeeperSettings};
 use super::{
-    Attempt, BackendError, LeaseId, LockBackend, LockKey, Ownership, WakeSink, WatchGuard,
+    Attempt, BackendError, HolderView, KeyView, LeaseId, LockBackend, LockKey, Ownership, WakeSink,
+    WatchGuard,
 };
 use crate::metrics::zookeeper::ZooKeeperMetrics;
 
@@ -1220,6 +1221,62 @@ impl LockBackend for ZooKeeperBackend {
             return None;
         }
         Some(max_lease(granted, self.inner.lock_delay))
+    }
+
+    /// The queue's lowest node is the holder: its lease (from the node's
+    /// data), its token (creation zxid + offset) and the nodes behind it.
+    /// Its time left is not known here — it is counted on the holder's
+    /// sidecar and on the leader's clock ([`expiry`]) — so none is given.
+    async fn inspect(&self, key: &LockKey) -> Result<KeyView, BackendError> {
+        let inner = &self.inner;
+        let deadline = Instant::now() + inner.timeout;
+        let s = inner.sessions.current()?;
+        let dir = queue::key_dir(&inner.locks_dir, key.as_str());
+        for _ in 0..QUEUE_ROUNDS {
+            let mut queue: Vec<(u64, String)> =
+                match call(left(deadline)?, s.client.list_children(&dir)).await {
+                    Ok(children) => children
+                        .into_iter()
+                        .filter_map(|c| queue::sequence(&c).map(|n| (n, c)))
+                        .collect(),
+                    Err(Failed::Zk(zk::Error::NoNode)) => Vec::new(),
+                    Err(e) => return Err(e.into_backend("list queue")),
+                };
+            queue.sort_unstable();
+            let Some((_, first)) = queue.first() else {
+                return Ok(KeyView {
+                    waiting: Some(0),
+                    ..KeyView::default()
+                });
+            };
+            let path = format!("{dir}/{first}");
+            let (data, stat) = match call(left(deadline)?, s.client.get_data(&path)).await {
+                Ok(found) => found,
+                // Released between the two reads: look again.
+                Err(Failed::Zk(zk::Error::NoNode)) => continue,
+                Err(e) => return Err(e.into_backend("read node")),
+            };
+            let offset = NodeData::parse(&data)
+                .ok_or_else(|| BackendError::Protocol(format!("{path}: no token offset")))?
+                .offset;
+            let lease = String::from_utf8_lossy(&data)
+                .split(' ')
+                .nth(1)
+                .unwrap_or_default()
+                .to_owned();
+            return Ok(KeyView {
+                holder: Some(HolderView {
+                    lease,
+                    token: token_of(stat.czxid, offset)?,
+                    remaining: None,
+                }),
+                waiting: Some(queue.len() as u64 - 1),
+                ..KeyView::default()
+            });
+        }
+        Err(BackendError::Unavailable(
+            "ZooKeeper lock queue kept changing; try again".into(),
+        ))
     }
 
     async fn ping(&self) -> Result<(), BackendError> {

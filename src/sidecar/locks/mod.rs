@@ -12,6 +12,7 @@ mod acquire;
 mod failover;
 mod release;
 mod renew;
+pub mod view;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,6 +36,10 @@ pub enum LockError {
     Held(LockKey),
     #[error("lock `{key}` is free but in its lock-delay (its last lease expired without a release) for {} ms more", .retry_after.as_millis())]
     Delayed { key: LockKey, retry_after: Duration },
+    #[error("too many backend views; sidecar.backend_view_per_second and four at a time bound them (retry in {} ms)", .retry_after.as_millis())]
+    RateLimited { retry_after: Duration },
+    #[error("scope=backend is off on this sidecar (sidecar.backend_view_per_second = 0)")]
+    ViewOff,
     #[error("the lease no longer holds lock `{0}`")]
     LeaseLost(LockKey),
     #[error("lock `{0}` is held by a different lease")]
@@ -85,6 +90,8 @@ pub struct LockManagerConfig {
     pub max_fallback: Duration,
     /// TTL for renewals of leases this sidecar has no record of (adoption).
     pub default_ttl: Duration,
+    /// `sidecar.backend_view_per_second` ([`view`]).
+    pub backend_view_per_second: u32,
 }
 
 pub struct LockManager {
@@ -99,6 +106,7 @@ pub struct LockManager {
     webhook: Option<Webhook>,
     /// Every lost lease, for hold streams.
     lost_tx: broadcast::Sender<Lost>,
+    views: view::ViewLimits,
 }
 
 impl LockManager {
@@ -119,11 +127,12 @@ impl LockManager {
             waiters,
             signer,
             metrics,
-            config,
             shutdown,
             preregister,
             webhook,
             lost_tx: broadcast::channel(1024).0,
+            views: view::ViewLimits::new(config.backend_view_per_second),
+            config,
         }
     }
 

@@ -108,6 +108,18 @@ class TooManyLeases(FencerError):
     code = "too_many_leases"
 
 
+class RateLimited(FencerError):
+    """429: too many backend views (``GET /v1/locks/{key}?scope=backend``)
+    from this sidecar; ``retry_after_ms`` says when to ask again."""
+    code = "rate_limited"
+
+
+class ViewOff(FencerError):
+    """400: ``scope=backend`` is off on this sidecar
+    (``sidecar.backend_view_per_second = 0``)."""
+    code = "view_off"
+
+
 class BackendUnavailable(FencerError):
     """503: the lock backend did not answer; nothing was taken."""
     code = "backend_unavailable"

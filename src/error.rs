@@ -107,6 +107,15 @@ impl From<LockError> for ApiError {
                 ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limited", message)
                     .with("retry_after_ms", retry_after.as_millis().max(1) as u64)
             }
+            LockError::Unsupported { feature, backend } => {
+                ApiError::new(StatusCode::BAD_REQUEST, "unsupported_by_backend", message)
+                    .with("feature", feature)
+                    .with("backend", backend)
+            }
+            LockError::TooManyHolds(max) => {
+                ApiError::new(StatusCode::CONFLICT, "too_many_holds", message)
+                    .with("max_holds", max)
+            }
             LockError::ViewOff => ApiError::new(StatusCode::BAD_REQUEST, "view_off", message),
             LockError::LeaseLost(key) => {
                 ApiError::new(StatusCode::CONFLICT, "lease_lost", message).with("key", key.as_str())

@@ -41,6 +41,7 @@ pub const ALL: &[(&str, &str)] = &[
     ("batch_replies_shifted", "the Redis backend answers each call of a batched acquire or release with its neighbour's reply (item i gets item i+1's status and token)"),
     ("fence_batch_replies_shifted", "a PostgreSQL group commit (the fence store's admissions and clearings, the lock backend's acquires and releases) answers each call of a shared statement with its neighbour's row (item i gets item i+1's verdict and mark, or status and token)"),
     ("pg_group_undo_skipped", "the PostgreSQL group commit does not undo an item of a shared statement whose caller gave up (timed out or dropped) before its answer: a key it took stays taken by a lease nobody was told of until its TTL"),
+    ("holds_change_kept", "a reentrant lease's hold count change (a re-entry, a release of one hold) whose caller went away before the answer is kept: the key stays held after the owner's last release, or a retried release gives back two holds"),
     ("fresh_send_time", "as before issue 10: one lease id for every try of an acquire, each try counting the deadline from its own send time, and PostgreSQL statements whose caller gave up neither bounded by the server, cancelled nor compensated"),
 ];
 

@@ -879,6 +879,159 @@ async fn lock_delay_after_expiry(backend: Backend) {
     assert_eq!(s.acquire("delay:1", 200 * f, 0).await.status, 200);
 }
 
+async fn acquire_reentrant(s: &Fencer, key: &str, owner: &str, wait_ms: u64) -> Resp {
+    s.post(
+        &Fencer::path(key, "acquire"),
+        json!({"ttl_ms": 20_000, "wait_ms": wait_ms, "owner": owner, "reentrant": true}),
+    )
+    .await
+}
+
+/// Reentrant locks (issue 33 item 1): the owner takes the key again — the
+/// same lease and token, one more hold — and each release gives one back
+/// until the last frees the key; another owner waits meanwhile. The count
+/// lives in the backend: a sidecar restarted meanwhile adopts the lease
+/// on its next renewal and neither a re-entry nor a release frees the key
+/// early. RedLock and ZooKeeper keep no counts: 400 unsupported_by_backend.
+async fn reentrant_locks(backend: Backend) {
+    let mut h = harness(backend, &[]);
+    if matches!(backend, Backend::RedLock | Backend::ZooKeeper) {
+        let r = acquire_reentrant(&h.sidecar, "re:1", "o", 0).await;
+        assert_eq!(
+            (r.status, r.code()),
+            (400, "unsupported_by_backend"),
+            "{}",
+            r.body
+        );
+        assert_eq!(r.body["feature"], "reentrant", "{}", r.body);
+        assert_eq!(r.body["backend"], backend.name(), "{}", r.body);
+        return;
+    }
+    let s = &h.sidecar;
+    let first = acquire_reentrant(s, "re:1", "o", 0).await;
+    assert_eq!(first.status, 200, "{}", first.body);
+    assert_eq!(first.body["holds"], 1, "{}", first.body);
+    let again = acquire_reentrant(s, "re:1", "o", 0).await;
+    assert_eq!(again.status, 200, "{}", again.body);
+    assert_eq!(
+        (again.lease(), again.token(), again.body["holds"].clone()),
+        (first.lease(), first.token(), json!(2)),
+        "{}",
+        again.body
+    );
+    // Another owner, a non-reentrant acquire: held.
+    assert_eq!(
+        acquire_reentrant(s, "re:1", "p", 0).await.code(),
+        "lock_held"
+    );
+    assert_eq!(s.acquire("re:1", 10_000, 0).await.code(), "lock_held");
+    assert_eq!(s.get(&Fencer::path("re:1", "")).await.body["holds"], 2);
+    let one = s.release("re:1", &first.lease()).await;
+    assert_eq!(one.status, 200, "{}", one.body);
+    assert_eq!(
+        (one.body["released"].clone(), one.body["holds"].clone()),
+        (json!(false), json!(1)),
+        "{}",
+        one.body
+    );
+    assert_eq!(
+        s.acquire("re:1", 10_000, 0).await.code(),
+        "lock_held",
+        "one hold left"
+    );
+    let last = s.release("re:1", &first.lease()).await;
+    assert_eq!(last.body["released"], true, "{}", last.body);
+    assert!(last.body.get("holds").is_none(), "{}", last.body);
+    let other = acquire_reentrant(s, "re:1", "p", 0).await;
+    assert_eq!(other.status, 200, "{}", other.body);
+    assert!(other.token() > first.token());
+    assert_eq!(
+        s.release("re:1", &other.lease()).await.body["released"],
+        true
+    );
+    // A reentrant acquire needs an owner; a hold stream takes no `reentrant`.
+    let no_owner = s
+        .post(&Fencer::path("re:2", "acquire"), json!({"reentrant": true}))
+        .await;
+    assert_eq!(
+        (no_owner.status, no_owner.body["field"].clone()),
+        (400, json!("owner")),
+        "{}",
+        no_owner.body
+    );
+
+    // A lease that expires with holds left: the next lease of the key
+    // starts from one hold (the count is the lease's, not the key's).
+    let f = slowness(backend);
+    let short = s
+        .post(
+            &Fencer::path("re:5", "acquire"),
+            json!({"ttl_ms": 200 * f, "owner": "o", "reentrant": true}),
+        )
+        .await;
+    assert_eq!(short.status, 200, "{}", short.body);
+    assert_eq!(acquire_reentrant(s, "re:5", "o", 0).await.body["holds"], 2);
+    tokio::time::sleep(Duration::from_millis(400 * f)).await;
+    let next = acquire_reentrant(s, "re:5", "o", 5_000).await;
+    assert_eq!(next.status, 200, "{}", next.body);
+    assert_ne!(next.lease(), short.lease());
+    assert_eq!(next.body["holds"], 1, "{}", next.body);
+    assert_eq!(
+        s.release("re:5", &next.lease()).await.body["released"],
+        true
+    );
+
+    if backend == Backend::Memory {
+        return; // nothing outlives the process
+    }
+    // The count outlives the sidecar: three holds, a restart, then the
+    // application renews (the new process adopts the lease), re-enters
+    // and releases — the key frees with the fourth release only.
+    let r = acquire_reentrant(s, "re:3", "o", 0).await;
+    let lease = r.lease();
+    for n in 2..=3 {
+        assert_eq!(acquire_reentrant(s, "re:3", "o", 0).await.body["holds"], n);
+    }
+    h.sidecar.crash_and_restart();
+    let s = &h.sidecar;
+    s.wait_ready();
+    let renewed = s.renew("re:3", &lease, 20_000).await;
+    assert_eq!(renewed.status, 200, "{}", renewed.body);
+    let back = acquire_reentrant(s, "re:3", "o", 0).await;
+    assert_eq!(
+        (back.status, back.lease(), back.body["holds"].clone()),
+        (200, lease.clone(), json!(4)),
+        "{}",
+        back.body
+    );
+    for left in (1..=3).rev() {
+        let r = s.release("re:3", &lease).await;
+        assert_eq!(
+            (r.body["released"].clone(), r.body["holds"].clone()),
+            (json!(false), json!(left)),
+            "{}",
+            r.body
+        );
+    }
+    assert_eq!(s.release("re:3", &lease).await.body["released"], true);
+    assert_eq!(s.acquire("re:3", 10_000, 0).await.status, 200);
+    // A release straight after a restart, before any renewal: the backend's
+    // count still decides.
+    let r = acquire_reentrant(s, "re:4", "o", 0).await;
+    acquire_reentrant(s, "re:4", "o", 0).await;
+    h.sidecar.crash_and_restart();
+    let s = &h.sidecar;
+    s.wait_ready();
+    let one = s.release("re:4", &r.lease()).await;
+    assert_eq!(
+        (one.body["released"].clone(), one.body["holds"].clone()),
+        (json!(false), json!(1)),
+        "{}",
+        one.body
+    );
+    assert_eq!(s.release("re:4", &r.lease()).await.body["released"], true);
+}
+
 async fn view(s: &Fencer, key: &str) -> Resp {
     s.get(&format!("{}?scope=backend", Fencer::path(key, "")))
         .await
@@ -1057,6 +1210,7 @@ suite!(
     max_hold_caps_renewal,
     lock_delay_after_expiry,
     backend_view,
+    reentrant_locks,
     shutdown_closes_hold_streams,
 );
 

@@ -493,3 +493,80 @@ async fn a_dapr_unlock_never_releases_a_lease_taken_through_the_lock_api() {
         assert_eq!(dapr_unlock(&s, "order:8", "w").await["status"], 0);
     }
 }
+
+/// Sends `op` on `re:hup` with `body` from a client that gives up after
+/// 300 ms while Redis is frozen, then lets Redis answer.
+async fn hang_up_while_frozen(redis: &RedisServer, s: &Fencer, op: &str, body: &Value) {
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    redis.pause();
+    let gone = impatient
+        .post(format!("{}{}", s.api, Fencer::path("re:hup", op)))
+        .body(body.to_string())
+        .send()
+        .await;
+    assert!(gone.is_err(), "answered while Redis was frozen: {gone:?}");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    redis.resume();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+}
+
+/// Waits (up to 10 s) for the lease on `key` to count `want` holds here.
+async fn settle_holds(s: &Fencer, key: &str, want: u64) {
+    let path = Fencer::path(key, "");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let holds = s.get(&path).await.body["holds"].clone();
+        if holds == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "holds stayed {holds} (want {want})"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A reentrant lease's hold count and a client that goes away before the
+/// answer (issue 33 item 1): a re-entry, and a release of one hold, whose
+/// callers hung up while Redis was frozen are undone once Redis answers —
+/// else the key would stay held after the owner's last release, or the
+/// client's retried release would give back two holds and free the key
+/// while the owner still holds it. Mutant: `holds_change_kept`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_count_change_whose_client_hung_up_is_undone() {
+    let redis = RedisServer::start(Persistence::Off);
+    let s = Fencer::sidecar(Backend::Redis, Some(&redis.url()), &[]);
+    let body = json!({"ttl_ms": 30_000, "owner": "o", "reentrant": true});
+    let first = s
+        .post(&Fencer::path("re:hup", "acquire"), body.clone())
+        .await;
+    assert_eq!(first.status, 200, "{}", first.body);
+    let lease = first.lease();
+    // A re-entry, its client gone while Redis is frozen.
+    hang_up_while_frozen(&redis, &s, "acquire", &body).await;
+    settle_holds(&s, "re:hup", 1).await;
+    // Now two holds, then a release of one whose client is gone.
+    let again = s
+        .post(&Fencer::path("re:hup", "acquire"), body.clone())
+        .await;
+    assert_eq!(again.body["holds"], 2, "{}", again.body);
+    hang_up_while_frozen(&redis, &s, "release", &json!({"lease_id": lease})).await;
+    settle_holds(&s, "re:hup", 2).await;
+    // The client retries its release: one hold given back, not two.
+    let retried = s.release("re:hup", &lease).await;
+    assert_eq!(
+        (
+            retried.body["released"].clone(),
+            retried.body["holds"].clone()
+        ),
+        (json!(false), json!(1)),
+        "{}",
+        retried.body
+    );
+    let last = s.release("re:hup", &lease).await;
+    assert_eq!(last.body["released"], true, "{}", last.body);
+}

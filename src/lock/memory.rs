@@ -12,14 +12,19 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use super::{
-    Attempt, BackendError, HolderView, KeyView, LeaseId, LockBackend, LockKey, Ownership, WakeSink,
-    WatchGuard,
+    Attempt, BackendError, HolderView, Holds, HoldsChange, KeyView, LeaseId, LockBackend, LockKey,
+    Ownership, WakeSink, WatchGuard,
 };
 
 struct Entry {
     lease: LeaseId,
     token: u64,
     expires: Instant,
+    /// Reentrancy: hold count and owner (a fresh grant has one hold).
+    holds: u32,
+    owner: Option<String>,
+    /// The last hold-count change made (its id).
+    holds_op: Option<String>,
 }
 
 #[derive(Default)]
@@ -101,6 +106,9 @@ impl LockBackend for MemoryBackend {
                 lease: lease.clone(),
                 token,
                 expires: now + ttl,
+                holds: 1,
+                owner: None,
+                holds_op: None,
             },
         );
         Ok(Attempt::Acquired { token })
@@ -163,6 +171,47 @@ impl LockBackend for MemoryBackend {
     async fn watch(&self, _key: &LockKey, _timeout: Duration) -> WatchGuard {
         // Releases notify the sink directly; nothing to subscribe to.
         WatchGuard::none()
+    }
+
+    fn supports_reentrancy(&self) -> bool {
+        true
+    }
+
+    async fn holds(
+        &self,
+        key: &LockKey,
+        lease: &LeaseId,
+        change: HoldsChange<'_>,
+    ) -> Result<Holds, BackendError> {
+        let now = Instant::now();
+        let mut state = self.state.lock().expect("memory backend poisoned");
+        Ok(match Self::live_entry(&mut state, key, now) {
+            None => Holds::Free,
+            Some(e) if &e.lease != lease => Holds::OtherHolder,
+            Some(e) => {
+                let mut applied = false;
+                if let HoldsChange::Set {
+                    expect,
+                    to,
+                    owner,
+                    op,
+                } = change
+                {
+                    applied = e.holds_op.as_deref() == Some(op);
+                    if !applied && e.holds == expect {
+                        e.holds = to;
+                        e.owner = Some(owner.to_owned());
+                        e.holds_op = Some(op.to_owned());
+                        applied = true;
+                    }
+                }
+                Holds::Owned {
+                    holds: e.holds,
+                    owner: e.owner.clone(),
+                    applied,
+                }
+            }
+        })
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<KeyView, BackendError> {

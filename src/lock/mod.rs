@@ -125,6 +125,42 @@ pub struct HolderView {
     pub remaining: Option<Duration>,
 }
 
+/// A reentrant lease's hold count and owner as the backend records them
+/// with the lease (`reentrant: true` acquires): the count survives a
+/// sidecar restart, and so does the owner that may take the key again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Holds {
+    /// The lease holds the key; its count (1 if none was recorded), owner
+    /// (if recorded), and whether the change asked for is in effect — made
+    /// now, or by an earlier call of the same change (its `op`).
+    Owned {
+        holds: u32,
+        owner: Option<String>,
+        applied: bool,
+    },
+    /// Nobody holds the key.
+    Free,
+    /// Another lease holds it.
+    OtherHolder,
+}
+
+/// What [`LockBackend::holds`] does besides reading.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HoldsChange<'a> {
+    Read,
+    /// Compare-and-set: only if the count is `expect` now, make it `to`
+    /// and record `owner` — and `op`, the change's id: a retry after an
+    /// unknown outcome names the same `op` and is told `applied` rather
+    /// than applied twice, and a count some other change moved (a change
+    /// nobody learned of) is told apart from this one having been made.
+    Set {
+        expect: u32,
+        to: u32,
+        owner: &'a str,
+        op: &'a str,
+    },
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
     /// The backend could not be reached or did not answer in time. The
@@ -269,6 +305,27 @@ pub trait LockBackend: Send + Sync + 'static {
     /// longer lease.
     fn max_ttl_why(&self) -> &'static str {
         ""
+    }
+
+    /// Whether [`LockBackend::holds`] is implemented (reentrant acquires).
+    fn supports_reentrancy(&self) -> bool {
+        false
+    }
+
+    /// Reads, or compare-and-sets, the hold count recorded with `lease` on
+    /// `key` (reentrancy; see [`HoldsChange`]). Only while `lease` holds
+    /// the key; a count recorded for an earlier lease counts as none.
+    async fn holds(
+        &self,
+        key: &LockKey,
+        lease: &LeaseId,
+        change: HoldsChange<'_>,
+    ) -> Result<Holds, BackendError> {
+        let _ = (key, lease, change);
+        Err(BackendError::Protocol(format!(
+            "{} keeps no hold counts",
+            self.name()
+        )))
     }
 
     /// What the backend records for `key` now ([`KeyView`]), read in one

@@ -51,7 +51,12 @@ pub struct Metrics {
     pub dapr_requests: IntCounterVec,
     /// `GET /v1/locks/{key}?scope=backend` reads, by what they found.
     pub backend_views: IntCounterVec,
+    /// Reentrant leases' hold-count changes, by what became of them.
+    pub hold_changes: IntCounterVec,
 }
+
+/// The `result` values of `fencer_hold_changes_total`.
+const HOLD_CHANGE_RESULTS: [&str; 4] = ["entered", "left", "conflict", "undone"];
 
 /// The `result` values of `fencer_backend_views_total`.
 const VIEW_RESULTS: [&str; 6] = ["held", "free", "delayed", "split", "error", "rate_limited"];
@@ -228,6 +233,14 @@ impl Metrics {
                 &["result"]
             )
             .unwrap()),
+            hold_changes: reg!(IntCounterVec::new(
+                Opts::new(
+                    "fencer_hold_changes_total",
+                    "Reentrant leases' hold-count changes, by result (entered: one hold more, left: one hold given back, conflict: the backend counted otherwise, undone: its caller went away before the answer)."
+                ),
+                &["result"]
+            )
+            .unwrap()),
             orphan_releases: reg!(IntCounterVec::new(
                 Opts::new(
                     "fencer_orphan_releases_total",
@@ -284,6 +297,9 @@ impl Metrics {
         }
         for r in VIEW_RESULTS {
             self.backend_views.with_label_values(&[r]);
+        }
+        for r in HOLD_CHANGE_RESULTS {
+            self.hold_changes.with_label_values(&[r]);
         }
         self.acquire_retries.with_label_values(&[backend]);
         for op in ["acquire", "renew", "renew_many", "release", "raise_floor"] {

@@ -150,6 +150,7 @@ pub(super) async fn acquire_key(
         // spent part of it.
         ttl_ms: view.remaining_ms,
         remaining_ms: view.remaining_ms,
+        holds: view.holds,
     }))
 }
 
@@ -182,14 +183,21 @@ struct Acquired {
     lease_id: String,
     ttl_ms: u64,
     remaining_ms: u64,
+    /// A reentrant lease's hold count.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    holds: Option<u32>,
 }
 
 /// The release response.
 #[derive(serde::Serialize)]
 struct Released<'a> {
+    /// False while a reentrant lease keeps holds.
     released: bool,
     key: &'a str,
     lease_id: &'a str,
+    /// A reentrant lease's holds left.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    holds: Option<u32>,
 }
 
 async fn renew(
@@ -222,14 +230,19 @@ pub(super) async fn release_key(
 ) -> Result<Response, ApiError> {
     let key = decoded_key(raw_key)?;
     let req = request::lease(body, false)?;
-    state
+    let left = match state
         .locks
-        .release(key.clone(), req.lease_id.clone())
-        .await?;
+        .release_hold(key.clone(), req.lease_id.clone())
+        .await?
+    {
+        super::locks::Released::Freed => None,
+        super::locks::Released::StillHeld(n) => Some(n),
+    };
     Ok(json_200(&Released {
-        released: true,
+        released: left.is_none(),
         key: key.as_str(),
         lease_id: req.lease_id.as_str(),
+        holds: left,
     }))
 }
 

@@ -251,6 +251,7 @@ async fn try_lock_inner(state: &ApiState, req: &TryLock) -> Result<Option<LeaseV
         )));
     }
     let acquire = Acquire {
+        reentrant: false,
         key,
         ttl: Duration::from_secs(req.expiry_in_seconds as u64),
         // Dapr's TryLock never waits.

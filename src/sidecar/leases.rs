@@ -80,6 +80,18 @@ pub enum LeaseState {
     Lost { reason: LostReason, at: Instant },
 }
 
+/// Whether a lease is reentrant, and its hold count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Holding {
+    /// Taken without `reentrant`.
+    #[default]
+    No,
+    /// Adopted after a restart: the backend may keep a count for it.
+    Unknown,
+    /// Reentrant, with this many holds.
+    Count(u32),
+}
+
 #[derive(Debug, Clone)]
 pub struct LeaseRecord {
     pub key: LockKey,
@@ -110,6 +122,11 @@ pub struct LeaseRecord {
     /// The smallest TTL of a renewal whose outcome stayed unknown: the
     /// backend may apply it late, so no later deadline may count on more.
     pub ttl_floor: Option<Duration>,
+    /// Reentrancy: the hold count as last confirmed by the backend, where
+    /// it lives.
+    pub holds: Holding,
+    /// Held while the hold count changes: one change at a time per lease.
+    pub holds_turn: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
 
 /// What the API shows of a lease.
@@ -131,6 +148,9 @@ pub struct LeaseView {
     pub lost_reason: Option<&'static str>,
     /// `manual`, `auto` or `hold`.
     pub renewal: &'static str,
+    /// A reentrant lease's hold count.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub holds: Option<u32>,
     /// The Dapr lock store it was taken through, if any.
     #[serde(skip)]
     pub dapr_store: Option<String>,
@@ -156,6 +176,8 @@ pub struct LeaseStatus {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lost_reason: Option<&'static str>,
     pub renewal: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub holds: Option<u32>,
 }
 
 impl LeaseView {
@@ -179,6 +201,7 @@ impl LeaseView {
             held_ms: self.held_ms,
             lost_reason: self.lost_reason,
             renewal: self.renewal,
+            holds: self.holds,
         }
     }
 }
@@ -210,6 +233,10 @@ impl LeaseRecord {
             .as_millis() as u64,
             lost_reason,
             renewal: self.renewal.as_str(),
+            holds: match self.holds {
+                Holding::Count(n) => Some(n),
+                Holding::No | Holding::Unknown => None,
+            },
             dapr_store: self.dapr_store.clone(),
         }
     }
@@ -637,6 +664,47 @@ impl LeaseTable {
             .filter(|r| r.is_held())
             .map(|r| (r.key.clone(), r.lease_id.clone(), r.token))
             .collect()
+    }
+
+    /// Whether `lease` holds `key` here, and how ([`Holding`]); without
+    /// copying its record (every release asks).
+    pub fn holding(&self, key: &LockKey, lease: &LeaseId) -> Option<Holding> {
+        self.lock()
+            .current
+            .get(key)
+            .filter(|r| &r.lease_id == lease && r.is_held())
+            .map(|r| r.holds)
+    }
+
+    /// An adopted lease may be reentrant: its count is the backend's.
+    pub fn holds_unknown(&self, key: &LockKey, lease: &LeaseId) {
+        if let Some(rec) = self
+            .lock()
+            .current
+            .get_mut(key)
+            .filter(|r| &r.lease_id == lease && r.holds == Holding::No)
+        {
+            rec.holds = Holding::Unknown;
+        }
+    }
+
+    /// Sets a reentrant lease's hold count (and owner) as the backend
+    /// confirmed it; `None` if the lease no longer holds the key here.
+    pub fn set_holds(
+        &self,
+        key: &LockKey,
+        lease: &LeaseId,
+        holds: u32,
+        owner: &str,
+    ) -> Option<LeaseRecord> {
+        let mut t = self.lock();
+        let rec = t
+            .current
+            .get_mut(key)
+            .filter(|r| &r.lease_id == lease && r.is_held())?;
+        rec.holds = Holding::Count(holds);
+        rec.owner = Some(owner.to_owned());
+        Some(rec.clone())
     }
 
     /// The record of `lease` on `key`, whatever its state.

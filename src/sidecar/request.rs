@@ -19,6 +19,9 @@ pub struct AcquireRequest {
     pub wait: Duration,
     pub owner: Option<String>,
     pub renewal: Renewal,
+    /// `"reentrant": true`: the owner may take the key again while its
+    /// lease holds it (a hold count, kept with the lease in the backend).
+    pub reentrant: bool,
 }
 
 impl AcquireRequest {
@@ -31,6 +34,7 @@ impl AcquireRequest {
             owner: self.owner,
             renewal: self.renewal,
             dapr_store: None,
+            reentrant: self.reentrant,
         }
     }
 }
@@ -98,7 +102,14 @@ pub fn acquire(body: &[u8], defaults: &Defaults, hold: bool) -> Result<AcquireRe
     let allowed: &[&str] = if hold {
         &["ttl_ms", "wait_ms", "owner"]
     } else {
-        &["ttl_ms", "wait_ms", "owner", "auto_renew", "keepalive_ms"]
+        &[
+            "ttl_ms",
+            "wait_ms",
+            "owner",
+            "auto_renew",
+            "keepalive_ms",
+            "reentrant",
+        ]
     };
     let map = object(body, allowed)?;
     let ttl = millis(&map, "ttl_ms", MIN_TTL_MS, MAX_TTL_MS)?
@@ -143,11 +154,28 @@ pub fn acquire(body: &[u8], defaults: &Defaults, hold: bool) -> Result<AcquireRe
             ))
         }
     };
+    let reentrant = match map.get("reentrant") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "reentrant",
+                "`reentrant` must be true or false",
+            ))
+        }
+    };
+    if reentrant && owner.is_none() {
+        return Err(ApiError::invalid(
+            "owner",
+            "a reentrant acquire needs an `owner`: the one that may take the key again",
+        ));
+    }
     Ok(AcquireRequest {
         ttl,
         wait,
         owner,
         renewal,
+        reentrant,
     })
 }
 

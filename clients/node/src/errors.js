@@ -85,6 +85,14 @@ TooManyWaitersError.code = 'too_many_waiters';
 export class TooManyLeasesError extends FencerError {}
 TooManyLeasesError.code = 'too_many_leases';
 
+/** 400: the lock type asked for (`body.feature`) is not kept by the sidecar's backend (`body.backend`). */
+export class UnsupportedByBackendError extends FencerError {}
+UnsupportedByBackendError.code = 'unsupported_by_backend';
+
+/** 409: a reentrant lease already counts the most holds one lease may (`body.max_holds`). */
+export class TooManyHoldsError extends FencerError {}
+TooManyHoldsError.code = 'too_many_holds';
+
 /** 429: too many backend views (`GET /v1/locks/{key}?scope=backend`) from this sidecar; `body.retry_after_ms` says when to ask again. */
 export class RateLimitedError extends FencerError {}
 RateLimitedError.code = 'rate_limited';
@@ -202,7 +210,7 @@ FenceStoreUnavailableError.code = 'fence_store_unavailable';
  * @type {Readonly<Record<string, typeof FencerError>>}
  */
 export const ERROR_CLASSES = Object.freeze(Object.fromEntries(
-  [InvalidRequestError, TtlTooLongError, PayloadTooLargeError, NotFoundError, MethodNotAllowedError, LockHeldError, LockDelayedError, LeaseLostError, NotOwnerError, MaxHoldReachedError, TooManyWaitersError, TooManyLeasesError, RateLimitedError, ViewOffError, BackendUnavailableError, BackendRefusedError, NotReplicatedError, GatewayUnavailableError, TokenBehindGatewayError, TokenJumpError, LeaseExpiredBeforeAnswerError, ShuttingDownError, InternalError, LockStoreNotFoundError, LeaseNotFoundError, NotReadyError, LeaseRequiredError, LockNotHeldError, LeaseBusyError, DuplicateFencingHeaderError, UpstreamError, UpstreamTimeoutError, FencingTokenRequiredError, InvalidFencingTokenError, PathNotRoutedError, StaleFencingTokenError, StaleSequenceError, DuplicateSequenceError, FenceBusyError, FenceStoreUnavailableError].map((cls) => [cls.code, cls]),
+  [InvalidRequestError, TtlTooLongError, PayloadTooLargeError, NotFoundError, MethodNotAllowedError, LockHeldError, LockDelayedError, LeaseLostError, NotOwnerError, MaxHoldReachedError, TooManyWaitersError, TooManyLeasesError, UnsupportedByBackendError, TooManyHoldsError, RateLimitedError, ViewOffError, BackendUnavailableError, BackendRefusedError, NotReplicatedError, GatewayUnavailableError, TokenBehindGatewayError, TokenJumpError, LeaseExpiredBeforeAnswerError, ShuttingDownError, InternalError, LockStoreNotFoundError, LeaseNotFoundError, NotReadyError, LeaseRequiredError, LockNotHeldError, LeaseBusyError, DuplicateFencingHeaderError, UpstreamError, UpstreamTimeoutError, FencingTokenRequiredError, InvalidFencingTokenError, PathNotRoutedError, StaleFencingTokenError, StaleSequenceError, DuplicateSequenceError, FenceBusyError, FenceStoreUnavailableError].map((cls) => [cls.code, cls]),
 ));
 
 /**

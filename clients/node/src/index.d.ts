@@ -197,6 +197,10 @@ export class MaxHoldReachedError extends FencerError {}
 export class TooManyWaitersError extends FencerError {}
 /** 429: the sidecar holds as many leases as it may. */
 export class TooManyLeasesError extends FencerError {}
+/** 400: the lock type asked for is not kept by the sidecar's backend. */
+export class UnsupportedByBackendError extends FencerError {}
+/** 409: a reentrant lease already counts the most holds one lease may. */
+export class TooManyHoldsError extends FencerError {}
 /** 429: too many backend views from this sidecar; `body.retry_after_ms` says when to ask again. */
 export class RateLimitedError extends FencerError {}
 /** 400: `scope=backend` is off on this sidecar. */

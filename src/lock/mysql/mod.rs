@@ -38,7 +38,8 @@ use self::bell::Bells;
 use self::settings::MySqlSettings;
 use self::wake::Waker;
 use super::{
-    Attempt, BackendError, KeyView, LeaseId, LockBackend, LockKey, Ownership, WakeSink, WatchGuard,
+    Attempt, BackendError, Holds, HoldsChange, KeyView, LeaseId, LockBackend, LockKey, Ownership,
+    WakeSink, WatchGuard,
 };
 use crate::metrics::mysql::MySqlMetrics;
 use crate::metrics::sql::SQL;
@@ -242,6 +243,7 @@ const RENEW: &str = "CALL fencer_lock_renew_v1(?, ?, ?)";
 const RENEW_MANY: &str = "CALL fencer_lock_renew_many_v1(?)";
 const RELEASE: &str = "CALL fencer_lock_release_v1(?, ?)";
 const RELEASE_ATTEMPT: &str = "CALL fencer_lock_release_attempt_v1(?, ?, ?)";
+const HOLDS: &str = "CALL fencer_lock_holds_v1(?, ?, ?, ?, ?, ?)";
 /// The key's row, read without a lock (a consistent read: no writer waits
 /// for it): held, lease, token (the key's counter), ms left on the lease
 /// and on its lock-delay, on the server's clock.
@@ -465,6 +467,64 @@ impl LockBackend for MySqlBackend {
         self.holders.record(key.as_str(), holder);
         Ok(Attempt::Held {
             remaining: Some(remaining),
+        })
+    }
+
+    fn supports_reentrancy(&self) -> bool {
+        true
+    }
+
+    async fn holds(
+        &self,
+        key: &LockKey,
+        lease: &LeaseId,
+        change: HoldsChange<'_>,
+    ) -> Result<Holds, BackendError> {
+        let deadline = Instant::now() + self.request_timeout;
+        let (expect, to, owner, op) = match change {
+            HoldsChange::Read => (Value::NULL, Value::Int(0), Value::NULL, Value::NULL),
+            HoldsChange::Set {
+                expect,
+                to,
+                owner,
+                op,
+            } => (
+                Value::Int(i64::from(expect)),
+                Value::Int(i64::from(to)),
+                Value::Bytes(owner.as_bytes().to_vec()),
+                Value::Bytes(op.as_bytes().to_vec()),
+            ),
+        };
+        let rows = self
+            .call_until(deadline, HOLDS, || {
+                (
+                    vec![
+                        key_value(key),
+                        lease_value(lease),
+                        expect.clone(),
+                        to.clone(),
+                        owner.clone(),
+                        op.clone(),
+                    ],
+                    None,
+                )
+            })
+            .await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| BackendError::Protocol("holds returned no row".into()))?;
+        Ok(match int(row, 0)? {
+            1 => Holds::Owned {
+                holds: int(row, 1)?.clamp(0, i64::from(u32::MAX)) as u32,
+                owner: row
+                    .get_opt::<Option<Vec<u8>>, _>(2)
+                    .and_then(|r| r.ok())
+                    .flatten()
+                    .map(|b| String::from_utf8_lossy(&b).into_owned()),
+                applied: int(row, 3)? == 1,
+            },
+            0 => Holds::Free,
+            _ => Holds::OtherHolder,
         })
     }
 

@@ -33,6 +33,16 @@ pub fn pieces() -> Vec<crate::mysql::schema::Piece> {
             ADD_ATTEMPT,
         ),
         (
+            "fencer_locks.holds_lease",
+            column("fencer_locks", "holds_lease"),
+            ADD_HOLDS,
+        ),
+        (
+            "fencer_lock_holds_v1",
+            routine("fencer_lock_holds_v1"),
+            HOLDS_PROC,
+        ),
+        (
             "fencer_lock_acquire_v1",
             routine("fencer_lock_acquire_v1"),
             ACQUIRE_PROC,
@@ -99,6 +109,67 @@ const LOCKS: &str = "CREATE TABLE IF NOT EXISTS fencer_locks (
 /// still carries its own attempt. A table created before this column
 /// existed gets it on start-up (added once, then never touched again).
 const ADD_ATTEMPT: &str = "ALTER TABLE fencer_locks ADD COLUMN attempt_id VARBINARY(64) NULL";
+
+/// Reentrancy: a lease's hold count and owner, valid only while
+/// `holds_lease` is the lease holding the row (a new grant, which does not
+/// touch them, starts from one hold).
+const ADD_HOLDS: &str = "ALTER TABLE fencer_locks ADD COLUMN holds INT NULL,
+  ADD COLUMN holds_lease VARBINARY(128) NULL, ADD COLUMN holds_owner VARBINARY(512) NULL,
+  ADD COLUMN holds_op VARBINARY(64) NULL";
+
+/// (key, lease, expected count or NULL to read, new count, owner, change
+/// id) → one row (status, holds, owner, applied): status 1 when the lease
+/// holds the key (the count — 1 when none is recorded for this lease — set
+/// to the new one, with the owner, if it was the expected one, unless this
+/// change was made already: `applied` either way), 0 free, -1 another's.
+const HOLDS_PROC: &str = "CREATE PROCEDURE fencer_lock_holds_v1(
+  IN p_key VARBINARY(512), IN p_lease VARBINARY(128), IN p_expect INT,
+  IN p_to INT, IN p_owner VARBINARY(512), IN p_op VARBINARY(64))
+proc: BEGIN
+  DECLARE v_found INT DEFAULT 1;
+  DECLARE v_lease VARBINARY(128);
+  DECLARE v_exp DATETIME(6);
+  DECLARE v_holds INT;
+  DECLARE v_holds_lease VARBINARY(128);
+  DECLARE v_owner VARBINARY(512);
+  DECLARE v_op VARBINARY(64);
+  DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_found = 0;
+  DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+  START TRANSACTION;
+  SELECT lease_id, expires_at, holds, holds_lease, holds_owner, holds_op
+    INTO v_lease, v_exp, v_holds, v_holds_lease, v_owner, v_op
+    FROM fencer_locks WHERE lock_key = p_key FOR UPDATE;
+  IF v_found = 0 OR v_lease IS NULL OR v_exp <= SYSDATE(6) THEN
+    COMMIT;
+    SELECT 0, 0, NULL, 0;
+    LEAVE proc;
+  END IF;
+  IF v_lease <> p_lease THEN
+    COMMIT;
+    SELECT -1, 0, NULL, 0;
+    LEAVE proc;
+  END IF;
+  IF v_holds_lease IS NULL OR v_holds_lease <> p_lease THEN
+    SET v_holds = 1;
+    SET v_owner = NULL;
+    SET v_op = NULL;
+  END IF;
+  IF p_op IS NOT NULL AND v_op = p_op THEN
+    COMMIT;
+    SELECT 1, v_holds, v_owner, 1;
+    LEAVE proc;
+  END IF;
+  IF p_expect IS NOT NULL AND v_holds = p_expect THEN
+    UPDATE fencer_locks SET holds = p_to, holds_lease = p_lease, holds_owner = p_owner,
+                            holds_op = p_op
+     WHERE lock_key = p_key;
+    COMMIT;
+    SELECT 1, p_to, p_owner, 1;
+    LEAVE proc;
+  END IF;
+  COMMIT;
+  SELECT 1, v_holds, v_owner, 0;
+END";
 
 /// The token floor: a key whose row was deleted by the clean-up starts
 /// above it, so its tokens never go backwards.

@@ -19,7 +19,8 @@ use async_trait::async_trait;
 use deadpool_postgres::Pool;
 
 use super::{
-    Attempt, BackendError, KeyView, LeaseId, LockBackend, LockKey, Ownership, WakeSink, WatchGuard,
+    Attempt, BackendError, Holds, HoldsChange, KeyView, LeaseId, LockBackend, LockKey, Ownership,
+    WakeSink, WatchGuard,
 };
 use crate::lock::settings::PostgresSettings;
 use crate::pg::group::Group;
@@ -349,6 +350,61 @@ impl LockBackend for PgBackend {
             )
             .await?;
         ownership(&rows)
+    }
+
+    fn supports_reentrancy(&self) -> bool {
+        true
+    }
+
+    async fn holds(
+        &self,
+        key: &LockKey,
+        lease: &LeaseId,
+        change: HoldsChange<'_>,
+    ) -> Result<Holds, BackendError> {
+        let (expect, to, owner, op): (Option<i32>, i32, Option<String>, Option<String>) =
+            match change {
+                HoldsChange::Read => (None, 0, None, None),
+                HoldsChange::Set {
+                    expect,
+                    to,
+                    owner,
+                    op,
+                } => (
+                    Some(expect as i32),
+                    to as i32,
+                    Some(owner.to_owned()),
+                    Some(op.to_owned()),
+                ),
+            };
+        let rows = self
+            .query(
+                sql::HOLDS,
+                vec![
+                    Box::new(key.as_str().to_owned()),
+                    Box::new(lease.as_str().to_owned()),
+                    Box::new(expect),
+                    Box::new(to),
+                    Box::new(owner),
+                    Box::new(op),
+                ],
+                None,
+            )
+            .await?;
+        let Some(row) = rows.first() else {
+            return Ok(Holds::Free);
+        };
+        let (status, holds, owner, applied): (i32, i32, Option<String>, bool) =
+            (row.get(0), row.get(1), row.get(2), row.get(3));
+        Ok(match status {
+            1 => Holds::Owned {
+                holds: holds.max(0) as u32,
+                owner,
+                applied,
+            },
+            0 => Holds::Free,
+            _ => Holds::OtherHolder,
+        })
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<KeyView, BackendError> {

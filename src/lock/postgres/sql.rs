@@ -61,6 +61,13 @@ pub fn pieces() -> Vec<crate::pg::schema::Piece> {
             create: "ALTER TABLE fencer_locks ADD COLUMN attempt text".into(),
         },
         Piece {
+            name: "fencer_locks.holds",
+            exists: column_exists("fencer_locks", "holds_lease"),
+            create: "ALTER TABLE fencer_locks ADD COLUMN holds integer, ADD COLUMN holds_lease text, \
+                     ADD COLUMN holds_op text"
+                .into(),
+        },
+        Piece {
             name: "fencer_locks_updated_at",
             exists: relation_exists("fencer_locks_updated_at"),
             create: "CREATE INDEX fencer_locks_updated_at ON fencer_locks (updated_at)".into(),
@@ -351,6 +358,37 @@ SELECT CASE WHEN l.expires_at > clock_timestamp() THEN -1 ELSE -3 END,
    AND NOT EXISTS (SELECT 1 FROM again)
 UNION ALL
 SELECT -2, 0::bigint, 0::bigint FROM live WHERE NOT ok
+"#;
+
+/// Reentrancy. $1 key, $2 lease, $3 expected count (NULL: read only), $4
+/// new count, $5 owner, $6 the change's id. One row if the key has one:
+/// (status, holds, owner, applied) — status 1 when the lease holds the key
+/// (its count: 1 when none is recorded for this lease; set to $4, with
+/// the owner, if it was $3 — unless change $6 was made already: then
+/// `applied` without a second change), 0 free, -1 another lease's. The
+/// count is valid only for `holds_lease`, so a new grant (which does not
+/// touch it) starts from 1.
+pub const HOLDS: &str = r#"
+WITH cur AS (
+  SELECT l.lease_id = $2 AND COALESCE(l.expires_at > clock_timestamp(), false) AS mine,
+         l.lease_id IS NULL OR NOT COALESCE(l.expires_at > clock_timestamp(), false) AS free,
+         CASE WHEN l.holds_lease = $2 THEN l.holds ELSE 1 END AS h,
+         CASE WHEN l.holds_lease = $2 THEN l.owner END AS o,
+         COALESCE(l.holds_lease = $2 AND l.holds_op = $6, false) AS done
+    FROM fencer_locks l WHERE l.key = $1 FOR UPDATE
+), up AS (
+  UPDATE fencer_locks l
+     SET holds = $4::integer, holds_lease = $2, owner = $5, holds_op = $6,
+         updated_at = clock_timestamp()
+    FROM cur
+   WHERE l.key = $1 AND cur.mine AND NOT cur.done AND cur.h = $3::integer
+  RETURNING l.holds, l.owner
+)
+SELECT CASE WHEN cur.mine THEN 1 WHEN cur.free THEN 0 ELSE -1 END,
+       COALESCE((SELECT holds FROM up), cur.h),
+       CASE WHEN EXISTS (SELECT 1 FROM up) THEN (SELECT owner FROM up) ELSE cur.o END,
+       cur.done OR EXISTS (SELECT 1 FROM up)
+  FROM cur
 "#;
 
 /// $1 key. Reads only (no row lock: a writer never waits for it). One row

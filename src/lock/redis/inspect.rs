@@ -1,10 +1,11 @@
 //! Reading what one Redis records for a key ([`super::scripts::INSPECT`]),
-//! for `GET /v1/locks/{key}?scope=backend`. Shared with RedLock, which
-//! reads each master with the same script and counts the answers.
+//! for `GET /v1/locks/{key}?scope=backend` — shared with RedLock, which
+//! reads each master with the same script and counts the answers — and a
+//! reentrant lease's hold count ([`super::scripts::HOLDS`]).
 
 use std::time::Duration;
 
-use crate::lock::{BackendError, HolderView, KeyView};
+use crate::lock::{BackendError, HolderView, Holds, KeyView};
 
 /// One server's record of a key: the lock entry's lease and token (`0`:
 /// a RedLock entry before its token's write-back), its PTTL, the delay
@@ -66,6 +67,21 @@ impl Record {
             ..KeyView::default()
         }
     }
+}
+
+/// The hold-count script's `{status, holds, owner, applied}`.
+pub fn holds(value: redis::Value) -> Result<Holds, BackendError> {
+    let (status, holds, owner, applied): (i64, u32, String, i64) =
+        redis::from_redis_value(value).map_err(|e| BackendError::Protocol(e.to_string()))?;
+    Ok(match status {
+        1 => Holds::Owned {
+            holds,
+            owner: (!owner.is_empty()).then_some(owner),
+            applied: applied == 1,
+        },
+        0 => Holds::Free,
+        _ => Holds::OtherHolder,
+    })
 }
 
 #[cfg(test)]

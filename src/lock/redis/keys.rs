@@ -61,6 +61,13 @@ impl RedisKeys {
         self.with(":token")
     }
 
+    /// Reentrancy: `"<lease id> <holds> <owner>"`, valid only while that
+    /// lease holds the lock (no expiry: a renewal must not outlive it);
+    /// deleted when the count drops to 0, overwritten by the next lease.
+    pub fn holds(&self) -> String {
+        self.with(":holds")
+    }
+
     /// Lock-delay marker: outlives a lock that expired without a release.
     pub fn delay(&self) -> String {
         self.with(":delay")

@@ -57,7 +57,8 @@ use self::sharded_subscriber::ShardedSubscriber;
 use self::subscriber::{Source, Subscriber};
 use self::topology::Topology;
 use super::{
-    Attempt, BackendError, KeyView, LeaseId, LockBackend, LockKey, Ownership, WakeSink, WatchGuard,
+    Attempt, BackendError, Holds, HoldsChange, KeyView, LeaseId, LockBackend, LockKey, Ownership,
+    WakeSink, WatchGuard,
 };
 use crate::metrics::redis::RedisMetrics;
 
@@ -673,6 +674,43 @@ impl LockBackend for RedisBackend {
 
     /// Reachable, and every master in use says `noeviction` (or
     /// `allow_eviction`): a Redis that may evict lock entries is not ready.
+    fn supports_reentrancy(&self) -> bool {
+        true
+    }
+
+    async fn holds(
+        &self,
+        key: &LockKey,
+        lease: &LeaseId,
+        change: HoldsChange<'_>,
+    ) -> Result<Holds, BackendError> {
+        let k = self.keys(key);
+        let mut call = Call::default();
+        call.key(k.lock()).key(k.holds()).arg(lease.as_str());
+        let replicated = match change {
+            HoldsChange::Read => {
+                call.arg("").arg("").arg("").arg("");
+                Replicated::No
+            }
+            HoldsChange::Set {
+                expect,
+                to,
+                owner,
+                op,
+            } => {
+                call.arg(expect).arg(to).arg(op).arg(owner);
+                Replicated::Required("holds")
+            }
+        };
+        let reply = self.exec(&self.scripts.holds, &call, replicated).await?;
+        if self.short(reply.replicas, replicated) {
+            return Err(BackendError::NotReplicated(
+                "the hold count did not reach enough replicas".into(),
+            ));
+        }
+        inspect::holds(reply.value)
+    }
+
     async fn inspect(&self, key: &LockKey) -> Result<KeyView, BackendError> {
         let k = self.keys(key);
         let mut call = Call::default();

@@ -334,6 +334,37 @@ return {cur, tostring(pttl), tostring(redis.call('PTTL', KEYS[2])),
         redis.call('GET', KEYS[3]) or ''}
 "#;
 
+/// KEYS: lock, holds record. ARGV: lease id, expected count ("" = read
+/// only), new count, change id, owner. Reentrancy: `{status, holds, owner,
+/// applied}` — status 1 when the lease holds the lock (then the count, 1
+/// if none is recorded for it, is set to ARGV[3] if it was ARGV[2]; 0
+/// deletes the record; `applied` 1 when this change is in effect, made now
+/// or by an earlier call of the same id), 0 free, -1 another lease's. The
+/// record is `"<lease> <holds> <change id> <owner>"`.
+pub const HOLDS: &str = r#"
+local cur = redis.call('GET', KEYS[1])
+if not cur then return {0, '0', '', 0} end
+local sep = string.find(cur, ' ', 1, true)
+if not sep or string.sub(cur, 1, sep - 1) ~= ARGV[1] then return {-1, '0', '', 0} end
+local h, op, owner = 1, '', ''
+local rec = redis.call('GET', KEYS[2])
+if rec then
+  local l, n, c, o = string.match(rec, '^(%S+) (%d+) (%S+) (.*)$')
+  if l == ARGV[1] then h = tonumber(n); op = c; owner = o end
+end
+if ARGV[2] == '' then return {1, tostring(h), owner, 0} end
+if op == ARGV[4] then return {1, tostring(h), owner, 1} end
+if tonumber(ARGV[2]) ~= h then return {1, tostring(h), owner, 0} end
+h = tonumber(ARGV[3])
+owner = ARGV[5]
+if h == 0 then
+  redis.call('DEL', KEYS[2])
+else
+  redis.call('SET', KEYS[2], ARGV[1] .. ' ' .. h .. ' ' .. ARGV[4] .. ' ' .. owner)
+end
+return {1, tostring(h), owner, 1}
+"#;
+
 /// The scripts, hashed once; `EVALSHA`, with `EVAL` on `NOSCRIPT`.
 pub struct Scripts {
     pub acquire: Lua,
@@ -345,6 +376,7 @@ pub struct Scripts {
     pub acquire_many: Lua,
     pub release_many: Lua,
     pub inspect: Lua,
+    pub holds: Lua,
 }
 
 impl Scripts {
@@ -359,10 +391,11 @@ impl Scripts {
             acquire_many: Lua::new(ACQUIRE_MANY),
             release_many: Lua::new(RELEASE_MANY),
             inspect: Lua::new(INSPECT),
+            holds: Lua::new(HOLDS),
         }
     }
 
-    pub fn all(&self) -> [&Lua; 9] {
+    pub fn all(&self) -> [&Lua; 10] {
         [
             &self.acquire,
             &self.renew,
@@ -373,6 +406,7 @@ impl Scripts {
             &self.acquire_many,
             &self.release_many,
             &self.inspect,
+            &self.holds,
         ]
     }
 }

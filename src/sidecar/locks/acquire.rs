@@ -55,6 +55,8 @@ pub struct Acquire {
     /// The Dapr lock store the lease is taken through, if any: only that
     /// store's `unlock` may release it by owner.
     pub dapr_store: Option<String>,
+    /// The owner may take the key again while it holds it ([`super::reentrant`]).
+    pub reentrant: bool,
 }
 
 enum Repair {
@@ -182,6 +184,13 @@ impl LockManager {
         }
         let key = req.key.clone();
         let group = self.metrics.group(key.as_str());
+        if req.reentrant {
+            self.check_reentrancy()?;
+            if let Some(result) = self.reenter(&req).await {
+                self.count_acquire(&key, &group, started, &result);
+                return result;
+            }
+        }
         let mut attempts = Attempts {
             backend: self.backend.clone(),
             leases: self.leases.clone(),
@@ -192,15 +201,34 @@ impl LockManager {
             granted: None,
             last: None,
         };
-        let result = self
+        let mut result = self
             .acquire_registered(&req, &mut attempts, started, &group)
-            .await
-            .and_then(|view| self.held_at_answer(&key, &view.lease_id, started));
+            .await;
+        if let (Ok(view), Some(owner)) = (&result, req.owner.as_deref()) {
+            if req.reentrant {
+                // Before the lease is handed over: a client gone meanwhile
+                // leaves it to `attempts`, which releases it.
+                self.first_hold(&key, &view.lease_id, owner).await;
+            }
+        }
+        result = result.and_then(|view| self.held_at_answer(&key, &view.lease_id, started));
         if let Ok(view) = &result {
             attempts.granted = LeaseId::parse(&view.lease_id);
         }
         drop(attempts);
-        let outcome = match &result {
+        self.count_acquire(&key, &group, started, &result);
+        result
+    }
+
+    /// Counts and logs one acquire's outcome.
+    fn count_acquire(
+        &self,
+        key: &LockKey,
+        group: &str,
+        started: Instant,
+        result: &Result<LeaseView, LockError>,
+    ) {
+        let outcome = match result {
             Ok(_) => "acquired",
             Err(LockError::Held(_)) => "timeout",
             Err(LockError::Delayed { .. }) => "delayed",
@@ -208,13 +236,13 @@ impl LockManager {
         };
         self.metrics
             .acquisitions
-            .with_label_values(&[group.as_str(), outcome])
+            .with_label_values(&[group, outcome])
             .inc();
         self.metrics
             .acquire_wait
-            .with_label_values(&[group.as_str(), outcome])
+            .with_label_values(&[group, outcome])
             .observe(started.elapsed().as_secs_f64());
-        match &result {
+        match result {
             // Per-operation lines are debug: at tens of thousands of
             // acquisitions per second an info line each would cost more CPU
             // than the lock itself. Failures and lost leases stay at info+.
@@ -224,7 +252,6 @@ impl LockManager {
             ),
             Err(e) => tracing::debug!(key = %key, error = %e, "lock not acquired"),
         }
-        result
     }
 
     /// The lease as it stands at the moment of the answer, or an error if
@@ -620,6 +647,8 @@ impl LockManager {
             writes: Default::default(),
             renewing: Default::default(),
             ttl_floor: None,
+            holds: Default::default(),
+            holds_turn: Default::default(),
         };
         if renewal != Renewal::Manual {
             self.leases.schedule(key, renew_at(sent, ttl));

@@ -10,6 +10,7 @@
 
 mod acquire;
 mod failover;
+mod reentrant;
 mod release;
 mod renew;
 pub mod view;
@@ -22,6 +23,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 pub use self::acquire::Acquire;
+pub use self::reentrant::{Released, MAX_HOLDS};
 use super::leases::{LeaseRecord, LeaseTable, LeaseView, Lost};
 use super::preregister::Preregistrar;
 use super::waiters::WaitQueues;
@@ -38,6 +40,13 @@ pub enum LockError {
     Delayed { key: LockKey, retry_after: Duration },
     #[error("too many backend views; sidecar.backend_view_per_second and four at a time bound them (retry in {} ms)", .retry_after.as_millis())]
     RateLimited { retry_after: Duration },
+    #[error("{feature} locks are not supported by the {backend} backend (README: lock types)")]
+    Unsupported {
+        feature: &'static str,
+        backend: &'static str,
+    },
+    #[error("the lease already counts {0} holds, the most one lease may")]
+    TooManyHolds(u32),
     #[error("scope=backend is off on this sidecar (sidecar.backend_view_per_second = 0)")]
     ViewOff,
     #[error("the lease no longer holds lock `{0}`")]

@@ -179,6 +179,11 @@ impl LockManager {
                     Renewal::Manual,
                     None,
                 );
+                if self.backend.supports_reentrancy() {
+                    // Perhaps reentrant: its count and owner are in the
+                    // backend, read when they matter.
+                    self.leases.holds_unknown(key, lease);
+                }
                 tracing::info!(key = %key, token, lease_tag = %lease.tag(), "lease adopted on renewal");
                 Ok(record.view(Instant::now()))
             }

@@ -108,6 +108,18 @@ class TooManyLeases(FencerError):
     code = "too_many_leases"
 
 
+class UnsupportedByBackend(FencerError):
+    """400: the lock type asked for (``body["feature"]``) is not kept by the
+    sidecar's backend (``body["backend"]``)."""
+    code = "unsupported_by_backend"
+
+
+class TooManyHolds(FencerError):
+    """409: a reentrant lease already counts the most holds one lease may
+    (``body["max_holds"]``)."""
+    code = "too_many_holds"
+
+
 class RateLimited(FencerError):
     """429: too many backend views (``GET /v1/locks/{key}?scope=backend``)
     from this sidecar; ``retry_after_ms`` says when to ask again."""

@@ -41,13 +41,14 @@ export class FencerClient {
    * @param {import('./index.js').AcquireOptions} [options]
    * @returns {Promise<Lease>}
    */
-  async acquire(key, { ttlMs, waitMs, owner, autoRenew, keepaliveMs, signal } = {}) {
+  async acquire(key, { ttlMs, waitMs, owner, autoRenew, keepaliveMs, reentrant, signal } = {}) {
     const body = {};
     if (ttlMs !== undefined) body.ttl_ms = ttlMs;
     if (waitMs !== undefined) body.wait_ms = waitMs;
     if (owner !== undefined) body.owner = owner;
     if (autoRenew) body.auto_renew = true;
     if (keepaliveMs !== undefined) body.keepalive_ms = keepaliveMs;
+    if (reentrant) body.reentrant = true;
     const sentAt = performance.now();
     const answer = await this.#call('POST', path(key, 'acquire'), body, { waitMs, signal });
     return new Lease(answer, sentAt, key);
@@ -69,13 +70,27 @@ export class FencerClient {
   }
 
   /**
-   * Gives the lock up. Rejects with `LeaseLostError` if it was already gone
-   * (the work done under it may have raced a newer holder).
+   * Gives the lock up — or, for a reentrant lease, one hold: resolves to the
+   * holds left (`undefined` once the key is free). Rejects with
+   * `LeaseLostError` if it was already gone (the work done under it may have
+   * raced a newer holder).
    * @param {Lease} lease
-   * @returns {Promise<void>}
+   * @returns {Promise<number | undefined>}
    */
   async release(lease) {
-    await this.#call('POST', path(lease.key, 'release'), { lease_id: lease.leaseId });
+    const answer = await this.#call('POST', path(lease.key, 'release'), { lease_id: lease.leaseId });
+    return answer && answer.released === false ? answer.holds : undefined;
+  }
+
+  /**
+   * What the backend records for `key`, whichever sidecar's lease holds it
+   * (`state`: held, free, delayed or split; `token`, `lease_tag`,
+   * `remaining_ms`...). Rate-limited by the sidecar (`RateLimitedError`).
+   * @param {string} key
+   * @returns {Promise<Record<string, unknown>>}
+   */
+  async backendStatus(key) {
+    return this.#call('GET', `${path(key)}?scope=backend`);
   }
 
   /**

@@ -17,6 +17,8 @@ export interface AcquireOptions {
   autoRenew?: boolean;
   /** Only with `autoRenew`. */
   keepaliveMs?: number;
+  /** With `owner`: the owner holding the key here takes it again (the same lease, one more hold). */
+  reentrant?: boolean;
   /** Aborts the acquire (e.g. a long wait). */
   signal?: AbortSignal;
 }
@@ -89,8 +91,10 @@ export class FencerClient {
   acquire(key: string, options?: AcquireOptions): Promise<Lease>;
   /** Extends the lease; rejects with `LeaseLostError` if it no longer holds. */
   renew(lease: Lease, options?: { ttlMs?: number; signal?: AbortSignal }): Promise<Lease>;
-  /** Gives the lock up; rejects with `LeaseLostError` if it was already gone. */
-  release(lease: Lease): Promise<void>;
+  /** Gives the lock up (a reentrant lease: one hold; resolves to the holds left, `undefined` once free); rejects with `LeaseLostError` if it was already gone. */
+  release(lease: Lease): Promise<number | undefined>;
+  /** What the backend records for `key`, whichever sidecar's lease holds it (rate-limited). */
+  backendStatus(key: string): Promise<Record<string, any>>;
   /** "I am alive" for an `autoRenew` lease. */
   keepalive(lease: Lease): Promise<void>;
   /** This sidecar's lease on `key`; rejects with `NotFoundError` if none. */

@@ -211,3 +211,16 @@ test('live answers map to their classes', async () => {
   await assert.rejects(fencedFetch(never, { baseUrl: client.proxy })('/kv/clients/never', { method: 'PUT', ...json({ v: 1 }) }), LockNotHeldError);
   await assert.rejects(new FencerClient({ api: 'http://127.0.0.1:9' }).acquire(fresh('nowhere')), TransportError);
 });
+
+test('a reentrant lease counts holds; the backend view sees it', async () => {
+  const key = fresh('reentrant');
+  const first = await client.acquire(key, { ttlMs: 5000, owner: 'job', reentrant: true });
+  const again = await client.acquire(key, { ttlMs: 5000, owner: 'job', reentrant: true });
+  assert.equal(again.leaseId, first.leaseId);
+  assert.equal(again.token, first.token);
+  const view = await client.backendStatus(key);
+  assert.deepEqual([view.state, view.token, view.held_here], ['held', first.token, true]);
+  assert.equal(await client.release(first), 1);
+  assert.equal(await client.release(first), undefined);
+  assert.equal((await client.backendStatus(key)).state, 'free');
+});

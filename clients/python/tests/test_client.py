@@ -162,6 +162,20 @@ class HeldLockTest(unittest.TestCase):
             client.unblock.set()
 
 
+class LockTypesTest(unittest.TestCase):
+    def test_reentrant_holds_and_the_backend_view(self):
+        client = Client()
+        key = fresh("reentrant")
+        first = client.acquire(key, ttl_ms=5000, owner="job", reentrant=True)
+        again = client.acquire(key, ttl_ms=5000, owner="job", reentrant=True)
+        self.assertEqual((again.lease_id, again.token), (first.lease_id, first.token))
+        view = client.backend_status(key)
+        self.assertEqual((view["state"], view["token"], view["held_here"]), ("held", first.token, True))
+        self.assertEqual(client.release(first), 1)
+        self.assertIsNone(client.release(first))
+        self.assertEqual(client.backend_status(key)["state"], "free")
+
+
 class FencedHttpTest(unittest.TestCase):
     def setUp(self):
         self.client = Client()

@@ -85,12 +85,15 @@ class Client:
 
     def acquire(self, key: str, ttl_ms: Optional[int] = None, wait_ms: Optional[int] = None,
                 owner: Optional[str] = None, auto_renew: bool = False,
-                keepalive_ms: Optional[int] = None) -> Lease:
+                keepalive_ms: Optional[int] = None, reentrant: bool = False) -> Lease:
         """Takes the lock on ``key`` for ``ttl_ms``, waiting up to ``wait_ms``
         in the key's FIFO queue. Raises :class:`LockHeld` if it is still held
         then. With ``auto_renew`` the *sidecar* renews while this process
         calls :meth:`keepalive` (or sends proxied requests) within
-        ``keepalive_ms``; see :meth:`lock` for renewal done by this client."""
+        ``keepalive_ms``; see :meth:`lock` for renewal done by this client.
+        With ``reentrant`` (and an ``owner``) the owner holding the key here
+        takes it again: the same lease, one more hold (:meth:`release`
+        gives one back)."""
         body: Dict[str, Any] = {}
         for name, value in (("ttl_ms", ttl_ms), ("wait_ms", wait_ms), ("owner", owner),
                             ("keepalive_ms", keepalive_ms)):
@@ -98,6 +101,8 @@ class Client:
                 body[name] = value
         if auto_renew:
             body["auto_renew"] = True
+        if reentrant:
+            body["reentrant"] = True
         sent_at = time.monotonic()
         answer = self._call("POST", self._path(key, "acquire"), body, wait_ms)
         return _lease(answer, sent_at, key)
@@ -112,10 +117,20 @@ class Client:
         answer = self._call("POST", self._path(lease.key, "renew"), body)
         return _lease(answer, sent_at, lease.key, lease.lease_id)
 
-    def release(self, lease: Lease) -> None:
-        """Gives the lock up. Raises :class:`LeaseLost` if it was already gone
-        (then the work done under it may have raced a newer holder)."""
-        self._call("POST", self._path(lease.key, "release"), {"lease_id": lease.lease_id})
+    def release(self, lease: Lease) -> Optional[int]:
+        """Gives the lock up — or, for a reentrant lease, one hold: returns
+        the holds left (``None`` once the key is free). Raises
+        :class:`LeaseLost` if it was already gone (then the work done under
+        it may have raced a newer holder)."""
+        answer = self._call("POST", self._path(lease.key, "release"), {"lease_id": lease.lease_id})
+        return None if answer.get("released", True) else answer.get("holds")
+
+    def backend_status(self, key: str) -> Dict[str, Any]:
+        """What the backend records for ``key``, whichever sidecar's lease
+        holds it (``state``: held, free, delayed or split; ``token``,
+        ``lease_tag``, ``remaining_ms``...). Rate-limited by the sidecar:
+        raises :class:`RateLimited` past it."""
+        return self._call("GET", self._path(key, None) + "?scope=backend")
 
     def keepalive(self, lease: Lease) -> None:
         """Tells the sidecar this process is alive, for a lease acquired with

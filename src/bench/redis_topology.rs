@@ -92,18 +92,37 @@ pub fn redis_cli_available() -> bool {
 /// diskless-sync delay (a replica links up at once), log on stdout (the
 /// process's `out.log`), plus `extra` arguments. Waits until it listens.
 async fn data_node(what: &str, dir: PathBuf, extra: &[String]) -> Result<(Proc, u16), String> {
-    let port = free_port()?;
-    let mut cmd = Command::new("redis-server");
-    cmd.args(["--port", &port.to_string(), "--bind", HOST])
-        .args(["--save", "", "--appendonly", "no"])
-        .args(["--repl-diskless-sync", "yes"])
-        .args(["--repl-diskless-sync-delay", "0"])
-        .arg("--dir")
-        .arg(&dir)
-        .args(extra);
-    let mut p = spawn(what, cmd, dir)?;
-    wait_tcp(&mut p, &format!("{HOST}:{port}")).await?;
-    Ok((p, port))
+    let mut last = String::new();
+    // A port found free can be taken by another process before the server
+    // binds it (tests run two binaries at once): the server then exits,
+    // and what answers on the port is the other process. Tried again on
+    // another port until the answer comes from our own server.
+    for _ in 0..5 {
+        let port = free_port()?;
+        let mut cmd = Command::new("redis-server");
+        cmd.args(["--port", &port.to_string(), "--bind", HOST])
+            .args(["--save", "", "--appendonly", "no"])
+            .args(["--repl-diskless-sync", "yes"])
+            .args(["--repl-diskless-sync-delay", "0"])
+            .arg("--dir")
+            .arg(&dir)
+            .args(extra);
+        let mut p = spawn(what, cmd, dir.clone())?;
+        if let Err(e) = wait_tcp(&mut p, &format!("{HOST}:{port}")).await {
+            last = e;
+            continue;
+        }
+        let info = query::<String>(port, redis::cmd("INFO").arg("server")).await;
+        let pid = info
+            .as_deref()
+            .ok()
+            .and_then(|i| info_field(i, "process_id"));
+        if pid == Some(p.pid().to_string().as_str()) {
+            return Ok((p, port));
+        }
+        last = format!("{what}: port {port} answered for another process ({info:?})");
+    }
+    Err(last)
 }
 
 /// One command on a fresh connection to `127.0.0.1:port`, bounded by

@@ -570,3 +570,49 @@ async fn a_hold_count_change_whose_client_hung_up_is_undone() {
     let last = s.release("re:hup", &lease).await;
     assert_eq!(last.body["released"], true, "{}", last.body);
 }
+
+/// The client's retry of a re-entry it hung up on, sent while the first
+/// try is still on its way (Redis frozen): it waits for the first try's
+/// undo (the lease's turn goes with it) and is answered two holds — not a
+/// conflict with a count the hung-up try moved, and never three.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_reentry_waits_for_the_undo_of_the_try_it_replaces() {
+    let redis = RedisServer::start(Persistence::Off);
+    let s = Fencer::sidecar(Backend::Redis, Some(&redis.url()), &[]);
+    let body = json!({"ttl_ms": 30_000, "owner": "o", "reentrant": true});
+    let url = format!("{}{}", s.api, Fencer::path("re:retry", "acquire"));
+    let first = s
+        .post(&Fencer::path("re:retry", "acquire"), body.clone())
+        .await;
+    assert_eq!(first.status, 200, "{}", first.body);
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    redis.pause();
+    let gone = impatient.post(&url).body(body.to_string()).send().await;
+    assert!(gone.is_err(), "answered while Redis was frozen: {gone:?}");
+    let retry = tokio::spawn(
+        reqwest::Client::new()
+            .post(url)
+            .body(body.to_string())
+            .send(),
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    redis.resume();
+    let answer = retry.await.unwrap().unwrap();
+    let status = answer.status().as_u16();
+    let answer: Value = answer.json().await.unwrap();
+    assert_eq!(
+        (status, answer["holds"].clone()),
+        (200, json!(2)),
+        "{answer}\n{}",
+        s.logs()
+    );
+    assert_eq!(answer["lease_id"], first.body["lease_id"], "{answer}");
+    settle_holds(&s, "re:retry", 2).await;
+    for left in [json!(1), Value::Null] {
+        let r = s.release("re:retry", &first.lease()).await;
+        assert_eq!(r.body["holds"], left, "{}", r.body);
+    }
+}

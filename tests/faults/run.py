@@ -611,7 +611,8 @@ DIRECTED_MUTANTS = {
     "pg_group_undo_skipped": ("sql_bounds", "postgres_a_shared_acquire_whose_callers_gave_up_takes_nothing_for_good"),
     # Issue 33 item 1: a reentrant lease's hold-count change whose caller
     # hung up before the answer, kept instead of undone.
-    "holds_change_kept": ("seams", "a_hold_count_change_whose_client_hung_up_is_undone"),
+    "holds_change_kept": [("seams", "a_hold_count_change_whose_client_hung_up_is_undone"),
+                          ("seams", "a_retried_reentry_waits_for_the_undo_of_the_try_it_replaces")],
 }
 
 

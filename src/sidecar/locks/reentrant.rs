@@ -16,6 +16,7 @@
 
 use std::sync::Arc;
 
+use tokio::sync::OwnedMutexGuard;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -62,7 +63,7 @@ impl LockManager {
         if found.holds == Holding::No {
             return None;
         }
-        let _turn = found.holds_turn.clone().lock_owned().await;
+        let turn = found.holds_turn.clone().lock_owned().await;
         let (rec, current) = match self.count_of(&req.key, &found.lease_id).await {
             Ok(Some((rec, n, o))) if o == owner => (rec, n),
             Ok(_) => return None,
@@ -71,7 +72,10 @@ impl LockManager {
         if current >= MAX_HOLDS {
             return Some(Err(LockError::TooManyHolds(MAX_HOLDS)));
         }
-        match self.change_holds(&rec, current, current + 1, owner).await {
+        match self
+            .change_holds(&rec, current, current + 1, owner, turn)
+            .await
+        {
             Ok(Some(view)) => {
                 self.count_hold_change("entered");
                 tracing::debug!(key = %req.key, holds = current + 1, "reentrant lock taken again");
@@ -124,7 +128,8 @@ impl LockManager {
         else {
             return;
         };
-        if let Err(e) = self.change_holds(&rec, 1, 1, owner).await {
+        let turn = rec.holds_turn.clone().lock_owned().await;
+        if let Err(e) = self.change_holds(&rec, 1, 1, owner, turn).await {
             // Held, and re-entrant here; only a restart would not know the
             // owner (its re-entry would then wait for this lease).
             tracing::warn!(key = %key, error = %e, "could not record the reentrant lease's owner in the backend");
@@ -150,10 +155,10 @@ impl LockManager {
             self.release(key, lease).await?;
             return Ok(Released::Freed);
         };
-        let _turn = found.holds_turn.clone().lock_owned().await;
+        let turn = found.holds_turn.clone().lock_owned().await;
         if let Some((rec, current, owner)) = self.count_of(&key, &lease).await? {
             if current > 1 {
-                self.change_holds(&rec, current, current - 1, &owner)
+                self.change_holds(&rec, current, current - 1, &owner, turn)
                     .await?
                     .ok_or_else(|| LockError::LeaseLost(key.clone()))?;
                 self.count_hold_change("left");
@@ -221,7 +226,9 @@ impl LockManager {
     /// was not told of — the task's end is awaited and the change undone
     /// ([`Pending`]), or a re-entry nobody learned of would keep the key
     /// held after the owner's last release, and a release the client
-    /// retries would give back two holds. A count the backend says was
+    /// retries would give back two holds. The lease's `turn` goes with the
+    /// change and, if its caller went away, with the undo: a retry of the
+    /// client's waits for the undo instead of racing it. A count the backend says was
     /// moved by some other change is an error, never taken for this one.
     /// `Ok(None)`: the lease no longer holds the key (marked lost here).
     async fn change_holds(
@@ -230,6 +237,7 @@ impl LockManager {
         expect: u32,
         to: u32,
         owner: &str,
+        turn: OwnedMutexGuard<()>,
     ) -> Result<Option<LeaseView>, LockError> {
         let (backend, key, lease, who, op) = (
             self.backend.clone(),
@@ -268,11 +276,35 @@ impl LockManager {
                 expect,
                 to,
                 owner: owner.to_owned(),
+                op: op.clone(),
+                _turn: turn,
             }),
         };
-        let found = pending.wait(task).await;
-        pending.undo = None;
-        match found.map_err(|e| LockError::Backend(BackendError::Unavailable(e.to_string())))?? {
+        let found = pending
+            .wait(task)
+            .await
+            .unwrap_or_else(|e| Err(BackendError::Unavailable(e.to_string())));
+        let Some(undo) = pending.undo.take() else {
+            return Err(LockError::Backend(BackendError::Unavailable(
+                "hold count change lost".into(),
+            )));
+        };
+        let found = match found {
+            Ok(found) => found,
+            Err(e) => {
+                // Unknown outcome, and the client is told it failed: the
+                // change must not land unseen (its request may still be
+                // on its way). Settled and undone in the background.
+                if !crate::mutants::active("holds_change_kept") {
+                    tokio::spawn(undo.settle(None));
+                }
+                return Err(e.into());
+            }
+        };
+        // Answered: nothing to undo; the turn (in `undo`) is held until
+        // the local count is set too.
+        let _turn = undo;
+        match found {
             Holds::Owned { applied: true, .. } => Ok(self
                 .leases
                 .set_holds(&rec.key, &rec.lease_id, to, owner)
@@ -329,6 +361,10 @@ struct Pending {
 }
 
 struct Undo {
+    /// The change's id.
+    op: String,
+    /// The lease's turn, held until the undo is done (dropped with it).
+    _turn: OwnedMutexGuard<()>,
     undone: prometheus::IntCounter,
     backend: DynBackend,
     leases: Arc<LeaseTable>,
@@ -363,26 +399,71 @@ impl Drop for Pending {
             return;
         };
         rt.spawn(async move {
-            let Ok(Ok(Holds::Owned { applied: true, .. })) = task.await else {
-                return;
-            };
-            let op = change_id();
-            let back = HoldsChange::Set {
-                expect: u.to,
-                to: u.expect,
-                owner: &u.owner,
-                op: &op,
-            };
-            match u.backend.holds(&u.key, &u.lease, back).await {
-                Ok(Holds::Owned { applied: true, .. }) => {
-                    u.undone.inc();
-                    u.leases.set_holds(&u.key, &u.lease, u.expect, &u.owner);
-                    tracing::info!(key = %u.key, holds = u.expect,
-                        "hold count change undone: its caller went away before the answer");
-                }
-                other => tracing::warn!(key = %u.key, outcome = ?other,
-                    "could not undo a hold count change its caller never learned of"),
-            }
+            let answer = task.await.ok();
+            u.settle(answer).await;
         });
+    }
+}
+
+/// Tries of one step of an undo (each bounded by the backend's timeout).
+const UNDO_TRIES: u32 = 5;
+
+impl Undo {
+    /// Learns whether the change went in — its own answer, or else the same
+    /// change sent again (its id: never applied twice; if it had not gone
+    /// in, it does now) — and if it did, sets the count back. Holds the
+    /// lease's turn throughout.
+    async fn settle(self, answer: Option<Result<Holds, BackendError>>) {
+        let u = self;
+        let change = HoldsChange::Set {
+            expect: u.expect,
+            to: u.to,
+            owner: &u.owner,
+            op: &u.op,
+        };
+        let mut outcome = answer;
+        for attempt in 0..UNDO_TRIES {
+            if matches!(outcome, Some(Ok(_))) {
+                break;
+            }
+            if attempt > 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(100 << attempt)).await;
+            }
+            outcome = Some(u.backend.holds(&u.key, &u.lease, change).await);
+        }
+        let Some(Ok(Holds::Owned { applied: true, .. })) = outcome else {
+            if !matches!(outcome, Some(Ok(_))) {
+                tracing::warn!(key = %u.key, outcome = ?outcome,
+                    "could not learn whether a hold count change its caller never learned of went in");
+            }
+            return;
+        };
+        let op = change_id();
+        let back = HoldsChange::Set {
+            expect: u.to,
+            to: u.expect,
+            owner: &u.owner,
+            op: &op,
+        };
+        let mut result = Err(BackendError::Unavailable("not tried".into()));
+        for attempt in 0..UNDO_TRIES {
+            if attempt > 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(100 << attempt)).await;
+            }
+            result = u.backend.holds(&u.key, &u.lease, back).await;
+            if !matches!(result, Err(BackendError::Unavailable(_))) {
+                break;
+            }
+        }
+        match result {
+            Ok(Holds::Owned { applied: true, .. }) => {
+                u.undone.inc();
+                u.leases.set_holds(&u.key, &u.lease, u.expect, &u.owner);
+                tracing::info!(key = %u.key, holds = u.expect,
+                    "hold count change undone: its caller never learned of it");
+            }
+            other => tracing::warn!(key = %u.key, outcome = ?other,
+                "could not undo a hold count change its caller never learned of"),
+        }
     }
 }

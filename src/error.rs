@@ -112,6 +112,16 @@ impl From<LockError> for ApiError {
                     .with("feature", feature)
                     .with("backend", backend)
             }
+            LockError::NoPermit { name, permits } => {
+                ApiError::new(StatusCode::CONFLICT, "lock_held", message)
+                    .with("key", name.as_str())
+                    .with("permits", permits)
+            }
+            LockError::PermitsMismatch { name, fixed, .. } => {
+                ApiError::new(StatusCode::CONFLICT, "permits_mismatch", message)
+                    .with("key", name.as_str())
+                    .with("permits", fixed)
+            }
             LockError::TooManyHolds(max) => {
                 ApiError::new(StatusCode::CONFLICT, "too_many_holds", message)
                     .with("max_holds", max)

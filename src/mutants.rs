@@ -42,6 +42,8 @@ pub const ALL: &[(&str, &str)] = &[
     ("fence_batch_replies_shifted", "a PostgreSQL group commit (the fence store's admissions and clearings, the lock backend's acquires and releases) answers each call of a shared statement with its neighbour's row (item i gets item i+1's verdict and mark, or status and token)"),
     ("pg_group_undo_skipped", "the PostgreSQL group commit does not undo an item of a shared statement whose caller gave up (timed out or dropped) before its answer: a key it took stays taken by a lease nobody was told of until its TTL"),
     ("holds_change_kept", "a reentrant lease's hold count change (a re-entry, a release of one hold) whose caller went away before the answer is kept: the key stays held after the owner's last release, or a retried release gives back two holds"),
+    ("semaphore_extra_slot", "a semaphore acquire tries one slot key more than the name's permits: permits + 1 holders at once"),
+    ("permits_unchecked", "a semaphore acquire with another permit count than the one fixed for the name is not refused: users counting different slots let more holders in than the smaller count"),
     ("fresh_send_time", "as before issue 10: one lease id for every try of an acquire, each try counting the deadline from its own send time, and PostgreSQL statements whose caller gave up neither bounded by the server, cancelled nor compensated"),
 ];
 

@@ -1115,6 +1115,202 @@ async fn backend_view(backend: Backend) {
     assert!((1..=2_000 * f).contains(&left), "{}", v.body);
 }
 
+/// `POST path` with `body` to `s`, answered in a task of its own.
+fn in_background(s: &Fencer, path: &str, body: serde_json::Value) -> tokio::task::JoinHandle<Resp> {
+    let (http, url) = (s.http.clone(), format!("{}{path}", s.api));
+    tokio::spawn(async move {
+        let r = http
+            .post(url)
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .expect("request failed");
+        let status = r.status().as_u16();
+        Resp {
+            status,
+            body: r.json().await.expect("JSON"),
+        }
+    })
+}
+
+/// `POST /v1/semaphores/{name}/acquire` (issue 33 item 3): at most
+/// `permits` leases at once, one per slot key `name#slot`, whichever
+/// sidecar holds them; a waiter gets the slot a release frees, or one
+/// whose holder expired; each slot's tokens strictly increase; the count
+/// is fixed in the backend at first use, so a sidecar that never saw the
+/// name refuses another count.
+async fn semaphores(backend: Backend) {
+    let f = slowness(backend);
+    let h = harness(backend, &[]);
+    let a = &h.sidecar;
+    let other = (backend != Backend::Memory).then(|| h.another());
+    let b = other.as_ref().unwrap_or(a);
+    let sem = |op: &str| format!("/v1/semaphores/pool%2F1/{op}");
+    let ask = |ttl: u64, wait: u64| json!({"permits": 2, "ttl_ms": ttl, "wait_ms": wait});
+    let one = a.post(&sem("acquire"), ask(20_000, 0)).await;
+    assert_eq!(one.status, 200, "{}", one.body);
+    let two = b.post(&sem("acquire"), ask(20_000, 0)).await;
+    assert_eq!(two.status, 200, "{}", two.body);
+    let slots: HashSet<u64> = [&one, &two]
+        .iter()
+        .map(|r| r.body["slot"].as_u64().expect("slot"))
+        .collect();
+    assert_eq!(slots, HashSet::from([0, 1]), "{} {}", one.body, two.body);
+    for r in [&one, &two] {
+        assert_eq!(r.body["semaphore"], "pool/1", "{}", r.body);
+        assert_eq!(r.body["permits"], 2, "{}", r.body);
+        assert_eq!(
+            r.body["key"],
+            format!("pool/1#{}", r.body["slot"]),
+            "{}",
+            r.body
+        );
+    }
+    for s in [a, b] {
+        let full = s.post(&sem("acquire"), ask(20_000, 0)).await;
+        assert_eq!(
+            (full.status, full.code()),
+            (409, "lock_held"),
+            "{}",
+            full.body
+        );
+        assert_eq!(full.body["permits"], 2, "{}", full.body);
+    }
+    // The slot is an ordinary lock key: the lock API sees the lease.
+    let as_lock = a
+        .get(&Fencer::path(one.body["key"].as_str().unwrap(), ""))
+        .await;
+    assert_eq!(as_lock.body["token"], one.body["token"], "{}", as_lock.body);
+    // A waiter on b gets the slot a's release frees, with a higher token.
+    let waiter = in_background(b, &sem("acquire"), ask(20_000, 20_000 * f));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let renewed = a
+        .post(
+            &sem("renew"),
+            json!({"lease_id": one.lease(), "ttl_ms": 30_000}),
+        )
+        .await;
+    assert_eq!(renewed.status, 200, "{}", renewed.body);
+    let kept = a
+        .post(&sem("keepalive"), json!({"lease_id": one.lease()}))
+        .await;
+    assert_eq!(kept.body["alive"], true, "{}", kept.body);
+    let released_at = std::time::Instant::now();
+    let freed = a
+        .post(&sem("release"), json!({"lease_id": one.lease()}))
+        .await;
+    assert_eq!(freed.status, 200, "{}", freed.body);
+    assert_eq!(
+        (freed.body["released"].clone(), freed.body["slot"].clone()),
+        (json!(true), one.body["slot"].clone()),
+        "{}",
+        freed.body
+    );
+    let got = waiter.await.unwrap();
+    assert_eq!(got.status, 200, "{}", got.body);
+    assert_eq!(got.body["slot"], one.body["slot"], "{}", got.body);
+    // Woken by the release, not by the holder's expiry 30 s on.
+    assert!(
+        released_at.elapsed() < Duration::from_secs(10),
+        "the waiter got the permit {:?} after its release",
+        released_at.elapsed()
+    );
+    assert!(got.token() > one.token(), "{} after {}", got.body, one.body);
+    // A holder that expires without a release frees its slot: a waiter
+    // gets it once its TTL is over (nothing is published for an expiry).
+    let short_release = b
+        .post(
+            &sem("release"),
+            json!({"lease_id": two.lease(), "slot": two.body["slot"]}),
+        )
+        .await;
+    assert_eq!(
+        short_release.body["released"], true,
+        "{}",
+        short_release.body
+    );
+    let short = a.post(&sem("acquire"), ask(500 * f, 0)).await;
+    assert_eq!(short.status, 200, "{}", short.body);
+    let after_expiry = b.post(&sem("acquire"), ask(20_000, 20_000 * f)).await;
+    assert_eq!(after_expiry.status, 200, "{}", after_expiry.body);
+    assert_eq!(
+        after_expiry.body["slot"], short.body["slot"],
+        "{}",
+        after_expiry.body
+    );
+    // The count is the backend's, fixed at first use.
+    let three = b
+        .post(
+            &sem("acquire"),
+            json!({"permits": 3, "ttl_ms": 1000, "wait_ms": 0}),
+        )
+        .await;
+    assert_eq!(
+        (three.status, three.code()),
+        (409, "permits_mismatch"),
+        "{}",
+        three.body
+    );
+    assert_eq!(three.body["permits"], 2, "{}", three.body);
+    let fresh = if backend == Backend::Memory {
+        None
+    } else {
+        Some(h.another())
+    };
+    if let Some(fresh) = &fresh {
+        let r = fresh
+            .post(
+                &sem("acquire"),
+                json!({"permits": 1, "ttl_ms": 1000, "wait_ms": 0}),
+            )
+            .await;
+        assert_eq!(r.code(), "permits_mismatch", "{}", r.body);
+    }
+    // Not a permit of this semaphore; a lease the sidecar does not know.
+    let lock = a.acquire("pool/1#x", 10_000, 0).await;
+    let wrong = a
+        .post(&sem("release"), json!({"lease_id": lock.lease()}))
+        .await;
+    assert_eq!(
+        (wrong.status, wrong.code()),
+        (409, "not_owner"),
+        "{}",
+        wrong.body
+    );
+    let unknown = a.post(&sem("release"), json!({"lease_id": "nope"})).await;
+    assert_eq!(
+        (unknown.status, unknown.code()),
+        (404, "not_found"),
+        "{}",
+        unknown.body
+    );
+    for (body, field) in [
+        (json!({"ttl_ms": 1000}), "permits"),
+        (json!({"permits": 0}), "permits"),
+        (json!({"permits": 257}), "permits"),
+        (json!({"permits": "2"}), "permits"),
+        (json!({"permits": 2, "reentrant": true}), "reentrant"),
+        (json!({"permits": 2, "ttl_ms": 1}), "ttl_ms"),
+    ] {
+        let r = a.post(&sem("acquire"), body.clone()).await;
+        assert_eq!(
+            (r.status, r.code()),
+            (400, "invalid_request"),
+            "{body}: {}",
+            r.body
+        );
+        assert_eq!(r.body["field"], field, "{body}: {}", r.body);
+    }
+    let bad_slot = a
+        .post(
+            &sem("release"),
+            json!({"lease_id": one.lease(), "slot": 256}),
+        )
+        .await;
+    assert_eq!(bad_slot.body["field"], "slot", "{}", bad_slot.body);
+}
+
 /// SIGTERM closes hold streams with a final line.
 async fn shutdown_closes_hold_streams(backend: Backend) {
     let mut h = harness_own(backend, &[]);
@@ -1211,6 +1407,7 @@ suite!(
     lock_delay_after_expiry,
     backend_view,
     reentrant_locks,
+    semaphores,
     shutdown_closes_hold_streams,
 );
 

@@ -29,9 +29,13 @@ fn spec() -> Value {
 /// `(METHOD, path)` of every `.route(...)` in the lock API's router.
 fn router_routes() -> BTreeSet<(String, String)> {
     // The lock API's routes, and Dapr's that it serves beside them.
-    let src = ["src/sidecar/api.rs", "src/sidecar/dapr.rs"]
-        .map(|f| std::fs::read_to_string(root().join(f)).unwrap())
-        .join("\n");
+    let src = [
+        "src/sidecar/api.rs",
+        "src/sidecar/dapr.rs",
+        "src/sidecar/api_semaphores.rs",
+    ]
+    .map(|f| std::fs::read_to_string(root().join(f)).unwrap())
+    .join("\n");
     let re =
         regex::Regex::new(r#"\.route\(\s*"([^"]+)",\s*(get|post|put|patch|delete)\("#).unwrap();
     re.captures_iter(&src)

@@ -34,6 +34,8 @@ struct State {
     delayed: HashMap<LockKey, Instant>,
     /// Token counters outlive their locks, as in Redis.
     counters: HashMap<LockKey, u64>,
+    /// Semaphores' permit counts, fixed at first use.
+    permits: HashMap<LockKey, u32>,
 }
 
 #[derive(Default)]
@@ -232,6 +234,11 @@ impl LockBackend for MemoryBackend {
             last_token: state.counters.get(key).copied(),
             ..KeyView::default()
         })
+    }
+
+    async fn fix_permits(&self, name: &LockKey, permits: u32) -> Result<u32, BackendError> {
+        let mut state = self.state.lock().expect("memory backend poisoned");
+        Ok(*state.permits.entry(name.clone()).or_insert(permits))
     }
 
     async fn ping(&self) -> Result<(), BackendError> {

@@ -332,6 +332,13 @@ pub trait LockBackend: Send + Sync + 'static {
     /// request bounded by the backend's request timeout.
     async fn inspect(&self, key: &LockKey) -> Result<KeyView, BackendError>;
 
+    /// Fixes semaphore `name`'s permit count at `permits` unless it is
+    /// fixed already, and answers the count that stands (the first one
+    /// recorded). Never expires: a smaller count fixed later while a
+    /// permit above it is still held would let more holders in than the
+    /// new count ([`crate::sidecar`]'s semaphores).
+    async fn fix_permits(&self, name: &LockKey, permits: u32) -> Result<u32, BackendError>;
+
     /// Cheap reachability check for `/readyz`.
     async fn ping(&self) -> Result<(), BackendError>;
 }

@@ -53,7 +53,14 @@ pub struct Metrics {
     pub backend_views: IntCounterVec,
     /// Reentrant leases' hold-count changes, by what became of them.
     pub hold_changes: IntCounterVec,
+    /// Semaphore permit acquisitions, by result.
+    pub semaphore_acquisitions: IntCounterVec,
+    /// Slots tried by semaphore acquisitions (one backend acquire each).
+    pub semaphore_slot_tries: prometheus::IntCounter,
 }
+
+/// The `result` values of `fencer_semaphore_acquisitions_total`.
+const SEMAPHORE_RESULTS: [&str; 4] = ["acquired", "timeout", "permits_mismatch", "error"];
 
 /// The `result` values of `fencer_hold_changes_total`.
 const HOLD_CHANGE_RESULTS: [&str; 4] = ["entered", "left", "conflict", "undone"];
@@ -241,6 +248,19 @@ impl Metrics {
                 &["result"]
             )
             .unwrap()),
+            semaphore_acquisitions: reg!(IntCounterVec::new(
+                Opts::new(
+                    "fencer_semaphore_acquisitions_total",
+                    "Semaphore permit acquisitions, by result (acquired; timeout: every permit stayed held for wait_ms; permits_mismatch: the name's count is fixed at another; error)."
+                ),
+                &["result"]
+            )
+            .unwrap()),
+            semaphore_slot_tries: reg!(prometheus::IntCounter::new(
+                "fencer_semaphore_slot_tries_total",
+                "Permit slots tried by semaphore acquisitions, one backend acquire each: against fencer_semaphore_acquisitions_total, how full semaphores run."
+            )
+            .unwrap()),
             orphan_releases: reg!(IntCounterVec::new(
                 Opts::new(
                     "fencer_orphan_releases_total",
@@ -300,6 +320,9 @@ impl Metrics {
         }
         for r in HOLD_CHANGE_RESULTS {
             self.hold_changes.with_label_values(&[r]);
+        }
+        for r in SEMAPHORE_RESULTS {
+            self.semaphore_acquisitions.with_label_values(&[r]);
         }
         self.acquire_retries.with_label_values(&[backend]);
         for op in ["acquire", "renew", "renew_many", "release", "raise_floor"] {

@@ -95,13 +95,13 @@ fn path_key(path: Result<Path<String>, PathRejection>) -> Result<crate::lock::Lo
 }
 
 /// The lock key of a percent-decoded path segment.
-fn decoded_key(raw: &str) -> Result<crate::lock::LockKey, ApiError> {
+pub(super) fn decoded_key(raw: &str) -> Result<crate::lock::LockKey, ApiError> {
     let key = request::key(raw)?;
     crate::telemetry::spans::lock(key.as_str(), None);
     Ok(key)
 }
 
-fn body(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+pub(super) fn body(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     body.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
             too_large()
@@ -157,7 +157,7 @@ pub(super) async fn acquire_key(
 /// A 200 JSON answer of the hot routes, serialized into a buffer sized for
 /// it: axum's `Json` starts at 128 bytes and grows, a reallocation and a
 /// copy on every acquire (its token alone is ~100 bytes).
-fn json_200<T: serde::Serialize>(value: &T) -> Response {
+pub(super) fn json_200<T: serde::Serialize>(value: &T) -> Response {
     let mut buf = Vec::with_capacity(384);
     match serde_json::to_writer(&mut buf, value) {
         Ok(()) => (
@@ -320,17 +320,22 @@ async fn hold(
     let key = path_key(path)?;
     let req = request::acquire(&body(raw)?, &state.defaults, true)?;
     let view = state.locks.acquire(req.into_acquire(key)).await?;
+    Ok(hold_stream(&state, view))
+}
+
+/// The NDJSON stream of a held lease's life ([`super::hold`]).
+pub(super) fn hold_stream(state: &ApiState, view: super::leases::LeaseView) -> Response {
     let body = super::hold::stream(
         state.locks.clone(),
         view,
         state.hold_heartbeat,
         state.shutdown.clone(),
     );
-    Ok(Response::builder()
+    Response::builder()
         .header(axum::http::header::CONTENT_TYPE, "application/x-ndjson")
         .header(axum::http::header::CACHE_CONTROL, "no-cache")
         .body(body)
-        .expect("static response parts"))
+        .expect("static response parts")
 }
 
 /// `POST /v1/locks/{key}/keepalive` `{"lease_id"}`: the application is alive.

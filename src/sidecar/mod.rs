@@ -2,6 +2,7 @@
 
 pub mod api;
 pub mod api_hot;
+pub mod api_semaphores;
 pub mod api_state;
 pub mod dapr;
 pub mod dapr_grpc;
@@ -272,7 +273,13 @@ impl Sidecar {
 
     pub fn api_service(&self) -> api_hot::LockApiService {
         let state = self.api_state();
-        api_hot::LockApiService::new(api::router(state.clone(), dapr::routes()), state)
+        api_hot::LockApiService::new(
+            api::router(
+                state.clone(),
+                dapr::routes().merge(api_semaphores::routes()),
+            ),
+            state,
+        )
     }
 
     /// The egress proxy, if enabled.

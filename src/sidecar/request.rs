@@ -57,7 +57,7 @@ pub fn key(raw: &str) -> Result<LockKey, ApiError> {
 }
 
 /// The body as a JSON object; an empty body is `{}`.
-fn object(body: &[u8], allowed: &[&str]) -> Result<Map<String, Value>, ApiError> {
+pub fn object(body: &[u8], allowed: &[&str]) -> Result<Map<String, Value>, ApiError> {
     if body.iter().all(|b| b.is_ascii_whitespace()) {
         return Ok(Map::new());
     }
@@ -111,11 +111,52 @@ pub fn acquire(body: &[u8], defaults: &Defaults, hold: bool) -> Result<AcquireRe
             "reentrant",
         ]
     };
+    acquire_fields(&object(body, allowed)?, defaults, hold)
+}
+
+/// A semaphore's acquire (`hold`: its hold stream) body: `permits`, and
+/// the fields of a lock's, except `reentrant`.
+pub fn permit(
+    body: &[u8],
+    defaults: &Defaults,
+    hold: bool,
+) -> Result<(u32, AcquireRequest), ApiError> {
+    use super::locks::MAX_PERMITS;
+    let allowed: &[&str] = if hold {
+        &["permits", "ttl_ms", "wait_ms", "owner"]
+    } else {
+        &[
+            "permits",
+            "ttl_ms",
+            "wait_ms",
+            "owner",
+            "auto_renew",
+            "keepalive_ms",
+        ]
+    };
     let map = object(body, allowed)?;
-    let ttl = millis(&map, "ttl_ms", MIN_TTL_MS, MAX_TTL_MS)?
+    let permits = map
+        .get("permits")
+        .and_then(Value::as_u64)
+        .filter(|n| (1..=u64::from(MAX_PERMITS)).contains(n))
+        .ok_or_else(|| {
+            ApiError::invalid(
+                "permits",
+                format!("`permits` is required: an integer between 1 and {MAX_PERMITS}, the same for every user of the name"),
+            )
+        })?;
+    Ok((permits as u32, acquire_fields(&map, defaults, hold)?))
+}
+
+fn acquire_fields(
+    map: &Map<String, Value>,
+    defaults: &Defaults,
+    hold: bool,
+) -> Result<AcquireRequest, ApiError> {
+    let ttl = millis(map, "ttl_ms", MIN_TTL_MS, MAX_TTL_MS)?
         .unwrap_or(Duration::from_millis(defaults.ttl_ms));
     let wait =
-        millis(&map, "wait_ms", 0, MAX_WAIT_MS)?.unwrap_or(Duration::from_millis(defaults.wait_ms));
+        millis(map, "wait_ms", 0, MAX_WAIT_MS)?.unwrap_or(Duration::from_millis(defaults.wait_ms));
     let auto = match map.get("auto_renew") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
@@ -126,7 +167,7 @@ pub fn acquire(body: &[u8], defaults: &Defaults, hold: bool) -> Result<AcquireRe
             ))
         }
     };
-    let keepalive = millis(&map, "keepalive_ms", MIN_TTL_MS, MAX_TTL_MS)?;
+    let keepalive = millis(map, "keepalive_ms", MIN_TTL_MS, MAX_TTL_MS)?;
     if keepalive.is_some() && !auto {
         return Err(ApiError::invalid(
             "keepalive_ms",
@@ -187,7 +228,14 @@ pub fn lease(body: &[u8], with_ttl: bool) -> Result<LeaseRequest, ApiError> {
         &["lease_id"]
     };
     let map = object(body, allowed)?;
-    let lease_id = match map.get("lease_id") {
+    let lease_id = lease_id(&map)?;
+    let ttl = if with_ttl { ttl(&map)? } else { None };
+    Ok(LeaseRequest { lease_id, ttl })
+}
+
+/// The required `lease_id` of a lease body.
+pub fn lease_id(map: &Map<String, Value>) -> Result<LeaseId, ApiError> {
+    match map.get("lease_id") {
         Some(Value::String(s)) => LeaseId::parse(s),
         _ => None,
     }
@@ -196,13 +244,12 @@ pub fn lease(body: &[u8], with_ttl: bool) -> Result<LeaseRequest, ApiError> {
             "lease_id",
             "`lease_id` is required: the string returned by acquire (1-64 characters of A-Z a-z 0-9 _ -)",
         )
-    })?;
-    let ttl = if with_ttl {
-        millis(&map, "ttl_ms", MIN_TTL_MS, MAX_TTL_MS)?
-    } else {
-        None
-    };
-    Ok(LeaseRequest { lease_id, ttl })
+    })
+}
+
+/// A renewal's optional `ttl_ms`.
+pub fn ttl(map: &Map<String, Value>) -> Result<Option<Duration>, ApiError> {
+    millis(map, "ttl_ms", MIN_TTL_MS, MAX_TTL_MS)
 }
 
 #[cfg(test)]

@@ -141,6 +141,17 @@ impl WaitQueues {
     /// behind the new holder; if not, it tries again.
     pub fn released_early(&self, key: &str) {
         self.wake_head(key, EARLY_RELEASE);
+        self.wake_semaphore(key, EARLY_RELEASE);
+    }
+
+    /// A slot key `name#n` was released: the head of semaphore `name`'s
+    /// queue may take it.
+    fn wake_semaphore(&self, key: &str, cause: u8) {
+        if let Some((name, slot)) = key.rsplit_once('#') {
+            if !slot.is_empty() && slot.bytes().all(|b| b.is_ascii_digit()) {
+                self.wake_head(&semaphore_queue(name), cause);
+            }
+        }
     }
 
     fn wake_head(&self, key: &str, cause: u8) {
@@ -173,9 +184,19 @@ impl WaitQueues {
     }
 }
 
+/// The queue of semaphore `name`'s waiters: a name no lock key can have
+/// (lock keys hold no control character).
+pub fn semaphore_queue(name: &str) -> String {
+    let mut q = String::with_capacity(name.len() + 1);
+    q.push('\u{1}');
+    q.push_str(name);
+    q
+}
+
 impl WakeSink for WaitQueues {
     fn released(&self, key: &str) {
         self.wake_head(key, RELEASE);
+        self.wake_semaphore(key, RELEASE);
     }
 
     fn resync(&self) {
@@ -256,6 +277,18 @@ mod tests {
         drop(b);
         assert!(!q.has_waiters("k"));
         assert_eq!(q.total(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_released_slot_wakes_its_semaphores_head() {
+        let q = Arc::new(WaitQueues::new(10));
+        let a = q.enqueue(&semaphore_queue("pool")).unwrap();
+        q.released("pool#x");
+        q.released("other#1");
+        q.released("pool#3");
+        assert_eq!(a.woken().await, Wake::Release);
+        q.released_early("pool#0");
+        assert_eq!(a.woken().await, Wake::EarlyRelease);
     }
 
     #[tokio::test]

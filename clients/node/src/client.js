@@ -55,6 +55,29 @@ export class FencerClient {
   }
 
   /**
+   * Takes one of the `permits` permits of semaphore `name`, waiting up to
+   * `waitMs` for one to be freed; rejects with `LockHeldError` if all stay
+   * held, `PermitsMismatchError` if the name's count is another. The permit
+   * is a lease on the lock key `name#slot` (`lease.key`, `lease.raw.slot`):
+   * `renew`, `release` and `keepalive` take it as any lease.
+   * @param {string} name
+   * @param {number} permits
+   * @param {import('./index.js').AcquireOptions} [options]
+   * @returns {Promise<Lease>}
+   */
+  async acquirePermit(name, permits, { ttlMs, waitMs, owner, autoRenew, keepaliveMs, signal } = {}) {
+    const body = { permits };
+    if (ttlMs !== undefined) body.ttl_ms = ttlMs;
+    if (waitMs !== undefined) body.wait_ms = waitMs;
+    if (owner !== undefined) body.owner = owner;
+    if (autoRenew) body.auto_renew = true;
+    if (keepaliveMs !== undefined) body.keepalive_ms = keepaliveMs;
+    const sentAt = performance.now();
+    const answer = await this.#call('POST', `/v1/semaphores/${encodeURIComponent(name)}/acquire`, body, { waitMs, signal });
+    return new Lease(answer, sentAt, answer.key);
+  }
+
+  /**
    * Extends `lease` by `ttlMs` (default: its own TTL); resolves to the
    * renewed lease. Rejects with `LeaseLostError` if it no longer holds.
    * @param {Lease} lease

@@ -90,6 +90,10 @@ export class UnsupportedByBackendError extends FencerError {}
 UnsupportedByBackendError.code = 'unsupported_by_backend';
 
 /** 409: a reentrant lease already counts the most holds one lease may (`body.max_holds`). */
+/** 409: the semaphore's permit count was fixed at its first use, at another count (`body.permits`). */
+export class PermitsMismatchError extends FencerError {}
+PermitsMismatchError.code = 'permits_mismatch';
+
 export class TooManyHoldsError extends FencerError {}
 TooManyHoldsError.code = 'too_many_holds';
 
@@ -210,7 +214,7 @@ FenceStoreUnavailableError.code = 'fence_store_unavailable';
  * @type {Readonly<Record<string, typeof FencerError>>}
  */
 export const ERROR_CLASSES = Object.freeze(Object.fromEntries(
-  [InvalidRequestError, TtlTooLongError, PayloadTooLargeError, NotFoundError, MethodNotAllowedError, LockHeldError, LockDelayedError, LeaseLostError, NotOwnerError, MaxHoldReachedError, TooManyWaitersError, TooManyLeasesError, UnsupportedByBackendError, TooManyHoldsError, RateLimitedError, ViewOffError, BackendUnavailableError, BackendRefusedError, NotReplicatedError, GatewayUnavailableError, TokenBehindGatewayError, TokenJumpError, LeaseExpiredBeforeAnswerError, ShuttingDownError, InternalError, LockStoreNotFoundError, LeaseNotFoundError, NotReadyError, LeaseRequiredError, LockNotHeldError, LeaseBusyError, DuplicateFencingHeaderError, UpstreamError, UpstreamTimeoutError, FencingTokenRequiredError, InvalidFencingTokenError, PathNotRoutedError, StaleFencingTokenError, StaleSequenceError, DuplicateSequenceError, FenceBusyError, FenceStoreUnavailableError].map((cls) => [cls.code, cls]),
+  [InvalidRequestError, TtlTooLongError, PayloadTooLargeError, NotFoundError, MethodNotAllowedError, LockHeldError, LockDelayedError, LeaseLostError, NotOwnerError, MaxHoldReachedError, TooManyWaitersError, TooManyLeasesError, UnsupportedByBackendError, PermitsMismatchError, TooManyHoldsError, RateLimitedError, ViewOffError, BackendUnavailableError, BackendRefusedError, NotReplicatedError, GatewayUnavailableError, TokenBehindGatewayError, TokenJumpError, LeaseExpiredBeforeAnswerError, ShuttingDownError, InternalError, LockStoreNotFoundError, LeaseNotFoundError, NotReadyError, LeaseRequiredError, LockNotHeldError, LeaseBusyError, DuplicateFencingHeaderError, UpstreamError, UpstreamTimeoutError, FencingTokenRequiredError, InvalidFencingTokenError, PathNotRoutedError, StaleFencingTokenError, StaleSequenceError, DuplicateSequenceError, FenceBusyError, FenceStoreUnavailableError].map((cls) => [cls.code, cls]),
 ));
 
 /**

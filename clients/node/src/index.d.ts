@@ -89,6 +89,8 @@ export class FencerClient {
   readonly timeoutMs: number;
   /** Takes the lock, waiting up to `waitMs`; rejects with `LockHeldError` if still held. */
   acquire(key: string, options?: AcquireOptions): Promise<Lease>;
+  /** Takes one of `permits` permits of semaphore `name` (a lease on the lock key `name#slot`: renew, release and keepalive take it as any lease); rejects with `LockHeldError` if all stay held, `PermitsMismatchError` if the name's count is another. */
+  acquirePermit(name: string, permits: number, options?: Omit<AcquireOptions, 'reentrant'>): Promise<Lease>;
   /** Extends the lease; rejects with `LeaseLostError` if it no longer holds. */
   renew(lease: Lease, options?: { ttlMs?: number; signal?: AbortSignal }): Promise<Lease>;
   /** Gives the lock up (a reentrant lease: one hold; resolves to the holds left, `undefined` once free); rejects with `LeaseLostError` if it was already gone. */
@@ -204,6 +206,8 @@ export class TooManyLeasesError extends FencerError {}
 /** 400: the lock type asked for is not kept by the sidecar's backend. */
 export class UnsupportedByBackendError extends FencerError {}
 /** 409: a reentrant lease already counts the most holds one lease may. */
+/** 409: the semaphore's permit count was fixed at another count (`body.permits`). */
+export class PermitsMismatchError extends FencerError {}
 export class TooManyHoldsError extends FencerError {}
 /** 429: too many backend views from this sidecar; `body.retry_after_ms` says when to ask again. */
 export class RateLimitedError extends FencerError {}

@@ -224,3 +224,21 @@ test('a reentrant lease counts holds; the backend view sees it', async () => {
   assert.equal(await client.release(first), undefined);
   assert.equal((await client.backendStatus(key)).state, 'free');
 });
+
+test('semaphore permits are leases on slot keys', async () => {
+  const name = fresh('pool');
+  const one = await client.acquirePermit(name, 2, { ttlMs: 5000 });
+  const two = await client.acquirePermit(name, 2, { ttlMs: 5000 });
+  assert.deepEqual(new Set([one.raw.slot, two.raw.slot]), new Set([0, 1]));
+  assert.equal(one.key, `${name}#${one.raw.slot}`);
+  await assert.rejects(client.acquirePermit(name, 2, { ttlMs: 5000, waitMs: 0 }), fencer.LockHeldError);
+  await assert.rejects(client.acquirePermit(name, 3, { ttlMs: 5000, waitMs: 0 }), (e) =>
+    e instanceof fencer.PermitsMismatchError && e.body.permits === 2);
+  await client.renew(one);
+  assert.equal(await client.release(one), undefined);
+  const three = await client.acquirePermit(name, 2, { ttlMs: 5000, waitMs: 0 });
+  assert.equal(three.raw.slot, one.raw.slot);
+  assert.ok(three.token > one.token);
+  await client.release(two);
+  await client.release(three);
+});

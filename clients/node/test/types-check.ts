@@ -9,6 +9,8 @@ async function use(): Promise<number> {
   const client = new FencerClient({ api: 'http://127.0.0.1:7411' });
   const lease: Lease = await client.acquire('k', { ttlMs: 1000, waitMs: 10 });
   const renewed: Lease = await client.renew(lease, { ttlMs: 1000 });
+  const permit: Lease = await client.acquirePermit('pool', 4, { ttlMs: 1000, autoRenew: true });
+  await client.release(permit);
   await client.release(renewed);
   const token: number = await client.withLock('k', async (held: HeldLock) => {
     held.check();

@@ -175,6 +175,26 @@ class LockTypesTest(unittest.TestCase):
         self.assertIsNone(client.release(first))
         self.assertEqual(client.backend_status(key)["state"], "free")
 
+    def test_semaphore_permits_are_leases_on_slot_keys(self):
+        client = Client()
+        name = fresh("pool")
+        one = client.acquire_permit(name, 2, ttl_ms=5000)
+        two = client.acquire_permit(name, 2, ttl_ms=5000)
+        self.assertEqual({one.raw["slot"], two.raw["slot"]}, {0, 1})
+        self.assertEqual(one.key, f"{name}#{one.raw['slot']}")
+        with self.assertRaises(LockHeld):
+            client.acquire_permit(name, 2, ttl_ms=5000, wait_ms=0)
+        with self.assertRaises(fencer_client.PermitsMismatch) as mismatch:
+            client.acquire_permit(name, 3, ttl_ms=5000, wait_ms=0)
+        self.assertEqual(mismatch.exception.body["permits"], 2)
+        client.renew(one)
+        self.assertIsNone(client.release(one))
+        three = client.acquire_permit(name, 2, ttl_ms=5000, wait_ms=0)
+        self.assertEqual(three.raw["slot"], one.raw["slot"])
+        self.assertGreater(three.token, one.token)
+        client.release(two)
+        client.release(three)
+
 
 class FencedHttpTest(unittest.TestCase):
     def setUp(self):

@@ -655,6 +655,18 @@ impl LockBackend for MySqlBackend {
             .map(|_| ())
     }
 
+    async fn fix_permits(&self, name: &LockKey, permits: u32) -> Result<u32, BackendError> {
+        let rows = self
+            .call(
+                sql::PERMITS,
+                vec![key_value(name), Value::Int(i64::from(permits))],
+            )
+            .await?;
+        let n: Option<i64> = rows.first().and_then(|r| r.get(0));
+        n.and_then(|n| u32::try_from(n).ok())
+            .ok_or_else(|| BackendError::Protocol(format!("semaphore permit count {n:?}")))
+    }
+
     async fn watch(&self, key: &LockKey, _timeout: Duration) -> WatchGuard {
         let holder = self.holders.take(key.as_str());
         match holder {

@@ -77,6 +77,12 @@ pub fn pieces() -> Vec<crate::mysql::schema::Piece> {
             routine("fencer_lock_release_attempt_v1"),
             RELEASE_ATTEMPT_PROC,
         ),
+        ("fencer_semaphores", table("fencer_semaphores"), SEMAPHORES),
+        (
+            "fencer_semaphore_permits_v1",
+            routine("fencer_semaphore_permits_v1"),
+            PERMITS_PROC,
+        ),
     ]
 }
 
@@ -170,6 +176,25 @@ proc: BEGIN
   COMMIT;
   SELECT 1, v_holds, v_owner, 0;
 END";
+
+/// Semaphores' permit counts, fixed at first use (never deleted: see
+/// `LockBackend::fix_permits`).
+const SEMAPHORES: &str = "CREATE TABLE IF NOT EXISTS fencer_semaphores (
+  name    VARBINARY(512) NOT NULL PRIMARY KEY,
+  permits INT NOT NULL
+) ENGINE=InnoDB";
+
+/// (name, permits) → one row (the count that stands). Two statements
+/// under autocommit: a racing first use's INSERT waits for the other's
+/// commit and is ignored; the SELECT, a statement of its own, sees it.
+const PERMITS_PROC: &str = "CREATE PROCEDURE fencer_semaphore_permits_v1(
+  IN p_name VARBINARY(512), IN p_permits INT)
+BEGIN
+  INSERT IGNORE INTO fencer_semaphores (name, permits) VALUES (p_name, p_permits);
+  SELECT permits FROM fencer_semaphores WHERE name = p_name;
+END";
+
+pub const PERMITS: &str = "CALL fencer_semaphore_permits_v1(?, ?)";
 
 /// The token floor: a key whose row was deleted by the clean-up starts
 /// above it, so its tokens never go backwards.

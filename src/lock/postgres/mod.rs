@@ -492,6 +492,28 @@ impl LockBackend for PgBackend {
         WatchGuard::new(self.listener.watch(key.as_str(), timeout).await)
     }
 
+    async fn fix_permits(&self, name: &LockKey, permits: u32) -> Result<u32, BackendError> {
+        let asked = i32::try_from(permits)
+            .map_err(|_| BackendError::Protocol("permits out of range".into()))?;
+        for _ in 0..2 {
+            let rows = self
+                .query(
+                    sql::PERMITS,
+                    vec![Box::new(name.as_str().to_owned()), Box::new(asked)],
+                    None,
+                )
+                .await?;
+            if let Some(row) = rows.first() {
+                let n: i32 = row.get(0);
+                return u32::try_from(n)
+                    .map_err(|_| BackendError::Protocol(format!("semaphore permit count {n}")));
+            }
+        }
+        Err(BackendError::Unavailable(
+            "the semaphore's permit count was not readable twice in a row".into(),
+        ))
+    }
+
     async fn ping(&self) -> Result<(), BackendError> {
         self.query("SELECT 1 FROM fencer_locks LIMIT 0", Vec::new(), None)
             .await

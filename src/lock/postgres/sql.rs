@@ -124,6 +124,15 @@ CREATE INDEX fencer_void_attempts_voided_at ON fencer_void_attempts (voided_at)"
             exists: function_exists("fencer_release_many_v1"),
             create: release_many_fn(),
         },
+        Piece {
+            name: "fencer_semaphores",
+            exists: relation_exists("fencer_semaphores"),
+            create: "CREATE TABLE fencer_semaphores (
+  name    text PRIMARY KEY,
+  permits integer NOT NULL CHECK (permits > 0)
+)"
+            .into(),
+        },
     ]
 }
 
@@ -470,6 +479,19 @@ SELECT CASE WHEN l.lease_id IS NULL OR l.lease_id = $2 OR l.expires_at <= clock_
 pub const RAISE_FLOOR: &str = r#"
 INSERT INTO fencer_locks AS l (key, token) VALUES ($1, $2)
 ON CONFLICT (key) DO UPDATE SET token = GREATEST(l.token, EXCLUDED.token)
+"#;
+
+/// $1 semaphore name, $2 permits: fixed unless fixed, answered as it
+/// stands. No row when another transaction inserted the name after this
+/// statement's snapshot (ON CONFLICT waited for it): asked again.
+pub const PERMITS: &str = r#"
+WITH ins AS (
+  INSERT INTO fencer_semaphores (name, permits) VALUES ($1, $2)
+  ON CONFLICT (name) DO NOTHING RETURNING permits
+)
+SELECT permits FROM ins
+UNION ALL SELECT permits FROM fencer_semaphores WHERE name = $1
+LIMIT 1
 "#;
 
 /// $1 idle ms, $2 batch size. Deletes up to $2 rows of keys idle (free

@@ -26,6 +26,16 @@ fn pttl(v: &str) -> Option<Duration> {
         .map(|ms| Duration::from_millis(ms as u64))
 }
 
+/// A permit count as the `PERMITS` script answers it.
+pub fn permits(value: redis::Value) -> Result<u32, BackendError> {
+    let n: i64 =
+        redis::from_redis_value(value).map_err(|e| BackendError::Protocol(e.to_string()))?;
+    u32::try_from(n)
+        .ok()
+        .filter(|n| *n > 0)
+        .ok_or_else(|| BackendError::Protocol(format!("semaphore permit count {n}")))
+}
+
 /// The script's `{entry, pttl, delay pttl, counter}`.
 pub fn record(value: redis::Value) -> Result<Record, BackendError> {
     let (entry, lock_pttl, delay_pttl, counter): (String, String, String, String) =

@@ -68,6 +68,12 @@ impl RedisKeys {
         self.with(":holds")
     }
 
+    /// A semaphore's permit count, when this key names the semaphore (not
+    /// one of its slots): fixed at first use, no expiry.
+    pub fn permits(&self) -> String {
+        self.with(":permits")
+    }
+
     /// Lock-delay marker: outlives a lock that expired without a release.
     pub fn delay(&self) -> String {
         self.with(":delay")

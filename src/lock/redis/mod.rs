@@ -711,6 +711,21 @@ impl LockBackend for RedisBackend {
         inspect::holds(reply.value)
     }
 
+    async fn fix_permits(&self, name: &LockKey, permits: u32) -> Result<u32, BackendError> {
+        let mut call = Call::default();
+        call.key(self.keys(name).permits()).arg(permits);
+        // Replicated as a lease is: a record lost in a failover could be
+        // fixed again at another count.
+        let replicated = Replicated::Required("permits");
+        let reply = self.exec(&self.scripts.permits, &call, replicated).await?;
+        if self.short(reply.replicas, replicated) {
+            return Err(BackendError::NotReplicated(
+                "the semaphore's permit count did not reach enough replicas".into(),
+            ));
+        }
+        inspect::permits(reply.value)
+    }
+
     async fn inspect(&self, key: &LockKey) -> Result<KeyView, BackendError> {
         let k = self.keys(key);
         let mut call = Call::default();

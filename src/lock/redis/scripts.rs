@@ -365,6 +365,14 @@ end
 return {1, tostring(h), owner, 1}
 "#;
 
+/// A semaphore's permit count: set unless set, answered as it stands.
+/// KEYS: permits record. ARGV: permits. No expiry (see
+/// `LockBackend::fix_permits`).
+pub const PERMITS: &str = r#"
+redis.call('SET', KEYS[1], ARGV[1], 'NX')
+return tonumber(redis.call('GET', KEYS[1]))
+"#;
+
 /// The scripts, hashed once; `EVALSHA`, with `EVAL` on `NOSCRIPT`.
 pub struct Scripts {
     pub acquire: Lua,
@@ -377,6 +385,7 @@ pub struct Scripts {
     pub release_many: Lua,
     pub inspect: Lua,
     pub holds: Lua,
+    pub permits: Lua,
 }
 
 impl Scripts {
@@ -392,10 +401,11 @@ impl Scripts {
             release_many: Lua::new(RELEASE_MANY),
             inspect: Lua::new(INSPECT),
             holds: Lua::new(HOLDS),
+            permits: Lua::new(PERMITS),
         }
     }
 
-    pub fn all(&self) -> [&Lua; 10] {
+    pub fn all(&self) -> [&Lua; 11] {
         [
             &self.acquire,
             &self.renew,
@@ -407,6 +417,7 @@ impl Scripts {
             &self.release_many,
             &self.inspect,
             &self.holds,
+            &self.permits,
         ]
     }
 }

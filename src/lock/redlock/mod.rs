@@ -578,6 +578,36 @@ impl LockBackend for RedLockBackend {
         })
     }
 
+    /// Fixed on every master; the count a majority answers stands (two
+    /// first uses with different counts racing can leave no majority:
+    /// unavailable, and the next call finds the count the race settled on
+    /// where it did).
+    async fn fix_permits(&self, name: &LockKey, permits: u32) -> Result<u32, BackendError> {
+        let mut call = Call::default();
+        call.key(self.keys(name).permits()).arg(permits);
+        let answers: Vec<u32> = self
+            .on(&self.all(), &self.scripts.permits, &call)
+            .await
+            .into_iter()
+            .flatten()
+            .filter_map(|v| inspect::permits(v).ok())
+            .collect();
+        let mut counts = std::collections::BTreeMap::new();
+        for n in answers {
+            *counts.entry(n).or_insert(0usize) += 1;
+        }
+        counts
+            .into_iter()
+            .find(|(_, votes)| *votes >= self.quorum)
+            .map(|(n, _)| n)
+            .ok_or_else(|| {
+                BackendError::Unavailable(format!(
+                    "redlock: no majority of {} masters agrees on the semaphore's permit count",
+                    self.masters.len()
+                ))
+            })
+    }
+
     async fn raise_token_floor(&self, key: &LockKey, floor: u64) -> Result<(), BackendError> {
         let k = self.keys(key);
         let mut call = Call::default();

@@ -107,6 +107,8 @@ pub struct ZooKeeperBackend {
 struct Inner {
     sessions: Arc<Sessions>,
     locks_dir: String,
+    /// Semaphores' permit counts, one persistent node each.
+    semaphores_dir: String,
     offset_path: String,
     acls: zk::Acls<'static>,
     timeout: Duration,
@@ -210,6 +212,7 @@ impl ZooKeeperBackend {
         let inner = Arc::new(Inner {
             sessions: sessions.clone(),
             locks_dir: format!("{root}/locks"),
+            semaphores_dir: format!("{root}/semaphores"),
             offset_path: format!("{root}/token-offset"),
             acls,
             timeout: settings.request_timeout(),
@@ -1227,6 +1230,45 @@ impl LockBackend for ZooKeeperBackend {
     /// data), its token (creation zxid + offset) and the nodes behind it.
     /// Its time left is not known here — it is counted on the holder's
     /// sidecar and on the leader's clock ([`expiry`]) — so none is given.
+    /// A persistent node per semaphore holding its count: the create that
+    /// finds it there already (`NodeExists`, a committed write) is followed
+    /// on the same session by the read, which therefore sees it.
+    async fn fix_permits(&self, name: &LockKey, permits: u32) -> Result<u32, BackendError> {
+        let inner = &self.inner;
+        let deadline = Instant::now() + inner.timeout;
+        let s = inner.sessions.current()?;
+        let persistent = zk::CreateMode::Persistent.with_acls(inner.acls);
+        match call(
+            left(deadline)?,
+            s.client.create(&inner.semaphores_dir, b"", &persistent),
+        )
+        .await
+        {
+            Ok(_) | Err(Failed::Zk(zk::Error::NodeExists)) => {}
+            Err(e) => return Err(e.into_backend("create semaphores node")),
+        }
+        let path = queue::key_dir(&inner.semaphores_dir, name.as_str());
+        let count = permits.to_string();
+        match call(
+            left(deadline)?,
+            s.client.create(&path, count.as_bytes(), &persistent),
+        )
+        .await
+        {
+            Ok(_) => return Ok(permits),
+            Err(Failed::Zk(zk::Error::NodeExists)) => {}
+            Err(e) => return Err(e.into_backend("create semaphore")),
+        }
+        let (data, _) = call(left(deadline)?, s.client.get_data(&path))
+            .await
+            .map_err(|e| e.into_backend("read semaphore"))?;
+        std::str::from_utf8(&data)
+            .ok()
+            .and_then(|t| t.trim().parse::<u32>().ok())
+            .filter(|n| *n > 0)
+            .ok_or_else(|| BackendError::Protocol("semaphore node with a bad permit count".into()))
+    }
+
     async fn inspect(&self, key: &LockKey) -> Result<KeyView, BackendError> {
         let inner = &self.inner;
         let deadline = Instant::now() + inner.timeout;

@@ -46,6 +46,7 @@ const OUTAGE_FIRST_PAUSE: Duration = Duration::from_millis(20);
 const OUTAGE_MAX_PAUSE: Duration = Duration::from_millis(500);
 
 /// One acquisition request.
+#[derive(Clone)]
 pub struct Acquire {
     pub key: LockKey,
     pub ttl: Duration,
@@ -104,6 +105,8 @@ struct Attempts {
     granted: Option<LeaseId>,
     /// The lease id of the last try (for the `fresh_send_time` mutant).
     last: Option<LeaseId>,
+    /// How long the holder the last try found keeps the key, if known.
+    held_for: Option<Duration>,
 }
 
 impl Attempts {
@@ -175,9 +178,22 @@ impl Drop for Attempts {
 
 impl LockManager {
     /// Acquires `req.key`, waiting up to `req.wait` in this sidecar's FIFO queue.
-    pub async fn acquire(&self, mut req: Acquire) -> Result<LeaseView, LockError> {
+    pub async fn acquire(&self, req: Acquire) -> Result<LeaseView, LockError> {
+        self.acquire_counted(req, true).await.0
+    }
+
+    /// [`Self::acquire`], counted in `fencer_acquisitions_total` or not (a
+    /// semaphore's slot tries are counted as the semaphore's), and with
+    /// how long the holder its last try found keeps the key, if known.
+    pub(super) async fn acquire_counted(
+        &self,
+        mut req: Acquire,
+        count: bool,
+    ) -> (Result<LeaseView, LockError>, Option<Duration>) {
         let started = Instant::now();
-        self.check_ttl(req.ttl)?;
+        if let Err(e) = self.check_ttl(req.ttl) {
+            return (Err(e), None);
+        }
         if let Some(cap) = self.config.max_hold {
             // max_hold_ms caps the first TTL as well as every renewal.
             req.ttl = req.ttl.min(cap);
@@ -185,10 +201,12 @@ impl LockManager {
         let key = req.key.clone();
         let group = self.metrics.group(key.as_str());
         if req.reentrant {
-            self.check_reentrancy()?;
+            if let Err(e) = self.check_reentrancy() {
+                return (Err(e), None);
+            }
             if let Some(result) = self.reenter(&req).await {
                 self.count_acquire(&key, &group, started, &result);
-                return result;
+                return (result, None);
             }
         }
         let mut attempts = Attempts {
@@ -200,6 +218,7 @@ impl LockManager {
             pending: None,
             granted: None,
             last: None,
+            held_for: None,
         };
         let mut result = self
             .acquire_registered(&req, &mut attempts, started, &group)
@@ -215,9 +234,12 @@ impl LockManager {
         if let Ok(view) = &result {
             attempts.granted = LeaseId::parse(&view.lease_id);
         }
+        let held_for = attempts.held_for;
         drop(attempts);
-        self.count_acquire(&key, &group, started, &result);
-        result
+        if count {
+            self.count_acquire(&key, &group, started, &result);
+        }
+        (result, held_for)
     }
 
     /// Counts and logs one acquire's outcome.
@@ -528,7 +550,7 @@ impl LockManager {
 
     /// When to re-check a lock held for `remaining`: just after it would
     /// expire, with jitter so sidecars do not re-check in lockstep.
-    fn fallback_delay(&self, remaining: Option<Duration>) -> Duration {
+    pub(super) fn fallback_delay(&self, remaining: Option<Duration>) -> Duration {
         let base = remaining.unwrap_or(self.config.max_fallback);
         let jitter_cap = (base / 10).clamp(Duration::from_millis(1), Duration::from_millis(50));
         let jitter = rand::rng().random_range(Duration::ZERO..=jitter_cap);
@@ -584,6 +606,7 @@ impl LockManager {
                     return Ok(Try::Got(Box::new(record)));
                 }
                 Ok(not_taken @ (Attempt::Held { .. } | Attempt::Delayed { .. })) => {
+                    attempts.held_for = not_taken.remaining();
                     if attempt == 0 && !self.backend.held_keeps_a_place() {
                         attempts.not_taken(&lease);
                     }

@@ -6,13 +6,17 @@
 //!   the guard that releases what a cancelled acquire may have taken;
 //! - [`renew`] — renewals (the application's and the sidecar's own) and
 //!   adoption of leases after a sidecar restart;
-//! - [`release`] — release, shutdown, and releasing leases nobody owns.
+//! - [`release`] — release, shutdown, and releasing leases nobody owns;
+//! - [`reentrant`] — hold counts of reentrant leases;
+//! - [`semaphore`] — permits: a lease on one of a semaphore's slot keys;
+//! - [`view`] — what the backend records for a key, rate-limited.
 
 mod acquire;
 mod failover;
 mod reentrant;
 mod release;
 mod renew;
+mod semaphore;
 pub mod view;
 
 use std::sync::Arc;
@@ -24,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use self::acquire::Acquire;
 pub use self::reentrant::{Released, MAX_HOLDS};
+pub use self::semaphore::{slot_of, Permit, PermitRequest, MAX_PERMITS};
 use super::leases::{LeaseRecord, LeaseTable, LeaseView, Lost};
 use super::preregister::Preregistrar;
 use super::waiters::WaitQueues;
@@ -44,6 +49,14 @@ pub enum LockError {
     Unsupported {
         feature: &'static str,
         backend: &'static str,
+    },
+    #[error("all {permits} permits of semaphore `{name}` are held")]
+    NoPermit { name: LockKey, permits: u32 },
+    #[error("semaphore `{name}` has {fixed} permits, fixed at its first use; asked for {asked} (a name keeps its count: use another name for another count)")]
+    PermitsMismatch {
+        name: LockKey,
+        fixed: u32,
+        asked: u32,
     },
     #[error("the lease already counts {0} holds, the most one lease may")]
     TooManyHolds(u32),
@@ -116,6 +129,8 @@ pub struct LockManager {
     /// Every lost lease, for hold streams.
     lost_tx: broadcast::Sender<Lost>,
     views: view::ViewLimits,
+    /// Semaphores' permit counts as the backend fixed them ([`semaphore`]).
+    permits: semaphore::FixedPermits,
 }
 
 impl LockManager {
@@ -141,6 +156,7 @@ impl LockManager {
             webhook,
             lost_tx: broadcast::channel(1024).0,
             views: view::ViewLimits::new(config.backend_view_per_second),
+            permits: Default::default(),
             config,
         }
     }

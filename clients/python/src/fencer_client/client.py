@@ -107,6 +107,28 @@ class Client:
         answer = self._call("POST", self._path(key, "acquire"), body, wait_ms)
         return _lease(answer, sent_at, key)
 
+    def acquire_permit(self, name: str, permits: int, ttl_ms: Optional[int] = None,
+                       wait_ms: Optional[int] = None, owner: Optional[str] = None,
+                       auto_renew: bool = False, keepalive_ms: Optional[int] = None) -> Lease:
+        """Takes one of the ``permits`` permits of semaphore ``name``, waiting
+        up to ``wait_ms`` for one to be freed; raises :class:`LockHeld` if all
+        stay held, :class:`PermitsMismatch` if the name's count is another.
+        The permit is a lease on the lock key ``name#slot`` (``lease.key``;
+        ``lease.raw["slot"]``): :meth:`renew`, :meth:`release` and
+        :meth:`keepalive` take it as any lease, and its token fences that
+        slot."""
+        body: Dict[str, Any] = {"permits": permits}
+        for field_name, value in (("ttl_ms", ttl_ms), ("wait_ms", wait_ms), ("owner", owner),
+                                  ("keepalive_ms", keepalive_ms)):
+            if value is not None:
+                body[field_name] = value
+        if auto_renew:
+            body["auto_renew"] = True
+        path = "/v1/semaphores/" + urllib.parse.quote(name, safe="") + "/acquire"
+        sent_at = time.monotonic()
+        answer = self._call("POST", path, body, wait_ms)
+        return _lease(answer, sent_at, answer.get("key", name))
+
     def renew(self, lease: Lease, ttl_ms: Optional[int] = None) -> Lease:
         """Extends ``lease`` by ``ttl_ms`` (default: its own TTL) and returns
         the renewed lease. Raises :class:`LeaseLost` if it no longer holds."""

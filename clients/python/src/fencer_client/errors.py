@@ -114,6 +114,13 @@ class UnsupportedByBackend(FencerError):
     code = "unsupported_by_backend"
 
 
+class PermitsMismatch(FencerError):
+    """409: the semaphore's permit count was fixed at its first use, at
+    another count (``body["permits"]``); every user of a name counts the
+    same permits."""
+    code = "permits_mismatch"
+
+
 class TooManyHolds(FencerError):
     """409: a reentrant lease already counts the most holds one lease may
     (``body["max_holds"]``)."""

@@ -82,7 +82,12 @@ fn schemathesis_finds_no_server_error_and_no_schema_violation() {
     // may wait up to 300 s for a held key (as documented); generated ones
     // wait at most 1 s so a case never outlives the request timeout.
     let mut spec = spec();
-    for schema in ["AcquireRequest", "HoldRequest"] {
+    for schema in [
+        "AcquireRequest",
+        "HoldRequest",
+        "PermitRequest",
+        "PermitHoldRequest",
+    ] {
         spec["components"]["schemas"][schema]["properties"]["wait_ms"]["maximum"] = 1000.into();
     }
     let dir = tempfile::tempdir().unwrap();
@@ -100,6 +105,7 @@ fn schemathesis_finds_no_server_error_and_no_schema_violation() {
         // A hold stream lasts as long as its lease is renewed: not a
         // request/response schemathesis can time.
         .args(["--exclude-operation-id", "hold"])
+        .args(["--exclude-operation-id", "holdPermit"])
         .args(["--max-examples", "25", "--max-time", "60", "--request-timeout", "10"])
         .args(["--seed", "20261123"])
         .env("NO_COLOR", "1")

@@ -134,6 +134,7 @@ impl From<LockError> for ApiError {
                 ApiError::new(StatusCode::CONFLICT, "not_owner", message).with("key", key.as_str())
             }
             LockError::NotFound(key) => ApiError::not_found(message).with("key", key.as_str()),
+            LockError::UnknownGroup(_) => ApiError::not_found(message),
             LockError::TtlTooLong { max, .. } => {
                 ApiError::new(StatusCode::BAD_REQUEST, "ttl_too_long", message)
                     .with("max_ttl_ms", max.as_millis() as u64)

@@ -44,6 +44,7 @@ pub const ALL: &[(&str, &str)] = &[
     ("holds_change_kept", "a reentrant lease's hold count change (a re-entry, a release of one hold) whose caller went away before the answer is kept: the key stays held after the owner's last release, or a retried release gives back two holds"),
     ("semaphore_extra_slot", "a semaphore acquire tries one slot key more than the name's permits: permits + 1 holders at once"),
     ("permits_unchecked", "a semaphore acquire with another permit count than the one fixed for the name is not refused: users counting different slots let more holders in than the smaller count"),
+    ("multi_keys_kept", "a multi-key acquire that ends without its answer (a key stayed held past wait_ms, or its client went away mid-way) keeps the keys it took until their TTL instead of giving them back"),
     ("fresh_send_time", "as before issue 10: one lease id for every try of an acquire, each try counting the deadline from its own send time, and PostgreSQL statements whose caller gave up neither bounded by the server, cancelled nor compensated"),
 ];
 

@@ -1017,3 +1017,111 @@ async fn a_key_bound_to_prefixes_cannot_sign_for_other_keys() {
     assert_eq!(other.status, 403, "{}", other.body);
     assert_eq!(other.code(), "invalid_fencing_token", "{}", other.body);
 }
+
+/// A multi-key lease (issue 33 item 4) binds proxied writes with its one
+/// lease id: the proxy injects the token of the key each request names
+/// (`Fencing-Lock`), refuses a request that names none (the lease covers
+/// several), and refuses the group's id once it is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_key_lease_fences_each_key_with_its_own_token() {
+    let st = stack(&[], &[]);
+    let s = &st.sidecar;
+    let m = s
+        .post(
+            "/v1/locks/acquire",
+            json!({"keys": ["account:21", "account:22"], "ttl_ms": 10_000}),
+        )
+        .await;
+    assert_eq!(m.status, 200, "{}", m.body);
+    let group = m.lease();
+    for (i, key) in ["account:21", "account:22"].iter().enumerate() {
+        let url = format!("{}/kv/accounts/2{}", s.proxy, i + 1);
+        let w = put(
+            s,
+            &url,
+            &[("Fencing-Lease", &group), ("Fencing-Lock", key)],
+            7,
+        )
+        .await;
+        assert_eq!(w.status, 200, "{key}: {}", w.body);
+        let log = send(
+            &s.http,
+            "GET",
+            &format!("{}/_log/accounts/2{}", st.storage.api, i + 1),
+            &[],
+            None,
+        )
+        .await;
+        assert_eq!(log.body["writes"][0]["token"], m.body["keys"][i]["token"]);
+    }
+    let url = format!("{}/kv/accounts/21", s.proxy);
+    let w = put(s, &url, &[("Fencing-Lease", &group)], 8).await;
+    assert_eq!((w.status, w.code()), (428, "lock_not_held"), "{}", w.body);
+    let released = s
+        .post("/v1/locks/release", json!({"lease_id": group}))
+        .await;
+    assert_eq!(released.status, 200, "{}", released.body);
+    let w = put(
+        s,
+        &url,
+        &[("Fencing-Lease", &group), ("Fencing-Lock", "account:21")],
+        9,
+    )
+    .await;
+    assert_eq!(w.status, 428, "{}", w.body);
+}
+
+/// A semaphore permit (issue 33 item 3) is fenced per slot: its write
+/// carries the slot key's token, and once the slot passed to a newer
+/// permit the gateway refuses the earlier permit's token for that slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_permit_is_fenced_per_slot() {
+    let st = stack(&[], &[]);
+    let s = &st.sidecar;
+    let ask = json!({"permits": 1, "ttl_ms": 10_000});
+    let old = s.post("/v1/semaphores/printers/acquire", ask.clone()).await;
+    assert_eq!(old.status, 200, "{}", old.body);
+    let slot_key = old.body["key"].as_str().unwrap().to_owned();
+    assert_eq!(slot_key, "printers#0");
+    let url = format!("{}/kv/printers/0", st.gateway.api);
+    let w = put(
+        s,
+        &url,
+        &[
+            ("Fencing-Token", old.body["fencing_token"].as_str().unwrap()),
+            ("Fencing-Key", &slot_key),
+        ],
+        1,
+    )
+    .await;
+    assert_eq!(w.status, 200, "{}", w.body);
+    s.post(
+        "/v1/semaphores/printers/release",
+        json!({"lease_id": old.lease()}),
+    )
+    .await;
+    let new = s.post("/v1/semaphores/printers/acquire", ask).await;
+    assert_eq!(new.body["key"], slot_key.as_str(), "{}", new.body);
+    let w = put(
+        s,
+        &url,
+        &[
+            ("Fencing-Token", new.body["fencing_token"].as_str().unwrap()),
+            ("Fencing-Key", &slot_key),
+        ],
+        2,
+    )
+    .await;
+    assert_eq!(w.status, 200, "{}", w.body);
+    let stale = put(
+        s,
+        &url,
+        &[
+            ("Fencing-Token", old.body["fencing_token"].as_str().unwrap()),
+            ("Fencing-Key", &slot_key),
+        ],
+        3,
+    )
+    .await;
+    assert_eq!(stale.status, 409, "{}", stale.body);
+}

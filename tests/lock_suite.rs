@@ -1115,6 +1115,25 @@ async fn backend_view(backend: Backend) {
     assert!((1..=2_000 * f).contains(&left), "{}", v.body);
 }
 
+/// `r` is the error `status` / `code`.
+fn assert_refused(r: &Resp, status: u16, code: &str) {
+    assert_eq!((r.status, r.code()), (status, code), "{}", r.body);
+}
+
+/// Each body sent to `path` is refused 400 `invalid_request` naming `field`.
+async fn assert_invalid(s: &Fencer, path: &str, cases: Vec<(serde_json::Value, &str)>) {
+    for (body, field) in cases {
+        let r = s.post(path, body.clone()).await;
+        assert_eq!(
+            (r.status, r.code()),
+            (400, "invalid_request"),
+            "{body}: {}",
+            r.body
+        );
+        assert_eq!(r.body["field"], field, "{body}: {}", r.body);
+    }
+}
+
 /// `POST path` with `body` to `s`, answered in a task of its own.
 fn in_background(s: &Fencer, path: &str, body: serde_json::Value) -> tokio::task::JoinHandle<Resp> {
     let (http, url) = (s.http.clone(), format!("{}{path}", s.api));
@@ -1246,12 +1265,7 @@ async fn semaphores(backend: Backend) {
             json!({"permits": 3, "ttl_ms": 1000, "wait_ms": 0}),
         )
         .await;
-    assert_eq!(
-        (three.status, three.code()),
-        (409, "permits_mismatch"),
-        "{}",
-        three.body
-    );
+    assert_refused(&three, 409, "permits_mismatch");
     assert_eq!(three.body["permits"], 2, "{}", three.body);
     let fresh = if backend == Backend::Memory {
         None
@@ -1272,36 +1286,22 @@ async fn semaphores(backend: Backend) {
     let wrong = a
         .post(&sem("release"), json!({"lease_id": lock.lease()}))
         .await;
-    assert_eq!(
-        (wrong.status, wrong.code()),
-        (409, "not_owner"),
-        "{}",
-        wrong.body
-    );
+    assert_refused(&wrong, 409, "not_owner");
     let unknown = a.post(&sem("release"), json!({"lease_id": "nope"})).await;
-    assert_eq!(
-        (unknown.status, unknown.code()),
-        (404, "not_found"),
-        "{}",
-        unknown.body
-    );
-    for (body, field) in [
-        (json!({"ttl_ms": 1000}), "permits"),
-        (json!({"permits": 0}), "permits"),
-        (json!({"permits": 257}), "permits"),
-        (json!({"permits": "2"}), "permits"),
-        (json!({"permits": 2, "reentrant": true}), "reentrant"),
-        (json!({"permits": 2, "ttl_ms": 1}), "ttl_ms"),
-    ] {
-        let r = a.post(&sem("acquire"), body.clone()).await;
-        assert_eq!(
-            (r.status, r.code()),
-            (400, "invalid_request"),
-            "{body}: {}",
-            r.body
-        );
-        assert_eq!(r.body["field"], field, "{body}: {}", r.body);
-    }
+    assert_refused(&unknown, 404, "not_found");
+    assert_invalid(
+        a,
+        &sem("acquire"),
+        vec![
+            (json!({"ttl_ms": 1000}), "permits"),
+            (json!({"permits": 0}), "permits"),
+            (json!({"permits": 257}), "permits"),
+            (json!({"permits": "2"}), "permits"),
+            (json!({"permits": 2, "reentrant": true}), "reentrant"),
+            (json!({"permits": 2, "ttl_ms": 1}), "ttl_ms"),
+        ],
+    )
+    .await;
     let bad_slot = a
         .post(
             &sem("release"),
@@ -1309,6 +1309,160 @@ async fn semaphores(backend: Backend) {
         )
         .await;
     assert_eq!(bad_slot.body["field"], "slot", "{}", bad_slot.body);
+}
+
+/// `POST /v1/locks/acquire {"keys": [...]}` (issue 33 item 4): every key or
+/// none under one lease id, keys taken in one canonical order — so two
+/// acquires naming the same keys in opposite orders never deadlock — and
+/// the keys taken given back when one stays held past `wait_ms`; the group
+/// renews, keeps alive and releases every key; each key keeps its own
+/// strictly increasing token.
+async fn multi_key_locks(backend: Backend) {
+    let f = slowness(backend);
+    let h = harness(backend, &[]);
+    let a = &h.sidecar;
+    let other = (backend != Backend::Memory).then(|| h.another());
+    let b = other.as_ref().unwrap_or(a);
+    let many =
+        |keys: &[&str], ttl: u64, wait: u64| json!({"keys": keys, "ttl_ms": ttl, "wait_ms": wait});
+    let m = a
+        .post(
+            "/v1/locks/acquire",
+            many(&["mk:b", "mk:a", "mk:b"], 20_000, 0),
+        )
+        .await;
+    assert_eq!(m.status, 200, "{}", m.body);
+    let keys: Vec<&str> = m.body["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["mk:a", "mk:b"], "{}", m.body);
+    for s in [a, b] {
+        assert_eq!(s.acquire("mk:a", 10_000, 0).await.code(), "lock_held");
+        assert_eq!(s.acquire("mk:b", 10_000, 0).await.code(), "lock_held");
+    }
+    let shown = a.get(&Fencer::path("mk:b", "")).await;
+    assert_eq!(
+        shown.body["token"], m.body["keys"][1]["token"],
+        "{}",
+        shown.body
+    );
+    // One key stays held: nothing is kept.
+    let d = b.acquire("mk:d", 30_000, 0).await;
+    assert_eq!(d.status, 200, "{}", d.body);
+    let partial = a
+        .post(
+            "/v1/locks/acquire",
+            many(&["mk:d", "mk:c"], 20_000, 300 * f),
+        )
+        .await;
+    assert_refused(&partial, 409, "lock_held");
+    assert_eq!(partial.body["key"], "mk:d", "{}", partial.body);
+    let c = b.acquire("mk:c", 10_000, 0).await;
+    assert_eq!(c.status, 200, "mk:c was kept: {}", c.body);
+    b.release("mk:c", &c.lease()).await;
+    b.release("mk:d", &d.lease()).await;
+    // A waiter for keys the group holds gets them all at its release.
+    let waiter = in_background(
+        b,
+        "/v1/locks/acquire",
+        many(&["mk:e", "mk:a"], 20_000, 20_000 * f),
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let renewed = a
+        .post(
+            "/v1/locks/renew",
+            json!({"lease_id": m.lease(), "ttl_ms": 30_000}),
+        )
+        .await;
+    assert_eq!(renewed.status, 200, "{}", renewed.body);
+    assert!(
+        renewed.body["remaining_ms"].as_u64().unwrap() > 20_000,
+        "{}",
+        renewed.body
+    );
+    let alive = a
+        .post("/v1/locks/keepalive", json!({"lease_id": m.lease()}))
+        .await;
+    assert_eq!(alive.body["alive"], true, "{}", alive.body);
+    let freed = a
+        .post("/v1/locks/release", json!({"lease_id": m.lease()}))
+        .await;
+    assert_eq!(freed.status, 200, "{}", freed.body);
+    assert_eq!(
+        freed.body["keys"],
+        json!(["mk:a", "mk:b"]),
+        "{}",
+        freed.body
+    );
+    let got = waiter.await.unwrap();
+    assert_eq!(got.status, 200, "{}", got.body);
+    assert!(
+        got.body["keys"][0]["token"].as_u64() > m.body["keys"][0]["token"].as_u64(),
+        "{}",
+        got.body
+    );
+    let again = a
+        .post("/v1/locks/release", json!({"lease_id": m.lease()}))
+        .await;
+    assert_refused(&again, 404, "not_found");
+    assert_eq!(
+        b.post("/v1/locks/release", json!({"lease_id": got.lease()}))
+            .await
+            .status,
+        200
+    );
+    // Opposite orders at once, again and again: no deadlock (each lets go
+    // as soon as it has both).
+    let take_and_let_go = |s: &Fencer, keys: [&str; 2]| {
+        let (http, api) = (s.http.clone(), s.api.clone());
+        let body = many(&keys, 5_000, 10_000 * f).to_string();
+        tokio::spawn(async move {
+            let got: serde_json::Value = http
+                .post(format!("{api}/v1/locks/acquire"))
+                .body(body)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            let lease = got["lease_id"].as_str().map(str::to_owned);
+            if let Some(lease) = &lease {
+                http.post(format!("{api}/v1/locks/release"))
+                    .body(json!({ "lease_id": lease }).to_string())
+                    .send()
+                    .await
+                    .unwrap();
+            }
+            (got, lease.is_some())
+        })
+    };
+    for round in 0..4 {
+        let one = take_and_let_go(a, ["mk:x", "mk:y"]);
+        let two = take_and_let_go(b, ["mk:y", "mk:x"]);
+        for r in [one.await.unwrap(), two.await.unwrap()] {
+            assert!(r.1, "round {round}: {}", r.0);
+        }
+    }
+    // A key spelled like a route is still a key for GET.
+    let literal = a.get("/v1/locks/acquire").await;
+    assert_refused(&literal, 404, "not_found");
+    assert_invalid(
+        a,
+        "/v1/locks/acquire",
+        vec![
+            (json!({"ttl_ms": 1000}), "keys"),
+            (json!({"keys": []}), "keys"),
+            (json!({"keys": vec!["k"; 33]}), "keys"),
+            (json!({"keys": [1]}), "keys"),
+            (json!({"keys": ["a\nb"]}), "keys"),
+            (json!({"keys": ["k"], "reentrant": true}), "reentrant"),
+        ],
+    )
+    .await;
 }
 
 /// SIGTERM closes hold streams with a final line.
@@ -1408,8 +1562,35 @@ suite!(
     backend_view,
     reentrant_locks,
     semaphores,
+    multi_key_locks,
     shutdown_closes_hold_streams,
 );
+
+/// A multi-key acquire whose client goes away while it waits for its
+/// second key gives back the first at once (not at its TTL); one that
+/// times out answers only after giving it back. Mutant: `multi_keys_kept`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_key_acquire_whose_client_left_gives_back_what_it_took() {
+    let s = Fencer::sidecar(Backend::Memory, None, &[]);
+    let b = s.acquire("left:b", 30_000, 0).await;
+    assert_eq!(b.status, 200, "{}", b.body);
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let gone = impatient
+        .post(format!("{}/v1/locks/acquire", s.api))
+        .body(json!({"keys": ["left:a", "left:b"], "ttl_ms": 30_000, "wait_ms": 5_000}).to_string())
+        .send()
+        .await;
+    assert!(gone.is_err(), "answered while left:b was held: {gone:?}");
+    let a = s.acquire("left:a", 30_000, 2_000).await;
+    assert_eq!(
+        a.status, 200,
+        "left:a was kept for a client that left: {}",
+        a.body
+    );
+}
 
 /// The backend view is bounded: past `sidecar.backend_view_per_second` (a
 /// burst of as many) it answers 429 `rate_limited` with `retry_after_ms`,

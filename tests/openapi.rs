@@ -33,6 +33,7 @@ fn router_routes() -> BTreeSet<(String, String)> {
         "src/sidecar/api.rs",
         "src/sidecar/dapr.rs",
         "src/sidecar/api_semaphores.rs",
+        "src/sidecar/api_multi.rs",
     ]
     .map(|f| std::fs::read_to_string(root().join(f)).unwrap())
     .join("\n");
@@ -87,6 +88,7 @@ fn schemathesis_finds_no_server_error_and_no_schema_violation() {
         "HoldRequest",
         "PermitRequest",
         "PermitHoldRequest",
+        "MultiAcquireRequest",
     ] {
         spec["components"]["schemas"][schema]["properties"]["wait_ms"]["maximum"] = 1000.into();
     }

@@ -378,10 +378,7 @@ async fn release_cut_short(env: &[(&str, &str)]) -> (Resp, Resp, Resp) {
     // 4. client0: release — 5. deliver release(L1): applied, its reply
     // held back — 6. client0: disconnects mid-call.
     relay.set(Mode::DelayReplies(Duration::from_millis(1_500)));
-    let impatient = reqwest::Client::builder()
-        .timeout(Duration::from_millis(300))
-        .build()
-        .unwrap();
+    let impatient = impatient();
     let gave_up = impatient
         .post(format!(
             "{}{}",
@@ -497,10 +494,7 @@ async fn a_dapr_unlock_never_releases_a_lease_taken_through_the_lock_api() {
 /// Sends `op` on `re:hup` with `body` from a client that gives up after
 /// 300 ms while Redis is frozen, then lets Redis answer.
 async fn hang_up_while_frozen(redis: &RedisServer, s: &Fencer, op: &str, body: &Value) {
-    let impatient = reqwest::Client::builder()
-        .timeout(Duration::from_millis(300))
-        .build()
-        .unwrap();
+    let impatient = impatient();
     redis.pause();
     let gone = impatient
         .post(format!("{}{}", s.api, Fencer::path("re:hup", op)))
@@ -511,6 +505,58 @@ async fn hang_up_while_frozen(redis: &RedisServer, s: &Fencer, op: &str, body: &
     tokio::time::sleep(Duration::from_millis(200)).await;
     redis.resume();
     tokio::time::sleep(Duration::from_millis(500)).await;
+}
+
+/// A semaphore acquire whose client hangs up while Redis is frozen: its
+/// slot try goes through once Redis answers, and the permit it took —
+/// handed to nobody — is given back at once, not kept for its 30 s TTL
+/// (each slot try is an acquire, released by the acquire's clean-up; the
+/// mutant `keep_orphans` switches that off). A waiter for the last permit
+/// gets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_whose_client_hung_up_is_given_back() {
+    let redis = RedisServer::start(Persistence::Off);
+    let s = Fencer::sidecar(Backend::Redis, Some(&redis.url()), &[]);
+    let path = "/v1/semaphores/hup/acquire";
+    let body = json!({"permits": 1, "ttl_ms": 30_000, "wait_ms": 0});
+    // The count is fixed (and learnt) before Redis freezes.
+    let first = s.post(path, body.clone()).await;
+    assert_eq!(first.status, 200, "{}", first.body);
+    assert_eq!(
+        s.post(
+            "/v1/semaphores/hup/release",
+            json!({"lease_id": first.lease()})
+        )
+        .await
+        .body["released"],
+        true
+    );
+    let impatient = impatient();
+    redis.pause();
+    let gone = impatient
+        .post(format!("{}{path}", s.api))
+        .body(body.to_string())
+        .send()
+        .await;
+    assert!(gone.is_err(), "answered while Redis was frozen: {gone:?}");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    redis.resume();
+    let after = s
+        .post(
+            path,
+            json!({"permits": 1, "ttl_ms": 30_000, "wait_ms": 5_000}),
+        )
+        .await;
+    assert_eq!(after.status, 200, "{}\n{}", after.body, s.logs());
+    assert!(after.token() > first.token(), "{}", after.body);
+}
+
+/// A client that gives up on an answer after 300 ms.
+fn impatient() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap()
 }
 
 /// Waits (up to 10 s) for the lease on `key` to count `want` holds here.
@@ -585,10 +631,7 @@ async fn a_retried_reentry_waits_for_the_undo_of_the_try_it_replaces() {
         .post(&Fencer::path("re:retry", "acquire"), body.clone())
         .await;
     assert_eq!(first.status, 200, "{}", first.body);
-    let impatient = reqwest::Client::builder()
-        .timeout(Duration::from_millis(300))
-        .build()
-        .unwrap();
+    let impatient = impatient();
     redis.pause();
     let gone = impatient.post(&url).body(body.to_string()).send().await;
     assert!(gone.is_err(), "answered while Redis was frozen: {gone:?}");

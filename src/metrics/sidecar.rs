@@ -55,6 +55,8 @@ pub struct Metrics {
     pub hold_changes: IntCounterVec,
     /// Semaphore permit acquisitions, by result.
     pub semaphore_acquisitions: IntCounterVec,
+    /// Multi-key acquisitions, by result.
+    pub multi_acquisitions: IntCounterVec,
     /// Slots tried by semaphore acquisitions (one backend acquire each).
     pub semaphore_slot_tries: prometheus::IntCounter,
 }
@@ -256,6 +258,14 @@ impl Metrics {
                 &["result"]
             )
             .unwrap()),
+            multi_acquisitions: reg!(IntCounterVec::new(
+                Opts::new(
+                    "fencer_multi_acquisitions_total",
+                    "Multi-key acquisitions (every key or none), by result (acquired; timeout: a key stayed held for wait_ms, the keys taken were given back; error)."
+                ),
+                &["result"]
+            )
+            .unwrap()),
             semaphore_slot_tries: reg!(prometheus::IntCounter::new(
                 "fencer_semaphore_slot_tries_total",
                 "Permit slots tried by semaphore acquisitions, one backend acquire each: against fencer_semaphore_acquisitions_total, how full semaphores run."
@@ -320,6 +330,9 @@ impl Metrics {
         }
         for r in HOLD_CHANGE_RESULTS {
             self.hold_changes.with_label_values(&[r]);
+        }
+        for r in ["acquired", "timeout", "error"] {
+            self.multi_acquisitions.with_label_values(&[r]);
         }
         for r in SEMAPHORE_RESULTS {
             self.semaphore_acquisitions.with_label_values(&[r]);

@@ -254,7 +254,16 @@ async fn get_one(
     path: Result<Path<String>, PathRejection>,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
-    let key = path_key(path)?;
+    get_key(&state, path_key(path)?, query).await
+}
+
+/// `GET /v1/locks/{key}` once the key is parsed: also the answer for the
+/// keys spelled like the multi-key routes (`acquire`, `renew`…).
+pub(super) async fn get_key(
+    state: &ApiState,
+    key: crate::lock::LockKey,
+    query: Option<String>,
+) -> Result<Response, ApiError> {
     let mut backend = false;
     for (_, value) in query_params(&query, "scope")? {
         backend = match value {

@@ -164,6 +164,17 @@ impl Egress {
             // The lease names its key.
             (None, Some(lease)) => match self.locks.key_of_lease(lease) {
                 Some(k) => k,
+                None if self.locks.group(lease).is_some() => {
+                    return self.refuse(
+                        "lock_not_held",
+                        started,
+                        ApiError::new(
+                            StatusCode::PRECONDITION_REQUIRED,
+                            "lock_not_held",
+                            "a multi-key lease covers several keys: name the one this request writes (Fencing-Lock or a configured route)",
+                        ),
+                    );
+                }
                 None => {
                     let ended = self.locks.lease_ended_here(lease);
                     return self.refused_unknown_lease(ended, started);

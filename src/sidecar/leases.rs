@@ -127,6 +127,9 @@ pub struct LeaseRecord {
     pub holds: Holding,
     /// Held while the hold count changes: one change at a time per lease.
     pub holds_turn: std::sync::Arc<tokio::sync::Mutex<()>>,
+    /// The multi-key lease this lease is one key of: the id its client
+    /// knows, which binds proxied writes to this key's lease too.
+    pub group: Option<LeaseId>,
 }
 
 /// What the API shows of a lease.
@@ -251,6 +254,12 @@ impl LeaseRecord {
 
     pub fn is_held(&self) -> bool {
         matches!(self.state, LeaseState::Held)
+    }
+
+    /// Whether `lease` names this lease: its own id, or its multi-key
+    /// lease's.
+    pub fn answers_to(&self, lease: &LeaseId) -> bool {
+        &self.lease_id == lease || self.group.as_ref() == Some(lease)
     }
 }
 
@@ -445,7 +454,7 @@ impl LeaseTable {
     pub fn touch(&self, key: &LockKey, lease: Option<&LeaseId>, now: Instant) -> bool {
         let mut t = self.lock();
         match t.current.get_mut(key) {
-            Some(rec) if rec.is_held() && lease.is_none_or(|l| l == &rec.lease_id) => {
+            Some(rec) if rec.is_held() && lease.is_none_or(|l| rec.answers_to(l)) => {
                 rec.last_activity = now;
                 true
             }
@@ -690,6 +699,23 @@ impl LeaseTable {
 
     /// Sets a reentrant lease's hold count (and owner) as the backend
     /// confirmed it; `None` if the lease no longer holds the key here.
+    /// Marks `lease`'s record of `key` as one key of multi-key lease
+    /// `group`; false if it is no longer held.
+    pub fn set_group(&self, key: &LockKey, lease: &LeaseId, group: &LeaseId) -> bool {
+        let mut t = self.lock();
+        match t
+            .current
+            .get_mut(key)
+            .filter(|r| &r.lease_id == lease && r.is_held())
+        {
+            Some(rec) => {
+                rec.group = Some(group.clone());
+                true
+            }
+            None => false,
+        }
+    }
+
     pub fn set_holds(
         &self,
         key: &LockKey,

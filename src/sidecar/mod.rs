@@ -2,6 +2,7 @@
 
 pub mod api;
 pub mod api_hot;
+pub mod api_multi;
 pub mod api_semaphores;
 pub mod api_state;
 pub mod dapr;
@@ -276,7 +277,9 @@ impl Sidecar {
         api_hot::LockApiService::new(
             api::router(
                 state.clone(),
-                dapr::routes().merge(api_semaphores::routes()),
+                dapr::routes()
+                    .merge(api_semaphores::routes())
+                    .merge(api_multi::routes()),
             ),
             state,
         )

@@ -148,6 +148,43 @@ pub fn permit(
     Ok((permits as u32, acquire_fields(&map, defaults, hold)?))
 }
 
+/// A multi-key acquire's body: `keys` (1 to `MAX_KEYS` lock keys) and
+/// the fields of a lock's, except `reentrant`.
+pub fn multi(body: &[u8], defaults: &Defaults) -> Result<(Vec<LockKey>, AcquireRequest), ApiError> {
+    use super::locks::MAX_KEYS;
+    let map = object(
+        body,
+        &[
+            "keys",
+            "ttl_ms",
+            "wait_ms",
+            "owner",
+            "auto_renew",
+            "keepalive_ms",
+        ],
+    )?;
+    let bad = || {
+        ApiError::invalid(
+            "keys",
+            format!("`keys` is required: an array of 1 to {MAX_KEYS} lock keys (strings of 1-512 bytes, no control characters)"),
+        )
+    };
+    let Some(Value::Array(raw)) = map.get("keys") else {
+        return Err(bad());
+    };
+    if raw.is_empty() || raw.len() > MAX_KEYS {
+        return Err(bad());
+    }
+    let keys = raw
+        .iter()
+        .map(|v| {
+            let raw = v.as_str().ok_or_else(bad)?;
+            LockKey::parse(raw).map_err(|e| ApiError::invalid("keys", format!("`keys`: {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((keys, acquire_fields(&map, defaults, false)?))
+}
+
 fn acquire_fields(
     map: &Map<String, Value>,
     defaults: &Defaults,

@@ -378,6 +378,25 @@ FUZZ = sc("gateway-fuzz", keys=["acct-0", "acct-1"], duration_s=20, nemesis=["pa
           interval=(1.0, 2.5), gateway_routes=[("/kv/{id}", "{id}")], fuzz={}, long_only=True,
           bite={"fuzz_requests": 100, "fuzz_refused": 60, "fuzz_applied": 1})
 FAMILIES += [FUZZ]
+# Semaphores (issue 33 item 3): two 2-permit semaphores on PostgreSQL,
+# five workers writing the hot account of the slot key each permit names,
+# under pauses (of workers, of sidecars, self-pauses past the TTL) and
+# PostgreSQL killed; one cycle in ten asks with another count once the
+# name's is fixed (refused). Checked: M1 per slot key, S1–S7 per slot's
+# account, N1 — never more leases of one semaphore told "held" at once
+# than its permits. Bites: the semaphores ran full, stale writes refused.
+SEMAPHORE = sc("semaphore", backend="postgres", keys=["pool:0"], semaphore_permits=2,
+               semaphore_other_count_p=0.1, workers=6, direct_workers=3,
+               nemesis=PAUSES + ["pause_sidecar", "kill_backend"], self_pause_p=0.3, duration_s=30,
+               bite={"stale_at_gateway": 3, "semaphore_full": 20, "permits_mismatch": 3})
+FAMILIES += [SEMAPHORE]
+# Its mutants (`--mutant`; the PR tier runs their directed tests).
+SEMAPHORE_MUTANTS = {
+    "semaphore_extra_slot": dict(name="m-semaphore-extra-slot", bite={},
+                                 mutants={"sidecar": ["semaphore_extra_slot"]}),
+    "permits_unchecked": dict(name="m-permits-unchecked", bite={}, semaphore_other_count_p=0.3,
+                              mutants={"sidecar": ["permits_unchecked"]}),
+}
 SENTINEL_FAMILIES = [f for f in FAMILIES if f["backend"] == "redis-sentinel"]
 CLUSTER_FAMILIES = [f for f in FAMILIES if f["backend"] == "redis-cluster"]
 REDLOCK_FAMILIES = [f for f in FAMILIES if f["backend"] == "redlock"]
@@ -568,7 +587,8 @@ DIRECTED_MUTANTS = {
     "no_lease_binding": ("fencing", "the_proxy_refuses_unheld_lost_and_rebound_leases"),
     "renew_keeps_old_deadline": ("safety_regressions", "a_renewal_with_a_shorter_ttl_shortens_the_local_deadline"),
     "no_repair": ("fencing", "preregistration_repairs_a_counter_that_went_backwards"),
-    "keep_orphans": ("safety_regressions", "an_acquire_whose_client_leaves_during_preregistration_is_released"),
+    "keep_orphans": [("safety_regressions", "an_acquire_whose_client_leaves_during_preregistration_is_released"),
+                     ("seams", "a_permit_whose_client_hung_up_is_given_back")],
     "subscribe_without_timeout": ("safety_regressions", "a_half_open_subscriber_does_not_hold_waiters_past_wait_ms"),
     "fresh_send_time": ("safety_regressions", "a_stuck_postgres_acquire_never_leaves_two_holders"),
     "redlock_no_quarantine": ("redlock", "masters_restarted_empty_cannot_grant_a_live_lease_twice"),
@@ -617,6 +637,9 @@ DIRECTED_MUTANTS = {
     # other than the fixed one let through.
     "semaphore_extra_slot": ("lock_suite", "redis_single::semaphores"),
     "permits_unchecked": ("lock_suite", "redis_single::semaphores"),
+    # Issue 33 item 4: a multi-key acquire keeping what it took.
+    "multi_keys_kept": [("lock_suite", "a_multi_key_acquire_whose_client_left_gives_back_what_it_took"),
+                        ("lock_suite", "redis_single::multi_key_locks")],
 }
 
 
@@ -1029,6 +1052,9 @@ def main():
                 if a.backend and a.mutant:
                     s["backend"] = a.backend
                 later("FAIL", run_scenario, s, s_seed, a.bin, a.out, a.keep)
+            if m in SEMAPHORE_MUTANTS and a.mutant:
+                later("FAIL", run_scenario, dict(SEMAPHORE, **SEMAPHORE_MUTANTS[m]), s_seed, a.bin, a.out,
+                      a.keep)
             if m in FUZZ_MUTANTS and a.mutant:
                 later("FAIL", run_scenario, dict(FUZZ, **FUZZ_MUTANTS[m]), s_seed, a.bin, a.out, a.keep)
             if m in CLIENT_MUTANTS:  # `--mutant clients:<name>` only

@@ -78,6 +78,49 @@ export class FencerClient {
   }
 
   /**
+   * Takes every key of `keys` or none, under one lease id (keys taken in
+   * byte order: two such calls never deadlock); rejects with
+   * `LockHeldError` if one is still held after `waitMs` (every key taken is
+   * given back). Resolves to the answer: `lease_id`, `keys` (each `key`,
+   * `token`, `fencing_token`, `remaining_ms`), `remaining_ms`.
+   * @param {string[]} keys
+   * @param {import('./index.js').AcquireOptions} [options]
+   * @returns {Promise<Record<string, any>>}
+   */
+  async acquireMany(keys, { ttlMs, waitMs, owner, autoRenew, keepaliveMs, signal } = {}) {
+    const body = { keys: [...keys] };
+    if (ttlMs !== undefined) body.ttl_ms = ttlMs;
+    if (waitMs !== undefined) body.wait_ms = waitMs;
+    if (owner !== undefined) body.owner = owner;
+    if (autoRenew) body.auto_renew = true;
+    if (keepaliveMs !== undefined) body.keepalive_ms = keepaliveMs;
+    return this.#call('POST', '/v1/locks/acquire', body, { waitMs, signal });
+  }
+
+  /**
+   * Renews every key of a multi-key lease; rejects with `LeaseLostError`
+   * naming the first key found gone.
+   * @param {string} leaseId
+   * @param {{ttlMs?: number, signal?: AbortSignal}} [options]
+   * @returns {Promise<Record<string, any>>}
+   */
+  async renewMany(leaseId, { ttlMs, signal } = {}) {
+    const body = { lease_id: leaseId };
+    if (ttlMs !== undefined) body.ttl_ms = ttlMs;
+    return this.#call('POST', '/v1/locks/renew', body, { signal });
+  }
+
+  /**
+   * Releases every key of a multi-key lease; resolves to the keys.
+   * @param {string} leaseId
+   * @returns {Promise<string[]>}
+   */
+  async releaseMany(leaseId) {
+    const answer = await this.#call('POST', '/v1/locks/release', { lease_id: leaseId });
+    return answer.keys;
+  }
+
+  /**
    * Extends `lease` by `ttlMs` (default: its own TTL); resolves to the
    * renewed lease. Rejects with `LeaseLostError` if it no longer holds.
    * @param {Lease} lease

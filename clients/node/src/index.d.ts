@@ -91,6 +91,12 @@ export class FencerClient {
   acquire(key: string, options?: AcquireOptions): Promise<Lease>;
   /** Takes one of `permits` permits of semaphore `name` (a lease on the lock key `name#slot`: renew, release and keepalive take it as any lease); rejects with `LockHeldError` if all stay held, `PermitsMismatchError` if the name's count is another. */
   acquirePermit(name: string, permits: number, options?: Omit<AcquireOptions, 'reentrant'>): Promise<Lease>;
+  /** Takes every key or none under one lease id (keys in byte order); rejects with `LockHeldError` if one stays held (every key taken is given back). */
+  acquireMany(keys: string[], options?: Omit<AcquireOptions, 'reentrant'>): Promise<{ lease_id: string; keys: { key: string; token: number; fencing_token: string; remaining_ms: number }[]; ttl_ms: number; remaining_ms: number }>;
+  /** Renews every key of a multi-key lease. */
+  renewMany(leaseId: string, options?: { ttlMs?: number; signal?: AbortSignal }): Promise<Record<string, any>>;
+  /** Releases every key of a multi-key lease; resolves to the keys. */
+  releaseMany(leaseId: string): Promise<string[]>;
   /** Extends the lease; rejects with `LeaseLostError` if it no longer holds. */
   renew(lease: Lease, options?: { ttlMs?: number; signal?: AbortSignal }): Promise<Lease>;
   /** Gives the lock up (a reentrant lease: one hold; resolves to the holds left, `undefined` once free); rejects with `LeaseLostError` if it was already gone. */

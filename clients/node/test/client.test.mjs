@@ -225,6 +225,20 @@ test('a reentrant lease counts holds; the backend view sees it', async () => {
   assert.equal((await client.backendStatus(key)).state, 'free');
 });
 
+test('a multi-key lease takes every key or none', async () => {
+  const a = fresh('multi');
+  const b = fresh('multi');
+  const held = await client.acquireMany([b, a], { ttlMs: 5000 });
+  assert.deepEqual(held.keys.map((k) => k.key), [a, b].sort());
+  await assert.rejects(client.acquire(a, { ttlMs: 5000, waitMs: 0 }), fencer.LockHeldError);
+  assert.ok((await client.renewMany(held.lease_id, { ttlMs: 8000 })).remaining_ms > 5000);
+  assert.deepEqual(await client.releaseMany(held.lease_id), [a, b].sort());
+  const other = await client.acquire(a, { ttlMs: 5000, waitMs: 0 });
+  await assert.rejects(client.acquireMany([a, b], { ttlMs: 5000, waitMs: 0 }), fencer.LockHeldError);
+  await client.release(await client.acquire(b, { ttlMs: 5000, waitMs: 0 }));
+  await client.release(other);
+});
+
 test('semaphore permits are leases on slot keys', async () => {
   const name = fresh('pool');
   const one = await client.acquirePermit(name, 2, { ttlMs: 5000 });

@@ -11,6 +11,11 @@ async function use(): Promise<number> {
   const renewed: Lease = await client.renew(lease, { ttlMs: 1000 });
   const permit: Lease = await client.acquirePermit('pool', 4, { ttlMs: 1000, autoRenew: true });
   await client.release(permit);
+  const many = await client.acquireMany(['a', 'b'], { ttlMs: 1000 });
+  const first: number = many.keys[0].token;
+  await client.renewMany(many.lease_id, { ttlMs: 2000 });
+  const freed: string[] = await client.releaseMany(many.lease_id);
+  console.log(first, freed.length);
   await client.release(renewed);
   const token: number = await client.withLock('k', async (held: HeldLock) => {
     held.check();

@@ -196,6 +196,22 @@ class LockTypesTest(unittest.TestCase):
         client.release(three)
 
 
+    def test_multi_key_lease_takes_every_key_or_none(self):
+        client = Client()
+        a, b = fresh("multi"), fresh("multi")
+        held = client.acquire_many([b, a], ttl_ms=5000)
+        self.assertEqual([k["key"] for k in held["keys"]], sorted([a, b]))
+        with self.assertRaises(LockHeld):
+            client.acquire(a, ttl_ms=5000, wait_ms=0)
+        self.assertGreater(client.renew_many(held["lease_id"], ttl_ms=8000)["remaining_ms"], 5000)
+        self.assertEqual(client.release_many(held["lease_id"]), sorted([a, b]))
+        other = client.acquire(a, ttl_ms=5000, wait_ms=0)
+        with self.assertRaises(LockHeld):
+            client.acquire_many([a, b], ttl_ms=5000, wait_ms=0)
+        client.release(client.acquire(b, ttl_ms=5000, wait_ms=0))
+        client.release(other)
+
+
 class FencedHttpTest(unittest.TestCase):
     def setUp(self):
         self.client = Client()

@@ -672,6 +672,7 @@ impl LockManager {
             ttl_floor: None,
             holds: Default::default(),
             holds_turn: Default::default(),
+            group: None,
         };
         if renewal != Renewal::Manual {
             self.leases.schedule(key, renew_at(sent, ttl));

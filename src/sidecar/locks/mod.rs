@@ -9,10 +9,12 @@
 //! - [`release`] — release, shutdown, and releasing leases nobody owns;
 //! - [`reentrant`] — hold counts of reentrant leases;
 //! - [`semaphore`] — permits: a lease on one of a semaphore's slot keys;
+//! - [`multi`] — multi-key leases: all of a set of keys or none;
 //! - [`view`] — what the backend records for a key, rate-limited.
 
 mod acquire;
 mod failover;
+mod multi;
 mod reentrant;
 mod release;
 mod renew;
@@ -27,6 +29,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 pub use self::acquire::Acquire;
+pub use self::multi::{AcquireMany, GroupView, MAX_KEYS};
 pub use self::reentrant::{Released, MAX_HOLDS};
 pub use self::semaphore::{slot_of, Permit, PermitRequest, MAX_PERMITS};
 use super::leases::{LeaseRecord, LeaseTable, LeaseView, Lost};
@@ -58,6 +61,8 @@ pub enum LockError {
         fixed: u32,
         asked: u32,
     },
+    #[error("this sidecar holds no multi-key lease {0} (released, or every key ran out)")]
+    UnknownGroup(String),
     #[error("the lease already counts {0} holds, the most one lease may")]
     TooManyHolds(u32),
     #[error("scope=backend is off on this sidecar (sidecar.backend_view_per_second = 0)")]
@@ -131,6 +136,8 @@ pub struct LockManager {
     views: view::ViewLimits,
     /// Semaphores' permit counts as the backend fixed them ([`semaphore`]).
     permits: semaphore::FixedPermits,
+    /// Multi-key leases held here ([`multi`]).
+    groups: multi::Groups,
 }
 
 impl LockManager {
@@ -157,6 +164,7 @@ impl LockManager {
             lost_tx: broadcast::channel(1024).0,
             views: view::ViewLimits::new(config.backend_view_per_second),
             permits: Default::default(),
+            groups: Default::default(),
             config,
         }
     }
@@ -279,7 +287,7 @@ impl LockManager {
             });
         };
         if let Some(l) = bound {
-            if &record.lease_id != l && !crate::mutants::active("no_lease_binding") {
+            if !record.answers_to(l) && !crate::mutants::active("no_lease_binding") {
                 // Computed under another lease: refuse even though the app
                 // holds the key again now.
                 return Err(LockError::LeaseLost(key.clone()));
@@ -312,6 +320,7 @@ impl LockManager {
     pub fn sweep(&self) {
         let (lost, held) = self.leases.sweep(Instant::now());
         self.record_lost(lost);
+        self.groups.sweep(&self.leases);
         let mut per_group: std::collections::HashMap<String, i64> =
             std::collections::HashMap::new();
         for key in &held {

@@ -37,7 +37,7 @@ def check(events, commits, injections, marks, nemesis, cfg, observed=None):
     issued = defaultdict(dict)  # key -> token -> set(lease ids)
     for e in grants(events):
         resp = e["resp"]
-        issued[e["key"]].setdefault(resp["token"], set()).add(resp["lease_id"])
+        issued[answer_key(e)].setdefault(resp["token"], set()).add(resp["lease_id"])
 
     # S1: per key, in commit order, (token, seq) never goes back.
     last = {}
@@ -144,6 +144,25 @@ def check(events, commits, injections, marks, nemesis, cfg, observed=None):
     for prop, msg, evidence in client_violations:
         r.violate(prop, msg, evidence)
 
+    # N1 (semaphore workload, issue 33): at no moment are more leases of
+    # one semaphore told "held" than its permits, counted over all the
+    # slot keys it hands out — whatever they are — net of the answer's
+    # transit and of the windows M1 admits.
+    semaphore_bites = {}
+    if cfg.get("semaphore_permits"):
+        over, full = semaphore_overcounts(events, cfg["semaphore_permits"], slack_ns, windows)
+        semaphore_bites = {
+            # Moments every permit was held: the semaphore ran full.
+            "semaphore_full": full,
+            "permits_mismatch": sum(1 for e in events if e["kind"] == "fail" and e.get("error") == "permits_mismatch"),
+        }
+        for name, t, live in over[:3]:
+            r.violate("N1", f"{name}: {len({x['tag'] for x in live})} leases told held at once, "
+                            f"{cfg['semaphore_permits']} permits: "
+                            + ", ".join(f"{x['key']} ({x['proc']}, lease {x['tag'][:8]})" for x in live), live)
+        if len(over) > 3:
+            r.violate("N1", f"{len(over) - 3} more moments with more holders than permits")
+
     # M1, the backend as witness: no client is told "held, N ms left" when
     # the backend's own entry for that lease ends sooner (observer.py).
     late = late_answers(events, observed or [], windows, slack_ns) if observed else ([], defaultdict(int))
@@ -220,6 +239,7 @@ def check(events, commits, injections, marks, nemesis, cfg, observed=None):
                                      and e.get("error") == "lease_expired_before_answer"),
     }
     r.bites.update(client_bites)
+    r.bites.update(semaphore_bites)
     if (any(n.get("kind") in FAILOVER_KINDS for n in nemesis)
             or cfg.get("backend") in ("redis-sentinel", "redis-cluster")):
         # FAULT-SUITE: "failovers that actually lost state" — a promotion
@@ -269,9 +289,10 @@ def handovers_under_faults(events, nemesis):
     last, n = {}, 0
     for e in sorted((e for e in events if e["f"] in ("acquire", "hold") and e["kind"] == "ok"),
                     key=lambda e: e["t"]):
-        if last.get(e["key"], e["proc"]) != e["proc"] and lo <= e["t"] <= hi:
+        key = answer_key(e)
+        if last.get(key, e["proc"]) != e["proc"] and lo <= e["t"] <= hi:
             n += 1
-        last[e["key"]] = e["proc"]
+        last[key] = e["proc"]
     return n
 
 
@@ -367,6 +388,12 @@ def grants(events):
 ENDS = ("release", "hold_close")
 
 
+def answer_key(e):
+    """The key an acquire's answer grants: a semaphore's permit is held on
+    the slot key its answer names, not on the name the worker asked for."""
+    return (e.get("resp") or {}).get("key") or e["key"]
+
+
 def told_and_ended(events):
     """Per client, the tags of the leases it was told it holds (from
     `grants`), and per (client, tag) the times it ended that lease itself
@@ -423,8 +450,9 @@ def held_spans(events):
             continue
         resp = e.get("resp") or {}
         since = e["t"]
+        key = e.get("key")
         if e["f"] == "acquire":
-            tag, left = lease_tag(resp["lease_id"]), resp.get("ttl_ms")
+            tag, left, key = lease_tag(resp["lease_id"]), resp.get("ttl_ms"), answer_key(e)
         elif e["f"] == "hold":
             tag, left = lease_tag(resp["lease_id"]), resp.get("remaining_ms")
         elif e["f"] == "hold_line" and resp.get("type") == "heartbeat":
@@ -443,9 +471,9 @@ def held_spans(events):
         if rel is not None:
             end = min(end, rel)
         if end > e["t"]:
-            spans[e["key"]].append({"start": e["t"], "end": end, "proc": e["proc"], "key": e["key"], "tag": tag,
-                                    "token": resp.get("token"), "what": e["f"], "left_ms": left,
-                                    "by_ttl": end == by_ttl, "told": tag in told[e["proc"]]})
+            spans[key].append({"start": e["t"], "end": end, "proc": e["proc"], "key": key, "tag": tag,
+                               "token": resp.get("token"), "what": e["f"], "left_ms": left,
+                               "by_ttl": end == by_ttl, "told": tag in told[e["proc"]]})
     return spans
 
 
@@ -472,6 +500,50 @@ def m1_pairs(events, untold=False):
                 if a["tag"] != b["tag"] and (a["told"] and b["told"]) != untold:
                     out.append((a, b))
     return out
+
+
+def semaphore_overcounts(events, permits, slack_ns, windows):
+    """Moments at which more distinct leases of one semaphore (the keys
+    `name#slot`) were told "held" than `permits`, as (name, t, live spans):
+    each told span ending no later than its reported time left less the
+    answer's transit (`slack_ns`, as M1 excuses),
+    a moment inside a window that admits an overlap on one of the keys
+    excused. One entry per stretch of overcount."""
+    per_name = defaultdict(list)
+    for key, ss in held_spans(events).items():
+        name, sep, slot = key.rpartition("#")
+        if sep and slot.isdigit():
+            per_name[name] += [x for x in ss if x["told"]]
+    out, full = [], 0
+    for name, ss in per_name.items():
+        points = []
+        for i, x in enumerate(ss):
+            # As M1 excuses: the last slack of the reported time left (an
+            # answer read late overstates it), whether the span ran to it
+            # or was released before.
+            end = min(x["end"], x["start"] + x["left_ms"] * 1_000_000 - slack_ns)
+            if end > x["start"]:
+                points += [(x["start"], 1, i), (end, 0, i)]
+        points.sort()  # at one instant an end (0) comes before a start (1)
+        live, over = {}, False
+        for t, is_start, i in points:
+            if not is_start:
+                live.pop(i, None)
+                over = len({x["tag"] for x in live.values()}) > permits and over
+                continue
+            live[i] = ss[i]
+            count = len({x["tag"] for x in live.values()})
+            full += count == permits
+            now_over = count > permits
+            if now_over and not over:
+                moment = {"start": t, "end": t}
+                excused = any(excusing_window(dict(moment, key=x["key"], proc=x["proc"]),
+                                              dict(moment, key=x["key"], proc=x["proc"]), windows)
+                              for x in live.values())
+                if not excused:
+                    out.append((name, t, list(live.values())))
+            over = now_over
+    return out, full
 
 
 def entry_ends(observed):
@@ -699,7 +771,7 @@ def fuzz_issued(events, fuzz_events):
         if e.get("f") == "acquire" and e.get("kind") == "ok":
             resp = e.get("resp") or {}
             if resp.get("fencing_token"):
-                out[resp["fencing_token"]] = e["key"]
+                out[resp["fencing_token"]] = answer_key(e)
     return out
 
 

@@ -432,6 +432,10 @@ class Cluster:
             "replay_p": sc.get("replay_p", 0), "forge_p": sc.get("forge_p", 0),
             "short_release_p": sc.get("short_release_p", 0), "short_release_ms": sc.get("short_release_ms", 200),
             "adopt_after_restart": sc.get("adopt_after_restart", False),
+            # Semaphore workload (issue 33): each key is a semaphore of
+            # this many permits; a cycle writes under the slot key it got.
+            "semaphore_permits": sc.get("semaphore_permits"),
+            "semaphore_other_count_p": sc.get("semaphore_other_count_p", 0),
             # Renewals, holds and clients that walk away (worker.py, issue 28).
             "clients": sc.get("clients", {}),
         }

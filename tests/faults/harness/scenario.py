@@ -66,6 +66,14 @@ def seam_counts(logs):
     return out
 
 
+def observed_keys(sc):
+    """The lock keys the workers take: a semaphore's are its slot keys."""
+    n = sc.get("semaphore_permits")
+    if not n:
+        return sc["keys"]
+    return [f"{k}#{i}" for k in sc["keys"] for i in range(n)]
+
+
 def run(sc, seed, binary, out_dir, keep=False):
     """Runs scenario `sc`; returns a result dict (verdict PASS, FAIL or
     INCONCLUSIVE, violations, bite metrics)."""
@@ -81,7 +89,7 @@ def run(sc, seed, binary, out_dir, keep=False):
         # The backend's own record of each key's holder (where it can be
         # read directly): the second witness for M1.
         if observer_mod.Observer.supports(cluster):
-            observer = observer_mod.Observer(cluster, sc["keys"], os.path.join(run_dir, "observer.jsonl"))
+            observer = observer_mod.Observer(cluster, observed_keys(sc), os.path.join(run_dir, "observer.jsonl"))
             observer.start()
         # What a run spends before its workload starts and after it ends
         # (servers, sidecars, gateways up and down), reported per run:

@@ -143,9 +143,11 @@ class Worker:
         # (No draws when an option is off: a schedule without `clients`
         # runs the workload it always ran.)
         drop = None
-        if cl.get("disconnect_p") and rng.random() < cl["disconnect_p"]:
+        permits = cfg.get("semaphore_permits")
+        if cl.get("disconnect_p") and rng.random() < cl["disconnect_p"] and not permits:
             drop = self.next_step()
-        use_hold = drop == "hold" or (drop is None and bool(cl.get("hold_p")) and rng.random() < cl["hold_p"])
+        use_hold = not permits and (drop == "hold" or (drop is None and bool(cl.get("hold_p"))
+                                                       and rng.random() < cl["hold_p"]))
         body = {"ttl_ms": cfg["ttl_ms"], "wait_ms": cfg["wait_ms"], "owner": self.wid}
         if drop in ("acquire", "hold"):
             self.abandon(drop, f"{cfg['api']}/v1/locks/{lock}/{drop}", body, lock, key=key)
@@ -158,6 +160,25 @@ class Worker:
                 time.sleep(0.02)
                 return
             lease = hold.grant
+        elif permits:
+            # A permit of semaphore `key`: from here on a lease on its slot
+            # key, which the answer names (renew, release and writes use it).
+            asked = permits
+            if self.ops and rng.random() < cfg.get("semaphore_other_count_p", 0):
+                # Another count than the name's, once it is fixed (this
+                # worker wrote under a permit already): refused,
+                # `permits_mismatch` (the `permits_unchecked` mutant lets
+                # it count one slot more).
+                asked = permits + 1
+            acq = self.call("acquire", "POST", f"{cfg['api']}/v1/semaphores/{lock}/acquire",
+                            body=dict(body, permits=asked), timeout=(cfg["wait_ms"] + 5000) / 1000,
+                            key=key, semaphore=key, permits=asked)
+            if not acq or acq[0] != 200:
+                time.sleep(0.02)
+                return
+            lease = acq[1]
+            key = lease["key"]
+            lock = urllib.parse.quote(key, safe="")
         else:
             acq = self.call("acquire", "POST", f"{cfg['api']}/v1/locks/{lock}/acquire", body=body,
                             timeout=(cfg["wait_ms"] + 5000) / 1000, key=key)

@@ -11,7 +11,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional
 
 from .errors import FencerError, TransportError, error_from_body
 
@@ -68,6 +68,19 @@ def _lease(answer: Dict[str, Any], sent_at: float, key: str, lease_id: str = "")
     )
 
 
+def _acquire_body(ttl_ms: Optional[int], wait_ms: Optional[int], owner: Optional[str],
+                  auto_renew: bool, keepalive_ms: Optional[int], **fixed: Any) -> Dict[str, Any]:
+    """An acquire's body: `fixed`, then the options that were given."""
+    body: Dict[str, Any] = dict(fixed)
+    for name, value in (("ttl_ms", ttl_ms), ("wait_ms", wait_ms), ("owner", owner),
+                        ("keepalive_ms", keepalive_ms)):
+        if value is not None:
+            body[name] = value
+    if auto_renew:
+        body["auto_renew"] = True
+    return body
+
+
 class Client:
     """A client of one sidecar's lock API (``api``, default ``$FENCER_API``
     or ``http://127.0.0.1:7411``) and egress proxy (``proxy``, default
@@ -94,13 +107,7 @@ class Client:
         With ``reentrant`` (and an ``owner``) the owner holding the key here
         takes it again: the same lease, one more hold (:meth:`release`
         gives one back)."""
-        body: Dict[str, Any] = {}
-        for name, value in (("ttl_ms", ttl_ms), ("wait_ms", wait_ms), ("owner", owner),
-                            ("keepalive_ms", keepalive_ms)):
-            if value is not None:
-                body[name] = value
-        if auto_renew:
-            body["auto_renew"] = True
+        body = _acquire_body(ttl_ms, wait_ms, owner, auto_renew, keepalive_ms)
         if reentrant:
             body["reentrant"] = True
         sent_at = time.monotonic()
@@ -117,17 +124,36 @@ class Client:
         ``lease.raw["slot"]``): :meth:`renew`, :meth:`release` and
         :meth:`keepalive` take it as any lease, and its token fences that
         slot."""
-        body: Dict[str, Any] = {"permits": permits}
-        for field_name, value in (("ttl_ms", ttl_ms), ("wait_ms", wait_ms), ("owner", owner),
-                                  ("keepalive_ms", keepalive_ms)):
-            if value is not None:
-                body[field_name] = value
-        if auto_renew:
-            body["auto_renew"] = True
+        body = _acquire_body(ttl_ms, wait_ms, owner, auto_renew, keepalive_ms, permits=permits)
         path = "/v1/semaphores/" + urllib.parse.quote(name, safe="") + "/acquire"
         sent_at = time.monotonic()
         answer = self._call("POST", path, body, wait_ms)
         return _lease(answer, sent_at, answer.get("key", name))
+
+    def acquire_many(self, keys: List[str], ttl_ms: Optional[int] = None,
+                     wait_ms: Optional[int] = None, owner: Optional[str] = None,
+                     auto_renew: bool = False, keepalive_ms: Optional[int] = None) -> Dict[str, Any]:
+        """Takes every key of ``keys`` or none, under one lease id (keys taken
+        in byte order: two such calls never deadlock); raises
+        :class:`LockHeld` if one is still held after ``wait_ms`` (every key
+        taken is given back). Returns the answer: ``lease_id``, ``keys``
+        (each ``key``, ``token``, ``fencing_token``, ``remaining_ms``) and
+        ``remaining_ms``, the least of them. Send ``lease_id`` with
+        ``Fencing-Lease`` and the key with ``Fencing-Lock``."""
+        body = _acquire_body(ttl_ms, wait_ms, owner, auto_renew, keepalive_ms, keys=list(keys))
+        return self._call("POST", "/v1/locks/acquire", body, wait_ms)
+
+    def renew_many(self, lease_id: str, ttl_ms: Optional[int] = None) -> Dict[str, Any]:
+        """Renews every key of a multi-key lease; raises :class:`LeaseLost`
+        naming the first key found gone."""
+        body: Dict[str, Any] = {"lease_id": lease_id}
+        if ttl_ms is not None:
+            body["ttl_ms"] = ttl_ms
+        return self._call("POST", "/v1/locks/renew", body)
+
+    def release_many(self, lease_id: str) -> List[str]:
+        """Releases every key of a multi-key lease; returns the keys."""
+        return self._call("POST", "/v1/locks/release", {"lease_id": lease_id})["keys"]
 
     def renew(self, lease: Lease, ttl_ms: Optional[int] = None) -> Lease:
         """Extends ``lease`` by ``ttl_ms`` (default: its own TTL) and returns

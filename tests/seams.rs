@@ -507,6 +507,63 @@ async fn hang_up_while_frozen(redis: &RedisServer, s: &Fencer, op: &str, body: &
     tokio::time::sleep(Duration::from_millis(500)).await;
 }
 
+/// A release of one hold straight after a sidecar restart (the lease not
+/// adopted yet: the backend's count decides) whose client hangs up while
+/// Redis is frozen is undone once Redis answers, like a tracked lease's:
+/// the client's retry gives back one hold, not the last. Mutant:
+/// `holds_change_kept`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_untracked_release_whose_client_hung_up_is_undone() {
+    let redis = RedisServer::start(Persistence::Off);
+    let relay = TcpFault::start(redis.port);
+    let mut s = Fencer::sidecar(Backend::Redis, Some(&relay.redis_url()), &[]);
+    // The owner marks the count changes (a read of the count names none).
+    let body = json!({"ttl_ms": 30_000, "owner": "owner-x7", "reentrant": true});
+    let first = s
+        .post(&Fencer::path("re:untracked", "acquire"), body.clone())
+        .await;
+    assert_eq!(first.status, 200, "{}", first.body);
+    let again = s
+        .post(&Fencer::path("re:untracked", "acquire"), body.clone())
+        .await;
+    assert_eq!(again.body["holds"], 2, "{}", again.body);
+    let lease = first.lease();
+    s.crash_and_restart();
+    s.wait_ready();
+    // The change's reply is held back past the client's patience: the
+    // change is in Redis, its client gone before the answer.
+    relay.set(Mode::DelayReplyTo {
+        marker: b"owner-x7",
+        delay: Duration::from_millis(1_000),
+    });
+    let gone = impatient()
+        .post(format!(
+            "{}{}",
+            s.api,
+            Fencer::path("re:untracked", "release")
+        ))
+        .body(json!({ "lease_id": lease }).to_string())
+        .send()
+        .await;
+    assert!(gone.is_err(), "answered before the held reply: {gone:?}");
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let retried = s.release("re:untracked", &lease).await;
+    assert_eq!(
+        (
+            retried.body["released"].clone(),
+            retried.body["holds"].clone()
+        ),
+        (json!(false), json!(1)),
+        "{}\n{}",
+        retried.body,
+        s.logs()
+    );
+    assert_eq!(
+        s.release("re:untracked", &lease).await.body["released"],
+        true
+    );
+}
+
 /// A semaphore acquire whose client hangs up while Redis is frozen: its
 /// slot try goes through once Redis answers, and the permit it took —
 /// handed to nobody — is given back at once, not kept for its 30 s TTL

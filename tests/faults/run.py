@@ -632,7 +632,8 @@ DIRECTED_MUTANTS = {
     # Issue 33 item 1: a reentrant lease's hold-count change whose caller
     # hung up before the answer, kept instead of undone.
     "holds_change_kept": [("seams", "a_hold_count_change_whose_client_hung_up_is_undone"),
-                          ("seams", "a_retried_reentry_waits_for_the_undo_of_the_try_it_replaces")],
+                          ("seams", "a_retried_reentry_waits_for_the_undo_of_the_try_it_replaces"),
+                          ("seams", "an_untracked_release_whose_client_hung_up_is_undone")],
     # Issue 33 item 3: a semaphore counting one slot too many; a count
     # other than the fixed one let through.
     "semaphore_extra_slot": ("lock_suite", "redis_single::semaphores"),

@@ -50,6 +50,7 @@
 //! its lease id, which deletes the node ([`LockBackend::held_keeps_a_place`]).
 
 pub mod expiry;
+pub mod holds;
 pub mod queue;
 pub mod session;
 pub mod settings;
@@ -69,8 +70,8 @@ use self::queue::Place;
 use self::session::{call, read_offset, Connect, Failed, Session, Sessions};
 use self::settings::{max_lease, ZooKeeperSettings};
 use super::{
-    Attempt, BackendError, HolderView, KeyView, LeaseId, LockBackend, LockKey, Ownership, WakeSink,
-    WatchGuard,
+    Attempt, BackendError, HolderView, Holds, HoldsChange, KeyView, LeaseId, LockBackend, LockKey,
+    Ownership, WakeSink, WatchGuard,
 };
 use crate::metrics::zookeeper::ZooKeeperMetrics;
 
@@ -136,6 +137,9 @@ struct Entry {
     /// newest try's TTL + lock-delay.
     life: Duration,
     state: State,
+    /// A hold count was written for the holding lease ([`holds`]): its
+    /// release deletes the record too.
+    holds_written: bool,
 }
 
 /// This sidecar's node in a key's queue, and the token offset it was
@@ -554,6 +558,102 @@ impl Inner {
         )))
     }
 
+    /// Deletes `lease`'s hold-count record under `dir`, at the version
+    /// read (never a later holder's); a failure leaves it to the session's
+    /// end, and a later lease counts it as none.
+    async fn delete_holds(&self, s: &Session, dir: &str, lease: &LeaseId) {
+        let path = format!("{dir}/{}", holds::NODE);
+        if let Ok((data, stat)) = call(self.timeout, s.client.get_data(&path)).await {
+            if holds::Record::parse(&data).is_some_and(|r| r.lease == lease.as_str()) {
+                let _ = call(self.timeout, s.client.delete(&path, Some(stat.version))).await;
+            }
+        }
+    }
+
+    /// [`LockBackend::holds`] for a lease this sidecar holds (see [`holds`]).
+    async fn change_holds(
+        &self,
+        s: &Session,
+        key: &LockKey,
+        lease: &LeaseId,
+        change: HoldsChange<'_>,
+    ) -> Result<Holds, BackendError> {
+        let deadline = Instant::now() + self.timeout;
+        let path = format!(
+            "{}/{}",
+            queue::key_dir(&self.locks_dir, key.as_str()),
+            holds::NODE
+        );
+        let owned = |holds: u32, owner: &str, applied: bool| Holds::Owned {
+            holds,
+            owner: (!owner.is_empty()).then(|| owner.to_owned()),
+            applied,
+        };
+        for _ in 0..3 {
+            let (found, version) = match call(left(deadline)?, s.client.get_data(&path)).await {
+                Ok((data, stat)) => (holds::Record::parse(&data), Some(stat.version)),
+                Err(Failed::Zk(zk::Error::NoNode)) => (None, None),
+                Err(e) => return Err(e.into_backend("read hold count")),
+            };
+            let mine = found.filter(|r| r.lease == lease.as_str());
+            let (h, op, owner) = mine.map_or((1, String::new(), String::new()), |r| {
+                (r.holds, r.op, r.owner)
+            });
+            let HoldsChange::Set {
+                expect,
+                to,
+                owner: new_owner,
+                op: new_op,
+            } = change
+            else {
+                return Ok(owned(h, &owner, false));
+            };
+            if op == new_op {
+                return Ok(owned(h, &owner, true));
+            }
+            if expect != h {
+                return Ok(owned(h, &owner, false));
+            }
+            let t = left(deadline)?;
+            let written = match (to, version) {
+                (0, None) => Ok(()),
+                (0, Some(v)) => call(t, s.client.delete(&path, Some(v))).await,
+                (_, Some(v)) => {
+                    let data = holds::Record::encode(lease.as_str(), to, new_op, new_owner);
+                    call(t, s.client.set_data(&path, data.as_bytes(), Some(v)))
+                        .await
+                        .map(|_| ())
+                }
+                (_, None) => {
+                    let data = holds::Record::encode(lease.as_str(), to, new_op, new_owner);
+                    let ephemeral = zk::CreateMode::Ephemeral.with_acls(self.acls);
+                    call(t, s.client.create(&path, data.as_bytes(), &ephemeral))
+                        .await
+                        .map(|_| ())
+                }
+            };
+            match written {
+                Ok(()) => {
+                    if let Some(e) = self.entries.lock().expect("entries").get_mut(key) {
+                        if e.lease == *lease {
+                            e.holds_written = true;
+                        }
+                    }
+                    return Ok(owned(to, new_owner, true));
+                }
+                // Changed under us (a record of an earlier session going,
+                // or appearing): read again.
+                Err(Failed::Zk(
+                    zk::Error::BadVersion | zk::Error::NodeExists | zk::Error::NoNode,
+                )) => continue,
+                Err(e) => return Err(e.into_backend("write hold count")),
+            }
+        }
+        Err(BackendError::Unavailable(
+            "ZooKeeper: the hold-count record changed under three tries in a row".into(),
+        ))
+    }
+
     /// Deletes a node whose lease-expiry record passed at `now`, at the
     /// version the record was read with (a refresh that got there first
     /// wins). Whatever the outcome, the caller looks at the queue again.
@@ -835,6 +935,7 @@ impl LockBackend for ZooKeeperBackend {
                 lease: lease.clone(),
                 life,
                 state: State::Waiting { watching: None },
+                holds_written: false,
             });
             match entry.state {
                 State::Held { token, .. } if entry.lease == *lease => {
@@ -1119,6 +1220,13 @@ impl LockBackend for ZooKeeperBackend {
             State::Waiting { .. } => None,
         };
         let dir = queue::key_dir(&inner.locks_dir, key.as_str());
+        if entry.holds_written {
+            if let Ok(s) = inner.sessions.current() {
+                if s.generation == entry.generation {
+                    inner.delete_holds(&s, &dir, lease).await;
+                }
+            }
+        }
         let deleted = match inner.sessions.current() {
             Ok(s) if s.generation == entry.generation => match &entry.node {
                 Some(node) => {
@@ -1153,6 +1261,38 @@ impl LockBackend for ZooKeeperBackend {
 
     fn held_keeps_a_place(&self) -> bool {
         !crate::mutants::active("zk_waiter_node_left")
+    }
+
+    fn supports_reentrancy(&self) -> bool {
+        true
+    }
+
+    /// Only for a lease this sidecar's session holds the key with: a
+    /// ZooKeeper lease lives and dies with its session, so no other
+    /// sidecar can adopt it.
+    async fn holds(
+        &self,
+        key: &LockKey,
+        lease: &LeaseId,
+        change: HoldsChange<'_>,
+    ) -> Result<Holds, BackendError> {
+        let inner = &self.inner;
+        let s = inner.sessions.current()?;
+        {
+            let entries = inner.entries.lock().expect("entries");
+            match entries.get(key) {
+                Some(e)
+                    if e.generation == s.generation
+                        && e.lease == *lease
+                        && matches!(e.state, State::Held { .. }) => {}
+                Some(Entry {
+                    state: State::Held { .. },
+                    ..
+                }) => return Ok(Holds::OtherHolder),
+                _ => return Ok(Holds::Free),
+            }
+        }
+        inner.change_holds(&s, key, lease, change).await
     }
 
     async fn watch(&self, _key: &LockKey, _timeout: Duration) -> WatchGuard {

@@ -138,6 +138,8 @@ pub struct LockManager {
     permits: semaphore::FixedPermits,
     /// Multi-key leases held here ([`multi`]).
     groups: multi::Groups,
+    /// Turns of hold-count changes of leases not tracked here ([`reentrant`]).
+    untracked_turns: reentrant::UntrackedTurns,
 }
 
 impl LockManager {
@@ -165,6 +167,7 @@ impl LockManager {
             views: view::ViewLimits::new(config.backend_view_per_second),
             permits: Default::default(),
             groups: Default::default(),
+            untracked_turns: Default::default(),
             config,
         }
     }

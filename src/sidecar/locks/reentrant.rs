@@ -14,6 +14,7 @@
 //!
 //! [`LockBackend::holds`]: crate::lock::LockBackend::holds
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use tokio::sync::OwnedMutexGuard;
@@ -182,8 +183,12 @@ impl LockManager {
     }
 
     /// A release of a lease this sidecar does not track: one hold given
-    /// back in the backend if it counts more than one, else released.
+    /// back in the backend if it counts more than one, else released. The
+    /// change goes through [`Self::send_holds_change`] as a tracked one
+    /// does — undone if the client hangs up before the answer — under a
+    /// turn of the lease's own here, so a retry waits for that undo.
     async fn release_untracked(&self, key: LockKey, lease: LeaseId) -> Result<Released, LockError> {
+        let turn = self.untracked_turns.turn(&lease).lock_owned().await;
         let holds = self
             .call("holds", self.backend.holds(&key, &lease, HoldsChange::Read))
             .await?;
@@ -194,28 +199,27 @@ impl LockManager {
                 ..
             } if holds > 1 => (holds, owner),
             _ => {
+                drop(turn);
+                self.untracked_turns.forget_idle();
                 self.release(key, lease).await?;
                 return Ok(Released::Freed);
             }
         };
-        let op = change_id();
-        let change = HoldsChange::Set {
-            expect: current,
-            to: current - 1,
-            owner: &owner,
-            op: &op,
-        };
-        match self
-            .call("holds", self.backend.holds(&key, &lease, change))
-            .await?
-        {
+        let sent = self
+            .send_holds_change(&key, &lease, current, current - 1, &owner, turn)
+            .await;
+        self.untracked_turns.forget_idle();
+        match sent?.0 {
             Holds::Owned { applied: true, .. } => {
                 self.count_hold_change("left");
                 Ok(Released::StillHeld(current - 1))
             }
-            Holds::Owned { .. } => Err(LockError::Backend(BackendError::Unavailable(
-                "the hold count changed meanwhile; retry the release".into(),
-            ))),
+            Holds::Owned { holds, .. } => {
+                self.count_hold_change("conflict");
+                Err(LockError::Backend(BackendError::Unavailable(format!(
+                    "the backend counts {holds} holds of this lease, not {current}: retry"
+                ))))
+            }
             _ => Err(LockError::LeaseLost(key)),
         }
     }
@@ -239,13 +243,48 @@ impl LockManager {
         owner: &str,
         turn: OwnedMutexGuard<()>,
     ) -> Result<Option<LeaseView>, LockError> {
-        let (backend, key, lease, who, op) = (
-            self.backend.clone(),
-            rec.key.clone(),
-            rec.lease_id.clone(),
-            owner.to_owned(),
-            change_id(),
-        );
+        let (found, _turn) = self
+            .send_holds_change(&rec.key, &rec.lease_id, expect, to, owner, turn)
+            .await?;
+        match found {
+            Holds::Owned { applied: true, .. } => Ok(self
+                .leases
+                .set_holds(&rec.key, &rec.lease_id, to, owner)
+                .map(|r| r.view(Instant::now()))),
+            Holds::Owned { holds, .. } => Err(self.holds_conflict(rec, expect, holds, owner)),
+            Holds::Free | Holds::OtherHolder => {
+                self.lease_gone(rec);
+                Ok(None)
+            }
+        }
+    }
+
+    /// The backend counts `holds`, not the `expect`ed: an error, with the
+    /// backend's count taken here.
+    fn holds_conflict(&self, rec: &LeaseRecord, expect: u32, holds: u32, owner: &str) -> LockError {
+        self.count_hold_change("conflict");
+        tracing::warn!(key = %rec.key, expected = expect, found = holds,
+            "hold count moved by another change; taking the backend's");
+        self.leases.set_holds(&rec.key, &rec.lease_id, holds, owner);
+        LockError::Backend(BackendError::Unavailable(format!(
+            "the backend counts {holds} holds of this lease, not {expect}: retry"
+        )))
+    }
+
+    /// The core of [`Self::change_holds`], for a lease whether tracked here
+    /// or not: the backend's answer, and the turn (held until the caller
+    /// has applied the answer here).
+    async fn send_holds_change(
+        &self,
+        key: &LockKey,
+        lease: &LeaseId,
+        expect: u32,
+        to: u32,
+        owner: &str,
+        turn: OwnedMutexGuard<()>,
+    ) -> Result<(Holds, Undo), LockError> {
+        let (backend, who, op) = (self.backend.clone(), owner.to_owned(), change_id());
+        let (task_key, task_lease) = (key.clone(), lease.clone());
         let metrics = self.metrics.clone();
         let op2 = op.clone();
         let task = tokio::spawn(async move {
@@ -258,7 +297,7 @@ impl LockManager {
             let mut tries = 0;
             loop {
                 tries += 1;
-                let call = backend.holds(&key, &lease, change);
+                let call = backend.holds(&task_key, &task_lease, change);
                 match super::timed_call(&backend, &metrics, "holds", call).await {
                     Err(BackendError::Unavailable(_)) if tries < HOLDS_TRIES => continue,
                     other => return other,
@@ -271,8 +310,8 @@ impl LockManager {
                 undone: self.metrics.hold_changes.with_label_values(&["undone"]),
                 backend: self.backend.clone(),
                 leases: self.leases.clone(),
-                key: rec.key.clone(),
-                lease: rec.lease_id.clone(),
+                key: key.clone(),
+                lease: lease.clone(),
                 expect,
                 to,
                 owner: owner.to_owned(),
@@ -302,27 +341,8 @@ impl LockManager {
             }
         };
         // Answered: nothing to undo; the turn (in `undo`) is held until
-        // the local count is set too.
-        let _turn = undo;
-        match found {
-            Holds::Owned { applied: true, .. } => Ok(self
-                .leases
-                .set_holds(&rec.key, &rec.lease_id, to, owner)
-                .map(|r| r.view(Instant::now()))),
-            Holds::Owned { holds, .. } => {
-                self.count_hold_change("conflict");
-                tracing::warn!(key = %rec.key, expected = expect, found = holds,
-                    "hold count moved by another change; taking the backend's");
-                self.leases.set_holds(&rec.key, &rec.lease_id, holds, owner);
-                Err(LockError::Backend(BackendError::Unavailable(format!(
-                    "the backend counts {holds} holds of this lease, not {expect}: retry"
-                ))))
-            }
-            Holds::Free | Holds::OtherHolder => {
-                self.lease_gone(rec);
-                Ok(None)
-            }
-        }
+        // the caller has set the count here too.
+        Ok((found, undo))
     }
 
     async fn holds_call(
@@ -344,6 +364,32 @@ impl LockManager {
             self.leases
                 .mark_lost(&rec.key, &rec.lease_id, LostReason::Backend),
         );
+    }
+}
+
+/// Turns of leases this sidecar does not track (a release straight after
+/// a restart): one change at a time per lease, as a record's `holds_turn`
+/// gives a tracked one. An entry lives while someone holds or waits for
+/// its turn.
+#[derive(Default)]
+pub(super) struct UntrackedTurns(std::sync::Mutex<HashMap<LeaseId, Arc<tokio::sync::Mutex<()>>>>);
+
+impl UntrackedTurns {
+    fn turn(&self, lease: &LeaseId) -> Arc<tokio::sync::Mutex<()>> {
+        self.0
+            .lock()
+            .expect("turns")
+            .entry(lease.clone())
+            .or_default()
+            .clone()
+    }
+
+    /// Drops the turns nobody holds or waits for.
+    fn forget_idle(&self) {
+        self.0
+            .lock()
+            .expect("turns")
+            .retain(|_, t| Arc::strong_count(t) > 1);
     }
 }
 

@@ -700,20 +700,20 @@ impl LeaseTable {
     /// Sets a reentrant lease's hold count (and owner) as the backend
     /// confirmed it; `None` if the lease no longer holds the key here.
     /// Marks `lease`'s record of `key` as one key of multi-key lease
-    /// `group`; false if it is no longer held.
-    pub fn set_group(&self, key: &LockKey, lease: &LeaseId, group: &LeaseId) -> bool {
+    /// `group`: the record, or `None` if it is no longer held.
+    pub fn set_group(
+        &self,
+        key: &LockKey,
+        lease: &LeaseId,
+        group: &LeaseId,
+    ) -> Option<LeaseRecord> {
         let mut t = self.lock();
-        match t
+        let rec = t
             .current
             .get_mut(key)
-            .filter(|r| &r.lease_id == lease && r.is_held())
-        {
-            Some(rec) => {
-                rec.group = Some(group.clone());
-                true
-            }
-            None => false,
-        }
+            .filter(|r| &r.lease_id == lease && r.is_held())?;
+        rec.group = Some(group.clone());
+        Some(rec.clone())
     }
 
     pub fn set_holds(

@@ -154,7 +154,6 @@ impl LockManager {
             metrics: self.metrics.clone(),
             members: Vec::with_capacity(req.keys.len()),
         };
-        let mut views = Vec::with_capacity(req.keys.len());
         for key in &req.keys {
             let mut one = req.lease.clone();
             one.key = key.clone();
@@ -168,29 +167,26 @@ impl LockManager {
             };
             let lease = LeaseId::parse(&view.lease_id).expect("our own lease id");
             taken.members.push((key.clone(), lease));
-            views.push(view);
         }
         let group = LeaseId::generate();
-        // Every key must still be held as the answer goes out: the first
-        // ones' TTLs ran while the last were waited for.
+        // Every key must still be held as the answer goes out (the first
+        // ones' TTLs ran while the last were waited for): each is marked
+        // one of the group's and shown as it stands now.
         let now = Instant::now();
-        let ran_out = taken
-            .members
-            .iter()
-            .find(|(key, lease)| !self.leases.set_group(key, lease, &group))
-            .map(|(key, _)| key.clone());
-        if let Some(key) = ran_out {
-            tracing::warn!(key = %key, "multi-key acquire: a key's lease ran out before the last key was taken; all given back");
-            self.metrics.acquire_expired_before_answer.inc();
-            self.give_back(&mut taken).await;
-            return Err(LockError::ExpiredBeforeAnswer {
-                key,
-                took: now.saturating_duration_since(started),
-            });
-        }
-        for view in &mut views {
-            if let Ok(rec) = self.record(&LockKey::parse(&view.key).expect("our own key")) {
-                *view = rec.view(now);
+        let mut views = Vec::with_capacity(taken.members.len());
+        for (key, lease) in &taken.members {
+            match self.leases.set_group(key, lease, &group) {
+                Some(rec) => views.push(rec.view(now)),
+                None => {
+                    let key = key.clone();
+                    tracing::warn!(key = %key, "multi-key acquire: a key's lease ran out before the last key was taken; all given back");
+                    self.metrics.acquire_expired_before_answer.inc();
+                    self.give_back(&mut taken).await;
+                    return Err(LockError::ExpiredBeforeAnswer {
+                        key,
+                        took: now.saturating_duration_since(started),
+                    });
+                }
             }
         }
         self.groups

@@ -189,9 +189,17 @@ impl LockManager {
     /// turn of the lease's own here, so a retry waits for that undo.
     async fn release_untracked(&self, key: LockKey, lease: LeaseId) -> Result<Released, LockError> {
         let turn = self.untracked_turns.turn(&lease).lock_owned().await;
-        let holds = self
+        let read = self
             .call("holds", self.backend.holds(&key, &lease, HoldsChange::Read))
-            .await?;
+            .await;
+        let holds = match read {
+            Ok(holds) => holds,
+            Err(e) => {
+                drop(turn);
+                self.untracked_turns.forget_idle();
+                return Err(e.into());
+            }
+        };
         let (current, owner) = match holds {
             Holds::Owned {
                 holds,

@@ -1,12 +1,23 @@
 //! Signed fencing tokens: the form of a token that the gateway trusts.
 //!
-//! Wire form (URL-safe, fits in a header):
-//! `v2.<key id>.<token>.<lease tag>.<base64url(lock key)>.<base64url(hmac)>`
+//! Wire forms (URL-safe, fit in a header):
+//! - a write lease's: `v2.<key id>.<token>.<lease tag>.<base64url(lock key)>.<base64url(hmac)>`
+//! - a read lease's: `v3.<key id>.<token>.<lease tag>.<base64url(lock key)>.r.<base64url(hmac)>`
 //!
-//! The HMAC-SHA256 covers the version, key id, lock key, token and lease
-//! tag, so a token cannot be moved to another key, inflated, or
-//! re-attributed to another lease. The key id lets the gateway accept
-//! several secrets during a rotation.
+//! The HMAC-SHA256 covers the version, key id, lock key, token, lease tag
+//! and (v3) the mode, so a token cannot be moved to another key, inflated,
+//! re-attributed to another lease, or turned from a read lease's into a
+//! write lease's. The key id lets the gateway accept several secrets
+//! during a rotation.
+//!
+//! **Mode.** A read lease (read-write locks) shares its key with other
+//! readers, so its token may write nothing: the gateway refuses a write
+//! carrying it (`read_lease`) and admits reads with it by a rule of their
+//! own ([`crate::gateway::fence_store::decide`]). Write leases keep the v2
+//! form, byte for byte: a gateway of the previous version goes on
+//! accepting an upgraded sidecar's write tokens during a roll-out, and
+//! refuses its read tokens as malformed — it cannot tell a read token's
+//! mode, and refusing is the safe way not to know.
 //!
 //! The **lease tag** stands in for the lease id. The lease id is the
 //! credential that renews and releases a lock; a token travels to the
@@ -34,6 +45,10 @@ pub const TOKEN_JUMP: u64 = 1 << 40;
 
 const VERSION: &str = "v2";
 const VERSION_V1: &str = "v1";
+/// A token with a mode part; only read leases are signed in it (one wire
+/// form per claim: a write claim is always v2).
+const VERSION_MODE: &str = "v3";
+const READ: &str = "r";
 
 /// The one-way tag of a lease id: base64url of the first 12 bytes of
 /// SHA-256 over a fixed prefix and the id (16 characters). 96 bits keep two
@@ -45,6 +60,26 @@ pub fn lease_tag(lease_id: &str) -> String {
     B64.encode(&h.finalize()[..12])
 }
 
+/// What a lease may do with the key it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub enum Mode {
+    /// Exclusive: reads and writes (every lease but a read-write lock's
+    /// readers).
+    #[default]
+    Write,
+    /// Shared with other readers: reads only.
+    Read,
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Write => "write",
+            Mode::Read => "read",
+        }
+    }
+}
+
 /// What a signed token asserts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claim {
@@ -52,15 +87,22 @@ pub struct Claim {
     pub token: u64,
     /// The lease's tag ([`lease_tag`]), never the lease id itself.
     pub lease: String,
+    pub mode: Mode,
 }
 
 impl Claim {
-    /// The claim of lease `lease_id` on `key` with `token`.
+    /// The claim of write lease `lease_id` on `key` with `token`.
     pub fn new(key: &str, token: u64, lease_id: &str) -> Claim {
+        Claim::with_mode(key, token, lease_id, Mode::Write)
+    }
+
+    /// The claim of lease `lease_id`, of `mode`, on `key` with `token`.
+    pub fn with_mode(key: &str, token: u64, lease_id: &str, mode: Mode) -> Claim {
         Claim {
             key: key.to_owned(),
             token,
             lease: lease_tag(lease_id),
+            mode,
         }
     }
 }
@@ -84,9 +126,20 @@ pub struct Signer {
     mac: HmacSha256,
 }
 
-fn message(version: &str, key_id: &str, key: &str, token: u64, lease: &str) -> Vec<u8> {
-    let mut m = Vec::with_capacity(64 + key.len());
-    for part in [version, key_id, key, &token.to_string(), lease] {
+/// The signed message. `mode`: v3's mode part (v1 and v2 have none, and
+/// their messages are unchanged).
+fn message(
+    version: &str,
+    key_id: &str,
+    key: &str,
+    token: u64,
+    lease: &str,
+    mode: Option<&str>,
+) -> Vec<u8> {
+    let mut m = Vec::with_capacity(72 + key.len());
+    let token = token.to_string();
+    let parts = [version, key_id, key, &token, lease];
+    for part in parts.into_iter().chain(mode) {
         // Length-prefixed so no two claims share a message.
         m.extend_from_slice(&(part.len() as u32).to_be_bytes());
         m.extend_from_slice(part.as_bytes());
@@ -107,23 +160,26 @@ impl Signer {
     }
 
     pub fn sign(&self, claim: &Claim) -> String {
+        let (version, mode) = match claim.mode {
+            Mode::Write => (VERSION, None),
+            Mode::Read => (VERSION_MODE, Some(READ)),
+        };
         let mut mac = self.mac.clone();
         mac.update(&message(
-            VERSION,
+            version,
             &self.key_id,
             &claim.key,
             claim.token,
             &claim.lease,
+            mode,
         ));
-        let sig = mac.finalize().into_bytes();
-        format!(
-            "{VERSION}.{}.{}.{}.{}.{}",
-            self.key_id,
-            claim.token,
-            claim.lease,
-            B64.encode(claim.key.as_bytes()),
-            B64.encode(sig)
-        )
+        let sig = B64.encode(mac.finalize().into_bytes());
+        let key = B64.encode(claim.key.as_bytes());
+        let (kid, token, lease) = (&self.key_id, claim.token, &claim.lease);
+        match mode {
+            None => format!("{version}.{kid}.{token}.{lease}.{key}.{sig}"),
+            Some(m) => format!("{version}.{kid}.{token}.{lease}.{key}.{m}.{sig}"),
+        }
     }
 
     /// Verifies a token signed with this signer's key id (constant-time MAC
@@ -132,12 +188,16 @@ impl Signer {
     /// zero), so one signed claim has one wire form.
     pub fn verify(&self, wire: &str) -> Result<Claim, TokenError> {
         let parts: Vec<&str> = wire.split('.').collect();
-        let [version, kid, token, lease, key, sig] = parts[..] else {
-            return Err(TokenError::Malformed);
+        let (version, kid, token, lease, key, mode, sig) = match parts[..] {
+            [v, kid, token, lease, key, sig] if v == VERSION || v == VERSION_V1 => {
+                (v, kid, token, lease, key, None, sig)
+            }
+            // Read leases only: a write claim has the one (v2) form.
+            [v, kid, token, lease, key, READ, sig] if v == VERSION_MODE => {
+                (v, kid, token, lease, key, Some(READ), sig)
+            }
+            _ => return Err(TokenError::Malformed),
         };
-        if version != VERSION && version != VERSION_V1 {
-            return Err(TokenError::Malformed);
-        }
         if kid != self.key_id {
             return Err(TokenError::UnknownKeyId);
         }
@@ -168,7 +228,7 @@ impl Signer {
             .ok_or(TokenError::Malformed)?;
         let sig = B64.decode(sig).map_err(|_| TokenError::Malformed)?;
         let mut mac = self.mac.clone();
-        mac.update(&message(version, kid, &key, token, lease));
+        mac.update(&message(version, kid, &key, token, lease, mode));
         mac.verify_slice(&sig)
             .map_err(|_| TokenError::BadSignature)?;
         let lease = if version == VERSION_V1 {
@@ -176,7 +236,16 @@ impl Signer {
         } else {
             lease.to_owned()
         };
-        Ok(Claim { key, token, lease })
+        let mode = match mode {
+            Some(_) => Mode::Read,
+            None => Mode::Write,
+        };
+        Ok(Claim {
+            key,
+            token,
+            lease,
+            mode,
+        })
     }
 }
 
@@ -184,13 +253,16 @@ impl Signer {
 /// `skip_signature` mutant only (the gateway never calls it otherwise).
 pub fn parse_unverified(wire: &str) -> Option<Claim> {
     let parts: Vec<&str> = wire.split('.').collect();
-    let [_, _, token, lease, key, _] = parts[..] else {
-        return None;
+    let (token, lease, key, mode) = match parts[..] {
+        [_, _, token, lease, key, _] => (token, lease, key, Mode::Write),
+        [_, _, token, lease, key, _, _] => (token, lease, key, Mode::Read),
+        _ => return None,
     };
     Some(Claim {
         key: String::from_utf8(B64.decode(key).ok()?).ok()?,
         token: token.parse().ok()?,
         lease: lease.to_owned(),
+        mode,
     })
 }
 
@@ -269,7 +341,7 @@ mod tests {
         let secret = [7u8; 32];
         let s = Signer::new("k1", &secret);
         let mut mac = HmacSha256::new_from_slice(&secret).unwrap();
-        mac.update(&message("v1", "k1", "account:1", 34, "abc"));
+        mac.update(&message("v1", "k1", "account:1", 34, "abc", None));
         let sig = B64.encode(mac.finalize().into_bytes());
         let wire = format!("v1.k1.34.abc.{}.{sig}", B64.encode("account:1"));
         assert_eq!(s.verify(&wire), Ok(claim()));
@@ -293,6 +365,26 @@ mod tests {
         // A v2 token relabelled v1 no longer matches its signature.
         let relabelled = wire.replacen("v2.", "v1.", 1);
         assert_eq!(s.verify(&relabelled), Err(TokenError::BadSignature));
+    }
+
+    #[test]
+    fn a_read_claim_carries_its_mode_and_cannot_lose_it() {
+        let s = Signer::new("k1", &[7u8; 32]);
+        let read = Claim::with_mode("account:1", 35, "abc", Mode::Read);
+        let wire = s.sign(&read);
+        assert!(wire.starts_with("v3.k1.35."), "{wire}");
+        assert_eq!(s.verify(&wire), Ok(read.clone()));
+        // A write claim keeps the v2 form of earlier versions.
+        assert!(s.sign(&claim()).starts_with("v2.k1.34."));
+        // The mode part dropped, or relabelled: not a valid token.
+        let parts: Vec<&str> = wire.split('.').collect();
+        let dropped = [&parts[..5], &parts[6..]].concat().join(".");
+        assert_eq!(s.verify(&dropped), Err(TokenError::Malformed));
+        let as_v2 = dropped.replacen("v3.", "v2.", 1);
+        assert_eq!(s.verify(&as_v2), Err(TokenError::BadSignature));
+        let as_write = wire.replacen(".r.", ".w.", 1);
+        assert_eq!(s.verify(&as_write), Err(TokenError::Malformed));
+        assert_eq!(parse_unverified(&wire).map(|c| c.mode), Some(Mode::Read));
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use common::postgres::PgServer;
 use common::upstream::Recorder;
 use common::*;
-use fencer::token::{Claim, Signer};
+use fencer::token::{Claim, Mode, Signer};
 use serde_json::json;
 
 /// storage <- gateway (memory fences) <- sidecar (memory locks, proxy to the
@@ -624,7 +624,7 @@ async fn shared_admission_statements_lock_rows_in_key_order() {
             tokio::spawn(conn);
             let keys: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
             c.query(
-                "SELECT * FROM fencer_gw_admit_many_v1($1, $2, $3, $4, $5, $6)",
+                "SELECT * FROM fencer_gw_admit_many_v2($1, $2, $3, $4, $5, $6, $7)",
                 &[
                     &keys,
                     &vec![token; 2],
@@ -632,6 +632,7 @@ async fn shared_admission_statements_lock_rows_in_key_order() {
                     &vec![-1i64; 2],
                     &vec![String::new(); 2],
                     &vec![0i64; 2],
+                    &vec![false; 2],
                 ],
             )
             .await
@@ -1124,4 +1125,165 @@ async fn a_semaphore_permit_is_fenced_per_slot() {
     )
     .await;
     assert_eq!(stale.status, 409, "{}", stale.body);
+}
+
+fn sign_read(key: &str, token: u64, lease: &str) -> String {
+    signer().sign(&Claim::with_mode(key, token, lease, Mode::Read))
+}
+
+async fn get(s: &Fencer, url: &str, headers: &[(&str, &str)]) -> Resp {
+    send(&s.http, "GET", url, headers, None).await
+}
+
+/// Read-write locks at the gateway (issue 33 item 2), on `gateway` in front
+/// of `storage`'s `/kv/accounts/{n}` (key `account:{n}`): a read lease's
+/// token reads but never writes; readers do not fence each other, in any
+/// order; a writer that paused past its lease is fenced by a later
+/// reader's read; a reader a writer followed is fenced by the writer's
+/// first request.
+async fn check_read_write_fencing(s: &Fencer, gateway: &Fencer, storage: &Fencer, n: u32) {
+    let key = format!("account:{n}");
+    let url = format!("{}/kv/accounts/{n}", gateway.api);
+    let direct = format!("{}/kv/accounts/{n}", storage.api);
+    let writer = sign(&key, 5, "writer-1");
+    assert_eq!(
+        put(s, &url, &[("Fencing-Token", &writer)], 10).await.status,
+        200
+    );
+    // A reader's token never writes, and the refusal moves no mark: the
+    // writer goes on.
+    let r7 = sign_read(&key, 7, "reader-7");
+    let w = put(s, &url, &[("Fencing-Token", &r7)], 666).await;
+    assert_eq!((w.status, w.code()), (409, "read_lease"), "{}", w.body);
+    assert_eq!(w.body["token"], 7);
+    for method in ["POST", "DELETE", "PATCH"] {
+        let w = send(&s.http, method, &url, &[("Fencing-Token", &r7)], Some("{}")).await;
+        assert_eq!(
+            (w.status, w.code()),
+            (409, "read_lease"),
+            "{method}: {}",
+            w.body
+        );
+    }
+    assert_eq!(get(s, &direct, &[]).await.body["value"]["balance"], 10);
+    assert_eq!(
+        put(s, &url, &[("Fencing-Token", &writer)], 11).await.status,
+        200
+    );
+    // Readers 7 and 6 (granted once the writer let go) read, the higher
+    // first: readers do not fence each other.
+    let r6 = sign_read(&key, 6, "reader-6");
+    for (who, t) in [("7", &r7), ("6", &r6), ("7 again", &r7), ("6 again", &r6)] {
+        let r = get(s, &url, &[("Fencing-Token", t)]).await;
+        assert_eq!(r.status, 200, "reader {who}: {}", r.body);
+        assert_eq!(r.body["value"]["balance"], 11, "reader {who}");
+    }
+    // The writer of token 5, paused past its lease, comes back: a reader
+    // of a later lease has read since.
+    let late = put(s, &url, &[("Fencing-Token", &writer)], 12).await;
+    assert_eq!(
+        (late.status, late.code()),
+        (409, "stale_fencing_token"),
+        "{}",
+        late.body
+    );
+    assert_eq!(late.body["highest_seen"], 7);
+    // The next writer (token 8) writes; a reader it followed may no
+    // longer read, the writer reads and writes on.
+    let w8 = sign(&key, 8, "writer-8");
+    assert_eq!(
+        put(s, &url, &[("Fencing-Token", &w8)], 13).await.status,
+        200
+    );
+    for (who, t) in [("7", &r7), ("6", &r6)] {
+        let r = get(s, &url, &[("Fencing-Token", t)]).await;
+        assert_eq!(
+            (r.status, r.code()),
+            (409, "stale_fencing_token"),
+            "reader {who}: {}",
+            r.body
+        );
+        assert_eq!(r.body["highest_seen"], 8);
+    }
+    assert_eq!(get(s, &url, &[("Fencing-Token", &w8)]).await.status, 200);
+    assert_eq!(
+        put(s, &url, &[("Fencing-Token", &w8)], 14).await.status,
+        200
+    );
+    // A reader after it reads what it wrote.
+    let r9 = sign_read(&key, 9, "reader-9");
+    let r = get(s, &url, &[("Fencing-Token", &r9)]).await;
+    assert_eq!(
+        (r.status, r.body["value"]["balance"].clone()),
+        (200, json!(14))
+    );
+    assert_eq!(get(s, &direct, &[]).await.body["value"]["balance"], 14);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_lease_tokens_read_but_never_write_and_fence_late_writers() {
+    let st = stack(&[], &[]);
+    check_read_write_fencing(&st.sidecar, &st.gateway, &st.storage, 71).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_lease_tokens_are_fenced_alike_on_a_postgres_gateway() {
+    let pg = PgServer::start();
+    let storage = Fencer::storage(&[]);
+    let extra = [
+        ("gateway.fence_store", "postgres"),
+        ("gateway.postgres_url", &pg.url() as &str),
+    ];
+    let g1 = Fencer::gateway(&storage.api, &extra);
+    check_read_write_fencing(&g1, &g1, &storage, 72).await;
+    // A table of the previous version (no read mark) is brought up to
+    // date by the next start, its write marks kept.
+    let (c, conn) = tokio_postgres::connect(&pg.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    c.batch_execute("ALTER TABLE fencer_fences DROP COLUMN read_token")
+        .await
+        .unwrap();
+    use fencer::gateway::fence_store::postgres::{PgFenceOptions, PgFences};
+    use fencer::gateway::fence_store::{Decision, FenceStore, Presented};
+    let store = PgFences::connect(&PgFenceOptions {
+        url: &pg.url(),
+        ca_file: None,
+        pool_size: 2,
+        request_timeout: Duration::from_secs(2),
+        startup: Duration::from_secs(10),
+    })
+    .await
+    .unwrap();
+    let soon = || tokio::time::Instant::now() + Duration::from_secs(2);
+    let old = store
+        .admit(
+            "account:72",
+            Presented::new(7, "x", None, Mode::Write),
+            None,
+            soon(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(old.decision, Decision::Stale { highest: 8 });
+    let reader = store
+        .admit(
+            "account:72",
+            Presented::new(10, "r", None, Mode::Read),
+            None,
+            soon(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(reader.decision, Decision::Advanced);
+    // The decision rule inside the database, case by case.
+    common::fence_rules::check_rule_table(&store).await;
+}
+
+/// The memory store keeps both marks as the rule says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_memory_store_applies_the_decision_rule_of_both_modes() {
+    let store = fencer::gateway::fence_store::memory::MemoryFences::default();
+    common::fence_rules::check_rule_table(&store).await;
 }

@@ -14,7 +14,7 @@ use common::mariadb::MariaDb;
 use common::upstream::{Recorder, Seen};
 use common::*;
 use fencer::gateway::fence_store::mysql::{MyFenceOptions, MyFences};
-use fencer::gateway::fence_store::{decide, Decision, FenceError, FenceStore, Mark, Stamp};
+use fencer::gateway::fence_store::{Decision, FenceError, FenceStore, Mode, Presented, Stamp};
 use fencer::token::{Claim, Signer};
 use rand::Rng;
 
@@ -816,46 +816,44 @@ async fn the_procedure_applies_the_decision_rule() {
     // A second start against the complete schema creates nothing.
     let again = store_on(&db).await;
     assert!(again.ping().await.is_ok());
-    let mut n = 0;
-    for seq0 in [None, Some(2u64)] {
-        for token in [4u64, 5, 6] {
-            for lease in ["a", "b"] {
-                for seq in [None, Some(1u64), Some(2), Some(3)] {
-                    n += 1;
-                    let key = format!("case-{n}");
-                    let first = store
-                        .admit(&key, 5, "a", seq0, None, soon(2_000))
-                        .await
-                        .unwrap();
-                    assert_eq!((first.decision, first.previous), (Decision::Advanced, None));
-                    let mark = Mark {
-                        token: 5,
-                        lease: "a",
-                        seq: seq0.unwrap_or(0),
-                    };
-                    let want = decide(Some(mark), token, lease, seq);
-                    let got = store
-                        .admit(&key, token, lease, seq, None, soon(2_000))
-                        .await
-                        .unwrap();
-                    let case = format!("mark 5/a/{seq0:?}, asked {token}/{lease}/{seq:?}");
-                    assert_eq!(got.decision, want, "{case}");
-                    assert_eq!(got.previous, Some(5), "{case}");
-                    let (high, tag) = store.highest(&key).await.unwrap().unwrap();
-                    if want.writes_mark(seq) {
-                        assert_eq!((high, tag.as_str()), (token, lease), "{case}");
-                    } else {
-                        assert_eq!((high, tag.as_str()), (5, "a"), "{case}");
-                    }
-                }
-            }
-        }
-    }
+    common::fence_rules::check_rule_table(&store).await;
+    // A table of the previous version (no read mark) is brought up to date
+    // by the next start, its write marks kept.
+    db.sql(
+        "ALTER TABLE fencer_fences DROP CONSTRAINT fencer_fences_read_token_not_negative, \
+         DROP COLUMN read_token",
+    );
+    let upgraded = store_on(&db).await;
+    let old = upgraded
+        .admit(
+            "case-1",
+            Presented::new(4, "x", None, Mode::Write),
+            None,
+            soon(2_000),
+        )
+        .await
+        .unwrap();
+    assert_eq!(old.decision, Decision::Stale { highest: 5 });
+    let reader = upgraded
+        .admit(
+            "case-1",
+            Presented::new(10, "r", None, Mode::Read),
+            None,
+            soon(2_000),
+        )
+        .await
+        .unwrap();
+    assert_eq!(reader.decision, Decision::Advanced);
     assert_eq!(store.highest("never-seen").await.unwrap(), None);
     // Tokens above the database's range are refused, never wrapped.
     assert!(matches!(
         store
-            .admit("big", u64::MAX, "a", None, None, soon(500))
+            .admit(
+                "big",
+                Presented::new(u64::MAX, "a", None, Mode::Write),
+                None,
+                soon(500)
+            )
             .await,
         Err(FenceError::Unavailable(_))
     ));
@@ -870,13 +868,23 @@ async fn a_stamp_holds_the_key_until_cleared_by_its_owner_or_run_out() {
     let store = store_on(&db).await;
     let a = stamp("stamp-a", 30_000);
     let first = store
-        .admit("k", 1, "l1", None, Some(&a), soon(1_000))
+        .admit(
+            "k",
+            Presented::new(1, "l1", None, Mode::Write),
+            Some(&a),
+            soon(1_000),
+        )
         .await
         .unwrap();
     assert_eq!(first.decision, Decision::Advanced);
     // The same request asking again (same stamp id) is not its own obstacle.
     let retry = store
-        .admit("k", 1, "l1", None, Some(&a), soon(1_000))
+        .admit(
+            "k",
+            Presented::new(1, "l1", None, Mode::Write),
+            Some(&a),
+            soon(1_000),
+        )
         .await
         .unwrap();
     assert_eq!(retry.decision, Decision::Same);
@@ -884,9 +892,7 @@ async fn a_stamp_holds_the_key_until_cleared_by_its_owner_or_run_out() {
     let busy = store
         .admit(
             "k",
-            2,
-            "l2",
-            None,
+            Presented::new(2, "l2", None, Mode::Write),
             Some(&stamp("stamp-b", 30_000)),
             soon(300),
         )
@@ -894,7 +900,14 @@ async fn a_stamp_holds_the_key_until_cleared_by_its_owner_or_run_out() {
     assert!(matches!(busy, Err(FenceError::Busy)), "{busy:?}");
     assert!(started.elapsed() >= Duration::from_millis(290));
     // Even a stale request waits: the in-flight write decides first.
-    let stale = store.admit("k", 0, "l0", None, None, soon(100)).await;
+    let stale = store
+        .admit(
+            "k",
+            Presented::new(0, "l0", None, Mode::Write),
+            None,
+            soon(100),
+        )
+        .await;
     assert!(matches!(stale, Err(FenceError::Busy)), "{stale:?}");
     // Another request's id clears nothing.
     store.finish("k", "stamp-b").await.unwrap();
@@ -903,9 +916,7 @@ async fn a_stamp_holds_the_key_until_cleared_by_its_owner_or_run_out() {
         store
             .admit(
                 "k",
-                2,
-                "l2",
-                None,
+                Presented::new(2, "l2", None, Mode::Write),
                 Some(&stamp("stamp-b", 30_000)),
                 soon(200)
             )
@@ -916,9 +927,7 @@ async fn a_stamp_holds_the_key_until_cleared_by_its_owner_or_run_out() {
     let next = store
         .admit(
             "k",
-            2,
-            "l2",
-            None,
+            Presented::new(2, "l2", None, Mode::Write),
             Some(&stamp("stamp-b", 400)),
             soon(1_000),
         )
@@ -932,7 +941,12 @@ async fn a_stamp_holds_the_key_until_cleared_by_its_owner_or_run_out() {
     // let in then, well before its 5 s deadline.
     let started = std::time::Instant::now();
     let after = store
-        .admit("k", 3, "l3", None, None, soon(5_000))
+        .admit(
+            "k",
+            Presented::new(3, "l3", None, Mode::Write),
+            None,
+            soon(5_000),
+        )
         .await
         .unwrap();
     assert_eq!(after.decision, Decision::Advanced);

@@ -178,9 +178,12 @@ impl Fenced {
             .store
             .admit(
                 &key,
-                self.claim.token,
-                &self.claim.lease,
-                self.seq,
+                super::fence_store::Presented::new(
+                    self.claim.token,
+                    &self.claim.lease,
+                    self.seq,
+                    self.claim.mode,
+                ),
                 Some(&stamp),
                 deadline,
             )
@@ -315,7 +318,7 @@ impl Fenced {
                 tracing::debug!(key = %claim.key, token = claim.token, "fence advanced");
                 Ok(())
             }
-            Decision::Same => Ok(()),
+            Decision::Same | Decision::Shared => Ok(()),
             Decision::Stale { highest } => {
                 self.count("stale");
                 tracing::warn!(

@@ -7,7 +7,8 @@
 //! too) has its path put in normal form, its token verified against the key
 //! it may touch, and is then admitted and forwarded by [`super::fenced`] in
 //! a task of its own. Writes without a token are refused; reads without one
-//! pass unchecked. A request with any `Fencing-*` header twice is refused
+//! pass unchecked; a write carrying a read lease's token is refused
+//! (`read_lease`). A request with any `Fencing-*` header twice is refused
 //! before anything else, and the storage receives no `Fencing-*` header but
 //! the checked token and sequence.
 
@@ -107,6 +108,34 @@ impl Gateway {
             }
         };
         crate::telemetry::spans::lock(&claim.key, Some(claim.token));
+        // A read lease shares its key with other readers: its token may
+        // read, never write — checked before the store is asked, so a
+        // refused write moves no mark.
+        if claim.mode == crate::token::Mode::Read
+            && kind != "read"
+            && !crate::mutants::active("read_token_writes")
+        {
+            check.record("fencer.outcome", "read_lease");
+            tracing::warn!(
+                key = %claim.key, token = claim.token, lease_tag = %claim.lease,
+                method = %req.method(), "write under a read lease refused"
+            );
+            return self.refuse(
+                &req,
+                kind,
+                "read_lease",
+                ApiError::new(
+                    StatusCode::CONFLICT,
+                    "read_lease",
+                    format!(
+                        "token {} for `{}` is a read lease's: readers share the key and may not write (acquire it with \"mode\": \"write\")",
+                        claim.token, claim.key
+                    ),
+                )
+                .with("key", claim.key.as_str())
+                .with("token", claim.token),
+            );
+        }
         let seq = match super::verify::sequence(&req) {
             Ok(s) => s,
             Err(e) => return self.refuse(&req, kind, "invalid_sequence", e),

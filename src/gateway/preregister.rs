@@ -74,7 +74,7 @@ pub(super) async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response
             Some(turn) => {
                 let r = gw
                     .store
-                    .admit(&claim.key, claim.token, &claim.lease, None, None, deadline)
+                    .admit(&claim.key, super::fence_store::Presented::new(claim.token, &claim.lease, None, claim.mode), None, deadline)
                     .await;
                 drop(turn);
                 r
@@ -91,7 +91,7 @@ pub(super) async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response
         }
         let resp = resp.map(|a| a.decision);
         let resp = match resp {
-            Ok(Decision::Advanced) | Ok(Decision::Same) => {
+            Ok(Decision::Advanced) | Ok(Decision::Same) | Ok(Decision::Shared) => {
                 gw.count(&group, "preregister", "accepted");
                 json_ok(
                     json!({"key": claim.key, "token": claim.token, "highest_seen": claim.token, "advanced": true}),

@@ -9,12 +9,15 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use super::{decide, Admitted, Decision, FenceError, FenceStore, Stamp};
+use super::{decide, Admitted, Decision, FenceError, FenceStore, Mode, Presented, Stamp};
 
+#[derive(Default)]
 struct StoredMark {
+    /// 0 with an empty lease: no write lease seen yet (only readers).
     token: u64,
     lease: String,
     seq: u64,
+    read_token: u64,
 }
 
 #[derive(Default)]
@@ -31,31 +34,37 @@ impl FenceStore for MemoryFences {
     async fn admit(
         &self,
         key: &str,
-        token: u64,
-        lease: &str,
-        seq: Option<u64>,
+        presented: Presented<'_>,
         _stamp: Option<&Stamp>,
         _deadline: Instant,
     ) -> Result<Admitted, FenceError> {
+        let Presented {
+            token,
+            lease,
+            seq,
+            mode,
+        } = presented;
         let mut marks = self.marks.lock().expect("fence map poisoned");
-        let previous = marks.get(key).map(|m| m.token);
         let stored = marks.get(key).map(|m| super::Mark {
             token: m.token,
             lease: m.lease.as_str(),
             seq: m.seq,
+            read_token: m.read_token,
         });
-        let decision = decide(stored, token, lease, seq);
+        let previous = stored.map(|m| m.highest());
+        let decision = decide(stored, token, lease, seq, mode);
         if decision.writes_mark(seq) {
-            let m = marks.entry(key.to_owned()).or_insert(StoredMark {
-                token,
-                lease: String::new(),
-                seq: 0,
-            });
-            if decision == Decision::Advanced {
-                m.token = token;
-                m.lease = lease.to_owned();
+            let m = marks.entry(key.to_owned()).or_default();
+            match mode {
+                Mode::Read => m.read_token = token,
+                Mode::Write => {
+                    if decision == Decision::Advanced {
+                        m.token = token;
+                        m.lease = lease.to_owned();
+                    }
+                    m.seq = seq.unwrap_or(0);
+                }
             }
-            m.seq = seq.unwrap_or(0);
         }
         Ok(Admitted { decision, previous })
     }
@@ -66,7 +75,10 @@ impl FenceStore for MemoryFences {
 
     async fn highest(&self, key: &str) -> Result<Option<(u64, String)>, FenceError> {
         let marks = self.marks.lock().expect("fence map poisoned");
-        Ok(marks.get(key).map(|m| (m.token, m.lease.clone())))
+        Ok(marks
+            .get(key)
+            .filter(|m| !m.lease.is_empty())
+            .map(|m| (m.token, m.lease.clone())))
     }
 
     async fn ping(&self) -> Result<(), FenceError> {

@@ -52,7 +52,7 @@ use rand::Rng;
 use tokio::time::Instant;
 
 use super::mysql_sql as sql;
-use super::{Admitted, Decision, FenceError, FenceStore, Stamp};
+use super::{Admitted, FenceError, FenceStore, Mode, Presented, Stamp};
 use crate::mysql::runner::{Compensation, Lent};
 use crate::mysql::{MyOptions, RunError, Runner};
 
@@ -112,7 +112,8 @@ fn int(row: &Row, i: usize) -> Result<Option<i64>, FenceError> {
 }
 
 /// One admission's answer: outcome, the mark as it was, busy ms.
-type AdmitRow = (i64, Option<i64>, Option<i64>, i64);
+/// `(outcome, mark token, mark seq, busy ms, read token)`.
+type AdmitRow = (i64, Option<i64>, Option<i64>, i64, Option<i64>);
 
 fn parse_admit(row: Option<Row>) -> Result<AdmitRow, FenceError> {
     let row = row.ok_or_else(|| unavailable("admit returned no row"))?;
@@ -121,6 +122,7 @@ fn parse_admit(row: Option<Row>) -> Result<AdmitRow, FenceError> {
         int(&row, 1)?,
         int(&row, 3)?,
         int(&row, 4)?.unwrap_or(0),
+        int(&row, 5)?,
     ))
 }
 
@@ -225,6 +227,7 @@ impl MyFences {
         token: i64,
         lease: &str,
         seq: i64,
+        read: bool,
         stamp: (&str, i64),
     ) -> Result<AdmitRow, FenceError> {
         let key = key.as_bytes().to_vec();
@@ -241,6 +244,7 @@ impl MyFences {
                 seq,
                 stamp_id.clone(),
                 stamp.1,
+                i8::from(read),
             );
             let result = self
                 .runner
@@ -281,21 +285,6 @@ impl MyFences {
     }
 }
 
-fn outcome(code: i64, token: Option<i64>, seq: Option<i64>, asked_seq: i64) -> Decision {
-    let token = token.unwrap_or(0) as u64;
-    match code {
-        0 => Decision::Advanced,
-        1 => Decision::Same,
-        3 => Decision::StaleSeq {
-            last: seq.unwrap_or(0) as u64,
-        },
-        5 => Decision::DuplicateSeq {
-            seq: asked_seq as u64,
-        },
-        _ => Decision::Stale { highest: token },
-    }
-}
-
 /// The next sleep between re-asks: doubling from [`POLL_FIRST`] to
 /// [`POLL_CAP`], the actual sleep drawn from its upper three quarters so
 /// that replicas waiting on one key do not ask in lockstep.
@@ -313,12 +302,16 @@ impl FenceStore for MyFences {
     async fn admit(
         &self,
         key: &str,
-        token: u64,
-        lease: &str,
-        seq: Option<u64>,
+        presented: Presented<'_>,
         stamp: Option<&Stamp>,
         deadline: Instant,
     ) -> Result<Admitted, FenceError> {
+        let Presented {
+            token,
+            lease,
+            seq,
+            mode,
+        } = presented;
         let token_i = i64::try_from(token).map_err(|_| unavailable("token above i64 range"))?;
         let seq_i = match seq {
             Some(s) => i64::try_from(s).map_err(|_| unavailable("sequence above i64 range"))?,
@@ -334,17 +327,17 @@ impl FenceStore for MyFences {
         let mut waited = false;
         let mut step = POLL_FIRST;
         loop {
-            let (code, mark_token, mark_seq, busy_ms) = self
-                .call_admit(key, token_i, lease, seq_i, (stamp_id, hold_ms))
+            let read = mode == Mode::Read;
+            let (code, mark_token, mark_seq, busy_ms, read_token) = self
+                .call_admit(key, token_i, lease, seq_i, read, (stamp_id, hold_ms))
                 .await?;
             if code != 4 {
                 if waited {
                     self.count_wait("admitted");
                 }
-                return Ok(Admitted {
-                    decision: outcome(code, mark_token, mark_seq, seq_i),
-                    previous: mark_token.map(|t| t as u64),
-                });
+                return Ok(super::admitted(
+                    code, mark_token, mark_seq, read_token, seq_i, mode,
+                ));
             }
             let now = Instant::now();
             if now >= deadline {
@@ -434,24 +427,6 @@ mod tests {
         assert_eq!(step, POLL_CAP);
         // 20 re-asks span well under a second: a stamp's hold is seconds.
         assert!(total < Duration::from_secs(1), "{total:?}");
-    }
-
-    #[test]
-    fn outcomes_map_like_the_postgres_store() {
-        assert_eq!(outcome(0, None, None, -1), Decision::Advanced);
-        assert_eq!(outcome(1, Some(34), Some(1), 2), Decision::Same);
-        assert_eq!(
-            outcome(2, Some(34), Some(0), -1),
-            Decision::Stale { highest: 34 }
-        );
-        assert_eq!(
-            outcome(3, Some(34), Some(2), 1),
-            Decision::StaleSeq { last: 2 }
-        );
-        assert_eq!(
-            outcome(5, Some(34), Some(2), 2),
-            Decision::DuplicateSeq { seq: 2 }
-        );
     }
 
     #[test]

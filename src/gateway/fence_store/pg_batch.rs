@@ -34,11 +34,20 @@ pub struct AdmitArgs {
     pub stamp: String,
     /// 0: no stamp.
     pub hold_ms: i64,
+    /// A read lease's token (on a read).
+    pub read: bool,
 }
 
-/// `(outcome, mark token, mark lease, mark seq, busy ms)`, as
-/// `fencer_gw_admit_v1` answers.
-pub type AdmitRow = (i32, Option<i64>, Option<String>, Option<i64>, i64);
+/// `(outcome, mark token, mark lease, mark seq, busy ms, read token)`, as
+/// `fencer_gw_admit_v2` answers.
+pub type AdmitRow = (
+    i32,
+    Option<i64>,
+    Option<String>,
+    Option<i64>,
+    i64,
+    Option<i64>,
+);
 
 /// One clearing's arguments, as `fencer_gw_finish_v1` takes them.
 #[derive(Debug, Clone)]
@@ -48,7 +57,7 @@ pub struct FinishArgs {
     pub channel: String,
 }
 
-/// Admissions (`fencer_gw_admit_v1` / `_many_v1`).
+/// Admissions (`fencer_gw_admit_v2` / `_many_v2`).
 pub struct Admit;
 
 #[async_trait]
@@ -65,14 +74,23 @@ impl Batched for Admit {
             Box::new(a.seq),
             Box::new(a.stamp),
             Box::new(a.hold_ms),
+            Box::new(a.read),
         ];
         let rows = runner.query(sql::CALL_ADMIT, params, None).await?;
         let row = only_row(&rows)?;
-        Ok((row.get(0), row.get(1), row.get(2), row.get(3), row.get(4)))
+        Ok((
+            row.get(0),
+            row.get(1),
+            row.get(2),
+            row.get(3),
+            row.get(4),
+            row.get(5),
+        ))
     }
 
     async fn many(runner: &Runner, args: Vec<AdmitArgs>) -> Result<Vec<(i32, AdmitRow)>, RunError> {
         let mut c = (vec![], vec![], vec![], vec![], vec![], vec![]);
+        let mut reads = vec![];
         for a in args {
             c.0.push(a.key);
             c.1.push(a.token);
@@ -80,6 +98,7 @@ impl Batched for Admit {
             c.3.push(a.seq);
             c.4.push(a.stamp);
             c.5.push(a.hold_ms);
+            reads.push(a.read);
         }
         let params: Params = vec![
             Box::new(c.0),
@@ -88,11 +107,15 @@ impl Batched for Admit {
             Box::new(c.3),
             Box::new(c.4),
             Box::new(c.5),
+            Box::new(reads),
         ];
         let rows = runner.query(sql::CALL_ADMIT_MANY, params, None).await?;
         Ok(rows
             .iter()
-            .map(|r| (r.get(0), (r.get(1), r.get(2), r.get(3), r.get(4), r.get(5))))
+            .map(|r| {
+                let row = (r.get(1), r.get(2), r.get(3), r.get(4), r.get(5), r.get(6));
+                (r.get(0), row)
+            })
             .collect())
     }
 }

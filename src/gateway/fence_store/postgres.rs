@@ -24,7 +24,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::pg_batch::{Admit, AdmitArgs, AdmitRow, Finish, FinishArgs};
-use super::{sql, Admitted, Decision, FenceError, FenceStore, Stamp};
+use super::{sql, Admitted, FenceError, FenceStore, Mode, Presented, Stamp};
 use crate::lock::WakeSink;
 use crate::pg::group::{Batched, Group};
 use crate::pg::listener::Listener;
@@ -203,21 +203,6 @@ impl PgFences {
     }
 }
 
-fn outcome(code: i32, token: Option<i64>, seq: Option<i64>, asked_seq: i64) -> Decision {
-    let token = token.unwrap_or(0) as u64;
-    match code {
-        0 => Decision::Advanced,
-        1 => Decision::Same,
-        3 => Decision::StaleSeq {
-            last: seq.unwrap_or(0) as u64,
-        },
-        5 => Decision::DuplicateSeq {
-            seq: asked_seq as u64,
-        },
-        _ => Decision::Stale { highest: token },
-    }
-}
-
 #[async_trait]
 impl FenceStore for PgFences {
     fn name(&self) -> &'static str {
@@ -227,12 +212,16 @@ impl FenceStore for PgFences {
     async fn admit(
         &self,
         key: &str,
-        token: u64,
-        lease: &str,
-        seq: Option<u64>,
+        presented: Presented<'_>,
         stamp: Option<&Stamp>,
         deadline: Instant,
     ) -> Result<Admitted, FenceError> {
+        let Presented {
+            token,
+            lease,
+            seq,
+            mode,
+        } = presented;
         let token_i = i64::try_from(token).map_err(|_| unavailable("token above i64 range"))?;
         let seq_i = match seq {
             Some(s) => i64::try_from(s).map_err(|_| unavailable("sequence above i64 range"))?,
@@ -249,7 +238,7 @@ impl FenceStore for PgFences {
         // a "busy" answer and our wait is not missed.
         let mut watching = None;
         loop {
-            let (code, mark_token, _lease, mark_seq, busy_ms) = self
+            let (code, mark_token, _lease, mark_seq, busy_ms, read_token) = self
                 .call_admit(AdmitArgs {
                     key: key.to_owned(),
                     token: token_i,
@@ -257,6 +246,7 @@ impl FenceStore for PgFences {
                     seq: seq_i,
                     stamp: stamp_id.to_owned(),
                     hold_ms,
+                    read: mode == Mode::Read,
                 })
                 .await?;
             if code != 4 {
@@ -264,10 +254,14 @@ impl FenceStore for PgFences {
                     self.wakeups.forget(key, &slot);
                     self.count_wait("admitted");
                 }
-                return Ok(Admitted {
-                    decision: outcome(code, mark_token, mark_seq, seq_i),
-                    previous: mark_token.map(|t| t as u64),
-                });
+                return Ok(super::admitted(
+                    code.into(),
+                    mark_token,
+                    mark_seq,
+                    read_token,
+                    seq_i,
+                    mode,
+                ));
             }
             let now = Instant::now();
             if now >= deadline {

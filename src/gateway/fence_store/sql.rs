@@ -1,9 +1,15 @@
 //! The SQL of the PostgreSQL fence store.
 //!
-//! `fencer_fences` keeps one row per key: the mark (`token`, `lease_id` —
-//! the lease's *tag*, never its id — and `seq`) and the in-flight stamp
-//! (`inflight_id`, `inflight_until`, and `wake`: whether a replica waits
-//! for the stamp to clear and wants a NOTIFY when it does).
+//! `fencer_fences` keeps one row per key: the write mark (`token`,
+//! `lease_id` — the lease's *tag*, never its id — and `seq`; token 0 with
+//! an empty tag while only readers were seen), the read mark (`read_token`,
+//! [`super`]'s two marks) and the in-flight stamp (`inflight_id`,
+//! `inflight_until`, and `wake`: whether a replica waits for the stamp to
+//! clear and wants a NOTIFY when it does).
+//!
+//! The `_v2` functions know read leases; the `_v1` ones stay for replicas
+//! of the previous version during a roll-out (they know no read token, so
+//! read-write locks need every replica on `_v2`: docs/fencing.md).
 //!
 //! Check-and-advance is one function call per request, holding the row's
 //! lock only for the call: no connection or transaction stays open while
@@ -24,6 +30,7 @@ pub const COLUMNS: &[(&str, &str)] = &[
     ("inflight_id", "text"),
     ("inflight_until", "timestamptz"),
     ("wake", "boolean NOT NULL DEFAULT false"),
+    ("read_token", "bigint NOT NULL DEFAULT 0"),
 ];
 
 /// The functions, by name, with their definitions.
@@ -32,6 +39,8 @@ pub const FUNCTIONS: &[(&str, &str)] = &[
     ("fencer_gw_finish_v1", FINISH),
     ("fencer_gw_admit_many_v1", ADMIT_MANY),
     ("fencer_gw_finish_many_v1", FINISH_MANY),
+    ("fencer_gw_admit_v2", ADMIT_V2),
+    ("fencer_gw_admit_many_v2", ADMIT_MANY_V2),
 ];
 
 /// The schema, piece by piece: the table, each column (tables of earlier
@@ -120,6 +129,96 @@ BEGIN
 END
 $fn$"#;
 
+/// `fencer_gw_admit_v2(key, token, lease tag, seq (-1: none), stamp id,
+/// hold ms (0: no stamp), read)` → `(outcome, mark token, mark lease, mark
+/// seq, busy ms, read token)`: `fencer_gw_admit_v1` for leases of either
+/// mode (`read`: the token is a read lease's, on a read). Outcome 6 is
+/// "shared" (a reader's token above the write mark, not above the read
+/// mark: accepted, nothing recorded). The rule is [`super::decide`]'s.
+const ADMIT_V2: &str = r#"
+CREATE FUNCTION fencer_gw_admit_v2(p_key text, p_token bigint, p_lease text, p_seq bigint,
+                                   p_stamp text, p_hold_ms bigint, p_read boolean)
+RETURNS TABLE (o_outcome int, o_token bigint, o_lease text, o_seq bigint, o_busy_ms bigint,
+               o_read_token bigint)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+  f record;
+  ts timestamptz := clock_timestamp();
+  res int;
+  stamp_id text := CASE WHEN p_hold_ms > 0 THEN p_stamp END;
+  stamp_until timestamptz := CASE WHEN p_hold_ms > 0 THEN ts + p_hold_ms * interval '1 millisecond' END;
+BEGIN
+  SELECT t.token, t.lease_id, t.seq, t.read_token, t.inflight_id, t.inflight_until INTO f
+    FROM fencer_fences t WHERE t.key = p_key FOR UPDATE;
+  IF NOT FOUND THEN
+    INSERT INTO fencer_fences AS t (key, token, lease_id, seq, read_token, inflight_id,
+                                    inflight_until, updated_at)
+    VALUES (p_key, CASE WHEN p_read THEN 0 ELSE p_token END,
+            CASE WHEN p_read THEN '' ELSE p_lease END,
+            CASE WHEN p_read THEN 0 ELSE GREATEST(p_seq, 0) END,
+            CASE WHEN p_read THEN p_token ELSE 0 END, stamp_id, stamp_until, ts)
+    ON CONFLICT (key) DO NOTHING;
+    IF FOUND THEN
+      RETURN QUERY SELECT 0, NULL::bigint, NULL::text, NULL::bigint, 0::bigint, NULL::bigint;
+      RETURN;
+    END IF;
+    -- Inserted concurrently by another replica: decide against its row.
+    SELECT t.token, t.lease_id, t.seq, t.read_token, t.inflight_id, t.inflight_until INTO f
+      FROM fencer_fences t WHERE t.key = p_key FOR UPDATE;
+  END IF;
+  IF f.inflight_until IS NOT NULL AND f.inflight_until > ts
+     AND f.inflight_id IS DISTINCT FROM p_stamp THEN
+    UPDATE fencer_fences t SET wake = true WHERE t.key = p_key;
+    RETURN QUERY SELECT 4, f.token, f.lease_id, f.seq,
+      GREATEST(1, ceil(extract(epoch FROM f.inflight_until - ts) * 1000))::bigint, f.read_token;
+    RETURN;
+  END IF;
+  IF p_read THEN
+    IF p_token <= f.token THEN res := 2;
+    ELSIF p_token > f.read_token THEN res := 0;
+    ELSE res := 6;
+    END IF;
+  ELSIF p_token > f.token AND p_token > f.read_token THEN res := 0;
+  ELSIF p_token < f.token OR p_token <= f.read_token OR f.lease_id <> p_lease THEN res := 2;
+  ELSIF p_seq < 0 OR p_seq > f.seq THEN res := 1;
+  ELSIF p_seq = f.seq THEN res := 5;
+  ELSE res := 3;
+  END IF;
+  IF res IN (0, 1, 6) THEN
+    UPDATE fencer_fences t
+       SET token = CASE WHEN p_read THEN t.token ELSE p_token END,
+           lease_id = CASE WHEN p_read THEN t.lease_id ELSE p_lease END,
+           seq = CASE WHEN p_read THEN t.seq
+                      WHEN res = 0 THEN GREATEST(p_seq, 0)
+                      WHEN p_seq >= 0 THEN p_seq ELSE t.seq END,
+           read_token = CASE WHEN p_read AND res = 0 THEN p_token ELSE t.read_token END,
+           inflight_id = stamp_id, inflight_until = stamp_until, updated_at = ts
+     WHERE t.key = p_key;
+  END IF;
+  RETURN QUERY SELECT res, f.token, f.lease_id, f.seq, 0::bigint, f.read_token;
+END
+$fn$"#;
+
+/// `fencer_gw_admit_many_v2(…, reads[])`: `fencer_gw_admit_many_v1` over
+/// `fencer_gw_admit_v2`, answering the read token as its last column.
+const ADMIT_MANY_V2: &str = r#"
+CREATE FUNCTION fencer_gw_admit_many_v2(p_keys text[], p_tokens bigint[], p_leases text[],
+                                        p_seqs bigint[], p_stamps text[], p_holds bigint[],
+                                        p_reads boolean[])
+RETURNS TABLE (o_idx int, o_outcome int, o_token bigint, o_lease text, o_seq bigint,
+               o_busy_ms bigint, o_read_token bigint)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+  n int;
+BEGIN
+  FOR n IN SELECT s.n FROM generate_subscripts(p_keys, 1) AS s(n) ORDER BY p_keys[s.n] COLLATE "C" LOOP
+    RETURN QUERY SELECT n, a.o_outcome, a.o_token, a.o_lease, a.o_seq, a.o_busy_ms, a.o_read_token
+      FROM fencer_gw_admit_v2(p_keys[n], p_tokens[n], p_leases[n], p_seqs[n], p_stamps[n],
+                              p_holds[n], p_reads[n]) a;
+  END LOOP;
+END
+$fn$"#;
+
 /// `fencer_gw_admit_many_v1(keys[], tokens[], lease tags[], seqs[], stamp
 /// ids[], hold ms[])` → one row per item, `(index (1-based), outcome, mark
 /// token, mark lease, mark seq, busy ms)`: each item admitted by
@@ -188,8 +287,11 @@ BEGIN
 END
 $fn$"#;
 
-pub const CALL_ADMIT: &str = "SELECT * FROM fencer_gw_admit_v1($1, $2, $3, $4, $5, $6)";
-pub const CALL_ADMIT_MANY: &str = "SELECT * FROM fencer_gw_admit_many_v1($1, $2, $3, $4, $5, $6)";
+pub const CALL_ADMIT: &str = "SELECT * FROM fencer_gw_admit_v2($1, $2, $3, $4, $5, $6, $7)";
+pub const CALL_ADMIT_MANY: &str =
+    "SELECT * FROM fencer_gw_admit_many_v2($1, $2, $3, $4, $5, $6, $7)";
 pub const CALL_FINISH: &str = "SELECT fencer_gw_finish_v1($1, $2, $3)";
 pub const CALL_FINISH_MANY: &str = "SELECT * FROM fencer_gw_finish_many_v1($1, $2, $3)";
-pub const HIGHEST: &str = "SELECT token, lease_id FROM fencer_fences WHERE key = $1";
+/// The write mark (a row with only readers' tokens has none).
+pub const HIGHEST: &str =
+    "SELECT token, lease_id FROM fencer_fences WHERE key = $1 AND lease_id <> ''";

@@ -1287,3 +1287,110 @@ async fn the_memory_store_applies_the_decision_rule_of_both_modes() {
     let store = fencer::gateway::fence_store::memory::MemoryFences::default();
     common::fence_rules::check_rule_table(&store).await;
 }
+
+/// A read lease through the proxy (issue 33 item 2): its reads carry its
+/// read-mode token (pre-registered as a reader's) and pass the gateway;
+/// its writes are refused by the sidecar itself and never leave; the
+/// writer after it writes, and the reader, whose lease it followed, is
+/// refused a read with the old token even straight at the gateway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_lease_reads_through_the_proxy_and_never_writes() {
+    let st = stack(&[], &[]);
+    let s = &st.sidecar;
+    let url = format!("{}/kv/accounts/81", s.proxy);
+    let first = s.acquire("account:81", 10_000, 0).await;
+    assert_eq!(
+        put(s, &url, &[("Fencing-Lease", &first.lease())], 5)
+            .await
+            .status,
+        200
+    );
+    s.post(
+        &Fencer::path("account:81", "release"),
+        json!({"lease_id": first.lease()}),
+    )
+    .await;
+    let reader = s
+        .post(
+            &Fencer::path("account:81", "acquire"),
+            json!({"mode": "read", "ttl_ms": 10_000}),
+        )
+        .await;
+    assert_eq!(reader.status, 200, "{}", reader.body);
+    let bound = [("Fencing-Lease", reader.lease())];
+    let bound: Vec<(&str, &str)> = bound.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let r = get(s, &url, &bound).await;
+    assert_eq!(
+        (r.status, r.body["value"]["balance"].clone()),
+        (200, json!(5)),
+        "{}",
+        r.body
+    );
+    let w = put(s, &url, &bound, 666).await;
+    assert_eq!((w.status, w.code()), (409, "read_lease"), "{}", w.body);
+    assert_eq!(
+        s.metric("fencer_proxy_requests_total", &[("result", "read_lease")])
+            .await,
+        1.0
+    );
+    // Refused before the gateway: it saw no write since the first one.
+    assert_eq!(
+        st.gateway
+            .metric(
+                "fencer_gateway_requests_total",
+                &[("kind", "write"), ("result", "accepted")]
+            )
+            .await,
+        1.0
+    );
+    // Another reader beside it reads too, under the lock's key.
+    let second = s
+        .post(
+            &Fencer::path("account:81", "acquire"),
+            json!({"mode": "read", "ttl_ms": 10_000}),
+        )
+        .await;
+    assert_eq!(second.status, 200, "{}", second.body);
+    let r = get(
+        s,
+        &url,
+        &[
+            ("Fencing-Lease", &second.lease()),
+            ("Fencing-Lock", "account:81"),
+        ],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    for l in [reader.lease(), second.lease()] {
+        let gone = s
+            .post(
+                &Fencer::path("account:81", "release"),
+                json!({"lease_id": l}),
+            )
+            .await;
+        assert_eq!(gone.status, 200, "{}", gone.body);
+    }
+    let writer = s.acquire("account:81", 10_000, 0).await;
+    assert_eq!(writer.status, 200, "{}", writer.body);
+    assert_eq!(
+        put(s, &url, &[("Fencing-Lease", &writer.lease())], 6)
+            .await
+            .status,
+        200
+    );
+    let stale = get(
+        s,
+        &format!("{}/kv/accounts/81", st.gateway.api),
+        &[(
+            "Fencing-Token",
+            reader.body["fencing_token"].as_str().unwrap(),
+        )],
+    )
+    .await;
+    assert_eq!(
+        (stale.status, stale.code()),
+        (409, "stale_fencing_token"),
+        "{}",
+        stale.body
+    );
+}

@@ -1492,6 +1492,151 @@ async fn shutdown_closes_hold_streams(backend: Backend) {
     assert_eq!(last["reason"], "shutdown");
 }
 
+/// Read-write locks (issue 33 item 2), `"mode": "read"`: readers share the
+/// key, each with a token of its own from the key's one counter; a writer
+/// excludes readers and writers; a waiting writer keeps new readers out
+/// (no writer starvation); the last reader's release hands the key to the
+/// writer, and the writer's to every reader waiting. Backends without
+/// reader sets answer 400 `unsupported_by_backend`.
+async fn read_write_locks(backend: Backend) {
+    let f = slowness(backend);
+    let h = harness(backend, &[]);
+    let a = &h.sidecar;
+    let path = |op: &str| Fencer::path("rw/1", op);
+    let read = |ttl: u64, wait: u64| json!({"mode": "read", "ttl_ms": ttl, "wait_ms": wait});
+    let r1 = a.post(&path("acquire"), read(20_000, 0)).await;
+    if !matches!(backend, Backend::Memory) {
+        assert_eq!(
+            (r1.status, r1.code()),
+            (400, "unsupported_by_backend"),
+            "{}",
+            r1.body
+        );
+        assert_eq!(r1.body["feature"], "read-write", "{}", r1.body);
+        return;
+    }
+    assert_eq!(r1.status, 200, "{}", r1.body);
+    assert_eq!(
+        (r1.body["mode"].as_str(), r1.body["key"].as_str()),
+        (Some("read"), Some("rw/1"))
+    );
+    assert!(
+        r1.body["fencing_token"]
+            .as_str()
+            .unwrap()
+            .starts_with("v3."),
+        "{}",
+        r1.body
+    );
+    let other = (backend != Backend::Memory).then(|| h.another());
+    let b = other.as_ref().unwrap_or(a);
+    let r2 = b.post(&path("acquire"), read(20_000, 0)).await;
+    assert_eq!(r2.status, 200, "readers share: {}", r2.body);
+    assert!(r2.token() > r1.token(), "{} {}", r1.body, r2.body);
+    // A writer finds the readers; a plain acquire is a writer's.
+    let w = a.acquire("rw/1", 20_000, 0).await;
+    assert_eq!((w.status, w.code()), (409, "lock_held"), "{}", w.body);
+    let write = |wait: u64| json!({"mode": "write", "ttl_ms": 20_000, "wait_ms": wait});
+    let writer = in_background(b, &path("acquire"), write(20_000 * f));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Writer preference: a new reader does not get in past the writer.
+    let late_reader = a.post(&path("acquire"), read(20_000, 200)).await;
+    assert_eq!(
+        (late_reader.status, late_reader.code()),
+        (409, "lock_held"),
+        "a reader got in while a writer waited: {}",
+        late_reader.body
+    );
+    // A read lease renews, keeps alive and releases under the lock's key.
+    let renewed = a
+        .post(
+            &path("renew"),
+            json!({"lease_id": r1.lease(), "ttl_ms": 30_000}),
+        )
+        .await;
+    assert_eq!(
+        (renewed.status, renewed.body["mode"].as_str()),
+        (200, Some("read")),
+        "{}",
+        renewed.body
+    );
+    let kept = a
+        .post(&path("keepalive"), json!({"lease_id": r1.lease()}))
+        .await;
+    assert_eq!(kept.body["alive"], true, "{}", kept.body);
+    let gone = a
+        .post(&path("release"), json!({"lease_id": r1.lease()}))
+        .await;
+    assert_eq!(
+        (gone.status, gone.body["released"].as_bool()),
+        (200, Some(true)),
+        "{}",
+        gone.body
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !writer.is_finished(),
+        "the writer got in while a reader held the key"
+    );
+    let released_at = std::time::Instant::now();
+    let gone = b
+        .post(&path("release"), json!({"lease_id": r2.lease()}))
+        .await;
+    assert_eq!(gone.status, 200, "{}", gone.body);
+    let w = writer.await.unwrap();
+    assert_eq!(w.status, 200, "{}", w.body);
+    assert!(w.token() > r2.token(), "{} {}", r2.body, w.body);
+    assert!(w.body.get("mode").is_none(), "{}", w.body);
+    assert!(
+        released_at.elapsed() < Duration::from_millis(1_500 * f),
+        "the last reader's release did not hand the key over: {:?}",
+        released_at.elapsed()
+    );
+    // Readers waiting for the writer all get in at its release.
+    let readers: Vec<_> = (0..2)
+        .map(|_| in_background(a, &path("acquire"), read(20_000, 20_000 * f)))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released_at = std::time::Instant::now();
+    let gone = b
+        .post(&path("release"), json!({"lease_id": w.lease()}))
+        .await;
+    assert_eq!(gone.status, 200, "{}", gone.body);
+    let mut tokens = vec![];
+    for r in readers {
+        let r = r.await.unwrap();
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert!(r.token() > w.token(), "{} {}", w.body, r.body);
+        tokens.push(r.token());
+    }
+    assert_ne!(tokens[0], tokens[1]);
+    assert!(
+        released_at.elapsed() < Duration::from_millis(1_500 * f),
+        "readers waited {:?} after the writer's release",
+        released_at.elapsed()
+    );
+    // Bad input.
+    let bad = a.post(&path("acquire"), json!({"mode": "exclusive"})).await;
+    assert_eq!(
+        (bad.status, bad.body["field"].as_str()),
+        (400, Some("mode")),
+        "{}",
+        bad.body
+    );
+    let bad = a
+        .post(
+            &path("acquire"),
+            json!({"mode": "read", "reentrant": true, "owner": "o"}),
+        )
+        .await;
+    assert_eq!(
+        (bad.status, bad.body["field"].as_str()),
+        (400, Some("mode")),
+        "{}",
+        bad.body
+    );
+}
+
 macro_rules! suite {
     ($($name:ident),* $(,)?) => {
         mod memory {
@@ -1566,6 +1711,7 @@ suite!(
     reentrant_locks,
     semaphores,
     multi_key_locks,
+    read_write_locks,
     shutdown_closes_hold_streams,
 );
 

@@ -36,6 +36,45 @@ struct State {
     counters: HashMap<LockKey, u64>,
     /// Semaphores' permit counts, fixed at first use.
     permits: HashMap<LockKey, u32>,
+    /// Read-write locks: each key's read leases, by lease id.
+    readers: HashMap<LockKey, HashMap<LeaseId, Reader>>,
+    /// Writer preference: a write lease found readers and waits for them
+    /// to leave; no new reader gets in before this.
+    writer_waits: HashMap<LockKey, Instant>,
+}
+
+struct Reader {
+    token: u64,
+    expires: Instant,
+}
+
+/// How long a waiting writer keeps new readers out past the soonest
+/// reader's expiry, by when its waiter has tried again (its re-check runs
+/// at that expiry, or sooner on a release) and renewed the mark. A writer
+/// that gave up keeps them out no longer than that.
+const WRITER_WAIT_GRACE: Duration = Duration::from_secs(1);
+
+impl State {
+    /// `key`'s live readers, the expired ones dropped first.
+    fn live_readers(
+        &mut self,
+        key: &LockKey,
+        now: Instant,
+    ) -> Option<&mut HashMap<LeaseId, Reader>> {
+        let set = self.readers.get_mut(key)?;
+        set.retain(|_, r| r.expires > now);
+        if set.is_empty() {
+            self.readers.remove(key);
+            return None;
+        }
+        self.readers.get_mut(key)
+    }
+
+    fn next_token(&mut self, key: &LockKey) -> u64 {
+        let counter = self.counters.entry(key.clone()).or_insert(0);
+        *counter += 1;
+        *counter
+    }
 }
 
 #[derive(Default)]
@@ -53,6 +92,82 @@ impl MemoryBackend {
         };
         let _ = backend.wake.set(wake);
         backend
+    }
+
+    /// A read lease's acquire on `key` (see
+    /// [`LockBackend::supports_read_locks`]).
+    fn try_read(&self, key: &LockKey, lease: &LeaseId, ttl: Duration) -> Attempt {
+        let now = Instant::now();
+        let mut state = self.state.lock().expect("memory backend poisoned");
+        if let Some(r) = state.live_readers(key, now).and_then(|set| set.get(lease)) {
+            return Attempt::Acquired { token: r.token };
+        }
+        if let Some(entry) = Self::live_entry(&mut state, key, now) {
+            return Attempt::Held {
+                remaining: Some(entry.expires - now),
+            };
+        }
+        if let Some(until) = state.writer_waits.get(key).copied() {
+            if until > now {
+                return Attempt::Held {
+                    remaining: Some(until - now),
+                };
+            }
+            state.writer_waits.remove(key);
+        }
+        if let Some(until) = state.delayed.get(key).copied() {
+            if until > now {
+                return Attempt::Delayed {
+                    remaining: until - now,
+                };
+            }
+        }
+        let token = state.next_token(key);
+        state.readers.entry(key.clone()).or_default().insert(
+            lease.clone(),
+            Reader {
+                token,
+                expires: now + ttl,
+            },
+        );
+        Attempt::Acquired { token }
+    }
+
+    /// Renews (`ttl`) or releases (`None`) read lease `lease` of `key`;
+    /// the last reader's release wakes the key's waiters.
+    fn reader_op(&self, key: &LockKey, lease: &LeaseId, ttl: Option<Duration>) -> Ownership {
+        let now = Instant::now();
+        let (outcome, last) = {
+            let mut state = self.state.lock().expect("memory backend poisoned");
+            let writer = Self::live_entry(&mut state, key, now).is_some();
+            let readers = state.live_readers(key, now);
+            let found = readers
+                .as_ref()
+                .and_then(|set| set.get(lease))
+                .map(|r| r.token);
+            match (found, readers, ttl) {
+                (Some(token), Some(set), Some(ttl)) => {
+                    set.get_mut(lease).expect("found").expires = now + ttl;
+                    (Ownership::Owned { token }, false)
+                }
+                (Some(token), Some(set), None) => {
+                    set.remove(lease);
+                    let last = set.is_empty();
+                    if last {
+                        state.readers.remove(key);
+                    }
+                    (Ownership::Owned { token }, last)
+                }
+                _ if writer => (Ownership::OtherHolder, false),
+                _ => (Ownership::Free, false),
+            }
+        };
+        if last {
+            if let Some(wake) = self.wake.get() {
+                wake.released(key.as_str());
+            }
+        }
+        outcome
     }
 
     /// Drops expired entries so a long-running dev process stays bounded.
@@ -76,6 +191,9 @@ impl LockBackend for MemoryBackend {
         lease: &LeaseId,
         ttl: Duration,
     ) -> Result<Attempt, BackendError> {
+        if key.is_reader() {
+            return Ok(self.try_read(&key.base(), lease, ttl));
+        }
         let now = Instant::now();
         let mut state = self.state.lock().expect("memory backend poisoned");
         if let Some(entry) = Self::live_entry(&mut state, key, now) {
@@ -94,9 +212,23 @@ impl LockBackend for MemoryBackend {
             }
             state.delayed.remove(key);
         }
-        let counter = state.counters.entry(key.clone()).or_insert(0);
-        *counter += 1;
-        let token = *counter;
+        if let Some(readers) = state.live_readers(key, now) {
+            let soonest = readers
+                .values()
+                .map(|r| r.expires)
+                .min()
+                .expect("not empty");
+            if !crate::mutants::active("readers_ignore_writers") {
+                state
+                    .writer_waits
+                    .insert(key.clone(), soonest + WRITER_WAIT_GRACE);
+            }
+            return Ok(Attempt::Held {
+                remaining: Some(soonest - now),
+            });
+        }
+        state.writer_waits.remove(key);
+        let token = state.next_token(key);
         if !self.lock_delay.is_zero() {
             state
                 .delayed
@@ -122,6 +254,9 @@ impl LockBackend for MemoryBackend {
         lease: &LeaseId,
         ttl: Duration,
     ) -> Result<Ownership, BackendError> {
+        if key.is_reader() {
+            return Ok(self.reader_op(&key.base(), lease, Some(ttl)));
+        }
         let now = Instant::now();
         let mut state = self.state.lock().expect("memory backend poisoned");
         Ok(match Self::live_entry(&mut state, key, now) {
@@ -141,6 +276,9 @@ impl LockBackend for MemoryBackend {
     }
 
     async fn release(&self, key: &LockKey, lease: &LeaseId) -> Result<Ownership, BackendError> {
+        if key.is_reader() {
+            return Ok(self.reader_op(&key.base(), lease, None));
+        }
         let now = Instant::now();
         let outcome = {
             let mut state = self.state.lock().expect("memory backend poisoned");
@@ -165,7 +303,7 @@ impl LockBackend for MemoryBackend {
 
     async fn raise_token_floor(&self, key: &LockKey, floor: u64) -> Result<(), BackendError> {
         let mut state = self.state.lock().expect("memory backend poisoned");
-        let counter = state.counters.entry(key.clone()).or_insert(0);
+        let counter = state.counters.entry(key.base()).or_insert(0);
         *counter = (*counter).max(floor);
         Ok(())
     }
@@ -176,6 +314,10 @@ impl LockBackend for MemoryBackend {
     }
 
     fn supports_reentrancy(&self) -> bool {
+        true
+    }
+
+    fn supports_read_locks(&self) -> bool {
         true
     }
 
@@ -243,5 +385,128 @@ impl LockBackend for MemoryBackend {
 
     async fn ping(&self) -> Result<(), BackendError> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Default)]
+    struct Wakes(Mutex<Vec<String>>);
+
+    impl WakeSink for Wakes {
+        fn released(&self, key: &str) {
+            self.0.lock().unwrap().push(key.to_owned());
+        }
+        fn resync(&self) {}
+    }
+
+    fn lease() -> LeaseId {
+        LeaseId::generate()
+    }
+
+    const TTL: Duration = Duration::from_secs(10);
+
+    /// The reader set at the backend, with what no sidecar queue can give:
+    /// a writer waiting in *another* sidecar keeps new readers out
+    /// (mutant `readers_ignore_writers`).
+    #[tokio::test(start_paused = true)]
+    async fn readers_share_writers_exclude_and_a_waiting_writer_keeps_readers_out() {
+        let wakes = Arc::new(Wakes::default());
+        let b = MemoryBackend::new(Duration::ZERO, wakes.clone());
+        let key = LockKey::parse("rw").unwrap();
+        let (r1, r2, r3, w) = (lease(), lease(), lease(), lease());
+        let t1 = b.try_acquire(&key.reader(1), &r1, TTL).await.unwrap();
+        let t2 = b.try_acquire(&key.reader(2), &r2, TTL).await.unwrap();
+        let (Attempt::Acquired { token: t1 }, Attempt::Acquired { token: t2 }) = (t1, t2) else {
+            panic!("readers share");
+        };
+        assert!(t2 > t1);
+        // Idempotent per lease, as every acquire.
+        assert_eq!(
+            b.try_acquire(&key.reader(1), &r1, TTL).await.unwrap(),
+            Attempt::Acquired { token: t1 }
+        );
+        // The writer is held off, and from now on so are new readers.
+        assert!(matches!(
+            b.try_acquire(&key, &w, TTL).await.unwrap(),
+            Attempt::Held { .. }
+        ));
+        assert!(
+            matches!(
+                b.try_acquire(&key.reader(3), &r3, TTL).await.unwrap(),
+                Attempt::Held { .. }
+            ),
+            "a reader got in while a writer waited"
+        );
+        // Renewal and release act on the reader's own entry.
+        assert_eq!(
+            b.renew(&key.reader(1), &r1, TTL).await.unwrap(),
+            Ownership::Owned { token: t1 }
+        );
+        assert_eq!(
+            b.release(&key.reader(9), &r3,).await.unwrap(),
+            Ownership::Free
+        );
+        assert_eq!(
+            b.release(&key.reader(1), &r1).await.unwrap(),
+            Ownership::Owned { token: t1 }
+        );
+        assert!(wakes.0.lock().unwrap().is_empty(), "a reader still holds");
+        assert_eq!(
+            b.release(&key.reader(2), &r2).await.unwrap(),
+            Ownership::Owned { token: t2 }
+        );
+        assert_eq!(*wakes.0.lock().unwrap(), vec!["rw".to_owned()]);
+        let Attempt::Acquired { token: tw } = b.try_acquire(&key, &w, TTL).await.unwrap() else {
+            panic!("the writer gets in once the readers left");
+        };
+        assert!(tw > t2);
+        // The writer excludes readers; a reader's renew sees it.
+        assert!(matches!(
+            b.try_acquire(&key.reader(3), &r3, TTL).await.unwrap(),
+            Attempt::Held { .. }
+        ));
+        assert_eq!(
+            b.renew(&key.reader(3), &r3, TTL).await.unwrap(),
+            Ownership::OtherHolder
+        );
+        b.release(&key, &w).await.unwrap();
+        let Attempt::Acquired { token: t3 } =
+            b.try_acquire(&key.reader(3), &r3, TTL).await.unwrap()
+        else {
+            panic!("a reader gets in after the writer");
+        };
+        assert!(t3 > tw);
+    }
+
+    /// Readers that expire let the writer in; a writer that stopped waiting
+    /// keeps readers out no longer than the grace past the soonest reader's
+    /// expiry.
+    #[tokio::test(start_paused = true)]
+    async fn expired_readers_and_an_abandoned_writer_wait_hold_nothing_for_good() {
+        let b = MemoryBackend::new(Duration::ZERO, Arc::new(Wakes::default()));
+        let key = LockKey::parse("rw").unwrap();
+        let (r1, r2, w) = (lease(), lease(), lease());
+        b.try_acquire(&key.reader(1), &r1, Duration::from_secs(2))
+            .await
+            .unwrap();
+        let Attempt::Held { remaining } = b.try_acquire(&key, &w, TTL).await.unwrap() else {
+            panic!("held by the reader");
+        };
+        assert_eq!(remaining, Some(Duration::from_secs(2)));
+        tokio::time::advance(Duration::from_millis(2_001)).await;
+        // The reader expired; the waiting writer's mark still keeps a new
+        // reader out, for the grace.
+        assert!(matches!(
+            b.try_acquire(&key.reader(2), &r2, TTL).await.unwrap(),
+            Attempt::Held { .. }
+        ));
+        tokio::time::advance(WRITER_WAIT_GRACE).await;
+        assert!(matches!(
+            b.try_acquire(&key.reader(2), &r2, TTL).await.unwrap(),
+            Attempt::Acquired { .. }
+        ));
     }
 }

@@ -307,6 +307,18 @@ pub trait LockBackend: Send + Sync + 'static {
         ""
     }
 
+    /// Whether the backend keeps reader sets (read-write locks): a call
+    /// whose key [`LockKey::is_reader`] acts on the key's readers — an
+    /// acquire joins them unless a write lease holds the key or a writer
+    /// waits for it (writer preference), renew and release act on the
+    /// lease's reader entry — and a write lease's acquire finds the key
+    /// held while any reader holds it. A reader's token comes from the
+    /// key's one counter, and the last reader's release wakes the key's
+    /// waiters.
+    fn supports_read_locks(&self) -> bool {
+        false
+    }
+
     /// Whether [`LockBackend::holds`] is implemented (reentrant acquires).
     fn supports_reentrancy(&self) -> bool {
         false

@@ -138,6 +138,7 @@ pub(super) async fn acquire_key(
 ) -> Result<Response, ApiError> {
     let key = decoded_key(raw_key)?;
     let req = request::acquire(body, &state.defaults, false)?;
+    let key = mode_key(state, key, req.mode)?;
     let view = state.locks.acquire(req.into_acquire(key)).await?;
     crate::telemetry::spans::lock(&view.key, Some(view.token));
     Ok(json_200(&Acquired {
@@ -151,7 +152,20 @@ pub(super) async fn acquire_key(
         ttl_ms: view.remaining_ms,
         remaining_ms: view.remaining_ms,
         holds: view.holds,
+        mode: view.mode,
     }))
+}
+
+/// The key an acquire of `mode` takes: a read lease's own reader key.
+fn mode_key(
+    state: &ApiState,
+    key: crate::lock::LockKey,
+    mode: crate::token::Mode,
+) -> Result<crate::lock::LockKey, ApiError> {
+    match mode {
+        crate::token::Mode::Write => Ok(key),
+        crate::token::Mode::Read => Ok(state.locks.reader_key(&key)?),
+    }
 }
 
 /// A 200 JSON answer of the hot routes, serialized into a buffer sized for
@@ -186,6 +200,9 @@ struct Acquired {
     /// A reentrant lease's hold count.
     #[serde(skip_serializing_if = "Option::is_none")]
     holds: Option<u32>,
+    /// `read` for a read lease.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mode: Option<&'static str>,
 }
 
 /// The release response.
@@ -207,6 +224,7 @@ async fn renew(
 ) -> Result<Response, ApiError> {
     let key = path_key(path)?;
     let req = request::lease(&body(raw)?, true)?;
+    let key = state.locks.lease_key(&key, &req.lease_id);
     state.locks.touch(&key, Some(&req.lease_id));
     // Without `ttl_ms` the lease keeps its own TTL (issue 9 item 2).
     let view = state.locks.renew(key, req.lease_id, req.ttl).await?;
@@ -230,6 +248,7 @@ pub(super) async fn release_key(
 ) -> Result<Response, ApiError> {
     let key = decoded_key(raw_key)?;
     let req = request::lease(body, false)?;
+    let key = state.locks.lease_key(&key, &req.lease_id);
     let left = match state
         .locks
         .release_hold(key.clone(), req.lease_id.clone())
@@ -328,6 +347,7 @@ async fn hold(
 ) -> Result<Response, ApiError> {
     let key = path_key(path)?;
     let req = request::acquire(&body(raw)?, &state.defaults, true)?;
+    let key = mode_key(&state, key, req.mode)?;
     let view = state.locks.acquire(req.into_acquire(key)).await?;
     Ok(hold_stream(&state, view))
 }
@@ -355,6 +375,7 @@ async fn keepalive(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let key = path_key(path)?;
     let req = request::lease(&body(raw)?, false)?;
+    let key = state.locks.lease_key(&key, &req.lease_id);
     if !state.locks.touch(&key, Some(&req.lease_id)) {
         return Err(super::locks::LockError::LeaseLost(key).into());
     }

@@ -208,10 +208,29 @@ impl Egress {
             );
         }
 
+        // A read lease is tracked under a key of its own.
+        let key = match &bound_lease {
+            Some(lease) => self.locks.lease_key(&key, lease),
+            None => key,
+        };
         let record = match self.locks.lease_for_write(&key, bound_lease.as_ref()) {
             Ok(r) => r,
             Err(e) => return self.refused_lease(&key, e, started),
         };
+        if is_write && key.is_reader() {
+            // The gateway would refuse it too; it never leaves here.
+            tracing::info!(key = %key, method = %req.method(), "write under a read lease refused");
+            return self.refuse(
+                "read_lease",
+                started,
+                ApiError::new(
+                    StatusCode::CONFLICT,
+                    "read_lease",
+                    "the lease named by Fencing-Lease is a read lease: readers share the key and may not write (acquire it with \"mode\": \"write\")",
+                )
+                .with("key", key.as_str()),
+            );
+        }
         crate::telemetry::spans::lock(key.as_str(), Some(record.token));
         // A proxied request is a sign of life for an auto-renewed lease.
         self.locks.touch(&key, Some(&record.lease_id));

@@ -154,6 +154,10 @@ pub struct LeaseView {
     /// A reentrant lease's hold count.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub holds: Option<u32>,
+    /// `read` for a read lease of a read-write lock; absent for the
+    /// exclusive (write) lease.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mode: Option<&'static str>,
     /// The Dapr lock store it was taken through, if any.
     #[serde(skip)]
     pub dapr_store: Option<String>,
@@ -181,6 +185,8 @@ pub struct LeaseStatus {
     pub renewal: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub holds: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mode: Option<&'static str>,
 }
 
 impl LeaseView {
@@ -205,6 +211,7 @@ impl LeaseView {
             lost_reason: self.lost_reason,
             renewal: self.renewal,
             holds: self.holds,
+            mode: self.mode,
         }
     }
 }
@@ -240,6 +247,7 @@ impl LeaseRecord {
                 Holding::Count(n) => Some(n),
                 Holding::No | Holding::Unknown => None,
             },
+            mode: self.key.is_reader().then_some("read"),
             dapr_store: self.dapr_store.clone(),
         }
     }

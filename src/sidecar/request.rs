@@ -22,6 +22,9 @@ pub struct AcquireRequest {
     /// `"reentrant": true`: the owner may take the key again while its
     /// lease holds it (a hold count, kept with the lease in the backend).
     pub reentrant: bool,
+    /// `"mode": "read"`: a read lease of a read-write lock, shared with
+    /// other readers (default `write`: the exclusive lease).
+    pub mode: crate::token::Mode,
 }
 
 impl AcquireRequest {
@@ -100,7 +103,7 @@ fn millis(
 /// `auto_renew` with an optional `keepalive_ms`.
 pub fn acquire(body: &[u8], defaults: &Defaults, hold: bool) -> Result<AcquireRequest, ApiError> {
     let allowed: &[&str] = if hold {
-        &["ttl_ms", "wait_ms", "owner"]
+        &["ttl_ms", "wait_ms", "owner", "mode"]
     } else {
         &[
             "ttl_ms",
@@ -109,9 +112,29 @@ pub fn acquire(body: &[u8], defaults: &Defaults, hold: bool) -> Result<AcquireRe
             "auto_renew",
             "keepalive_ms",
             "reentrant",
+            "mode",
         ]
     };
-    acquire_fields(&object(body, allowed)?, defaults, hold)
+    let map = object(body, allowed)?;
+    let mut req = acquire_fields(&map, defaults, hold)?;
+    req.mode = match map.get("mode") {
+        None | Some(Value::Null) => crate::token::Mode::Write,
+        Some(Value::String(m)) if m == "write" => crate::token::Mode::Write,
+        Some(Value::String(m)) if m == "read" => crate::token::Mode::Read,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "mode",
+                "`mode` must be \"read\" (shared with other readers) or \"write\" (exclusive)",
+            ))
+        }
+    };
+    if req.mode == crate::token::Mode::Read && req.reentrant {
+        return Err(ApiError::invalid(
+            "mode",
+            "a read lease is not reentrant: readers share the key already, so take another read lease",
+        ));
+    }
+    Ok(req)
 }
 
 /// A semaphore's acquire (`hold`: its hold stream) body: `permits`, and
@@ -254,6 +277,7 @@ fn acquire_fields(
         owner,
         renewal,
         reentrant,
+        mode: crate::token::Mode::Write,
     })
 }
 

@@ -489,7 +489,14 @@ impl LockManager {
                 }
                 match self.try_once(req, attempts, group).await {
                     Ok(Try::Got(rec)) => {
-                        ticket.acquired(ttl);
+                        if key.is_reader() {
+                            // Readers share: the next waiter tries now (a
+                            // reader gets in beside this one, a writer
+                            // finds it and waits for its release).
+                            drop(ticket);
+                        } else {
+                            ticket.acquired(ttl);
+                        }
                         return Ok(rec.view(Instant::now()));
                     }
                     Ok(Try::Held(remaining, found)) => {
@@ -655,9 +662,12 @@ impl LockManager {
             key: key.clone(),
             lease_id: lease.clone(),
             token,
-            fencing_token: self
-                .signer
-                .sign(&Claim::new(key.as_str(), token, lease.as_str())),
+            fencing_token: self.signer.sign(&Claim::with_mode(
+                key.as_str(),
+                token,
+                lease.as_str(),
+                key.mode(),
+            )),
             owner,
             ttl,
             acquired_at: now,

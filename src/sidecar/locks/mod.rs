@@ -10,11 +10,13 @@
 //! - [`reentrant`] — hold counts of reentrant leases;
 //! - [`semaphore`] — permits: a lease on one of a semaphore's slot keys;
 //! - [`multi`] — multi-key leases: all of a set of keys or none;
+//! - [`readers`] — read leases of read-write locks;
 //! - [`view`] — what the backend records for a key, rate-limited.
 
 mod acquire;
 mod failover;
 mod multi;
+mod readers;
 mod reentrant;
 mod release;
 mod renew;
@@ -140,6 +142,8 @@ pub struct LockManager {
     groups: multi::Groups,
     /// Turns of hold-count changes of leases not tracked here ([`reentrant`]).
     untracked_turns: reentrant::UntrackedTurns,
+    /// Numbers of read leases ([`readers`]).
+    readers: readers::ReaderNumbers,
 }
 
 impl LockManager {
@@ -168,6 +172,7 @@ impl LockManager {
             permits: Default::default(),
             groups: Default::default(),
             untracked_turns: Default::default(),
+            readers: Default::default(),
             config,
         }
     }

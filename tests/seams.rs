@@ -716,3 +716,51 @@ async fn a_retried_reentry_waits_for_the_undo_of_the_try_it_replaces() {
         assert_eq!(r.body["holds"], left, "{}", r.body);
     }
 }
+
+/// Read-write locks on PostgreSQL (issue 33 item 2): a read acquire whose
+/// reply is held back past the sidecar's request timeout — and whose
+/// client gave up — leaves no reader behind: the attempt is voided and
+/// its reader row removed (`fencer_void_read_v1`), so a writer elsewhere
+/// gets the key at once rather than at the reader's TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_read_acquire_answered_too_late_leaves_no_reader_behind() {
+    const KEY: &str = "seam:rw";
+    let pg = PgServer::start();
+    let relay = TcpFault::start(pg.port);
+    let via_relay = format!("postgres://postgres@127.0.0.1:{}/postgres", relay.port);
+    let a = Fencer::sidecar(
+        Backend::Postgres,
+        Some(&via_relay),
+        &[("backend.postgres.request_timeout_ms", "1000")],
+    );
+    a.wait_ready();
+    let b = Fencer::sidecar(Backend::Postgres, Some(&pg.url()), &[]);
+    b.wait_ready();
+    // The reply to the statement naming the key (its parameters) is held.
+    relay.set(Mode::DelayReplyTo {
+        marker: KEY.as_bytes(),
+        delay: Duration::from_millis(2_500),
+    });
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(600))
+        .build()
+        .unwrap();
+    let gone = impatient
+        .post(format!("{}{}", a.api, Fencer::path(KEY, "acquire")))
+        .header("content-type", "application/json")
+        .body(json!({"mode": "read", "ttl_ms": 30_000, "wait_ms": 0}).to_string())
+        .send()
+        .await;
+    assert!(gone.is_err(), "answered within 600 ms: {gone:?}");
+    let started = Instant::now();
+    let w = b.acquire(KEY, 10_000, 10_000).await;
+    assert_eq!(w.status, 200, "{}", w.body);
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "the writer waited {:?}: a reader nobody holds was kept",
+        started.elapsed()
+    );
+    // Whatever the reply said, the sidecar holds no reader either.
+    let listed = a.get("/v1/locks").await;
+    assert_eq!(listed.body["count"], 0, "{}", listed.body);
+}

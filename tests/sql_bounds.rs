@@ -14,6 +14,7 @@ use common::mariadb::MariaDb;
 use common::postgres::PgServer;
 use common::tcp_fault::TcpFault;
 use common::*;
+use serde_json::json;
 
 /// The backends' request timeout in these tests.
 const REQUEST_TIMEOUT_MS: u64 = 1_000;
@@ -706,4 +707,46 @@ async fn hold_the_group(
     });
     tokio::time::sleep(Duration::from_millis(150)).await;
     lead
+}
+
+/// Read-write locks (issue 33 item 2): try 1 of a *read* acquire reaches
+/// PostgreSQL 6.5 s late — after its caller gave up, its retry was
+/// answered and the application released that read lease. It takes
+/// nothing: its undo left a tombstone (`fencer_void_read_v1`); else a
+/// reader row nobody holds would keep every writer out for its TTL.
+/// Mutant: `read_attempt_not_voided`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_late_read_acquire_statement_takes_nothing() {
+    const KEY: &str = "late-read";
+    let pg = PgServer::start();
+    let relay = TcpFault::start(pg.port);
+    let a = pg_sidecar_via(&relay, "1");
+    let b = Fencer::sidecar(Backend::Postgres, Some(&pg.url()), &[]);
+    b.wait_ready();
+
+    relay.delay_request_to(KEY.as_bytes(), Duration::from_millis(6_500));
+    let got = a
+        .post(
+            &Fencer::path(KEY, "acquire"),
+            json!({"mode": "read", "ttl_ms": 30_000, "wait_ms": 0}),
+        )
+        .await;
+    assert_eq!(relay.requests_held(), 1, "the relay did not hold try 1");
+    assert_eq!(got.status, 200, "the retry was not answered: {}", got.body);
+    let released = a
+        .post(
+            &Fencer::path(KEY, "release"),
+            json!({"lease_id": got.lease()}),
+        )
+        .await;
+    assert_eq!(released.status, 200, "{}", released.body);
+    until_forwarded(&relay, 1).await;
+    let after = b.acquire(KEY, 10_000, 0).await;
+    assert_eq!(
+        after.status, 200,
+        "try 1 arrived late and left a reader nobody holds: {}",
+        after.body
+    );
+    let readers = pg_query_i64(&pg.url(), "SELECT count(*) FROM fencer_readers").await;
+    assert_eq!(readers, 0);
 }

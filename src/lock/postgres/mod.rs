@@ -90,7 +90,9 @@ impl PgBackend {
             acquires.disable();
             releases.disable();
         }
-        if crate::mutants::active("fresh_send_time") {
+        if crate::mutants::active("fresh_send_time")
+            || crate::mutants::active("readers_ignore_writers")
+        {
             // The mutant's statement is the lone one's text; the shared
             // function runs the real one.
             acquires.disable();
@@ -169,6 +171,20 @@ fn void_attempt(key: &LockKey, lease: &LeaseId, channel: String, attempt: String
 /// that fixes a lease's expiry when the statement starts (`now()`), before
 /// any wait for the row's lock — as before issue 10.
 fn acquire_sql() -> &'static str {
+    if crate::mutants::active("readers_ignore_writers") {
+        // Mutant: a writer held off by readers keeps no new reader out.
+        static NO_WAIT: std::sync::LazyLock<&'static str> = std::sync::LazyLock::new(|| {
+            Box::leak(
+                sql::ACQUIRE
+                    .replace(
+                        "SET write_wait = l.read_until + interval '1 second'",
+                        "SET write_wait = NULL",
+                    )
+                    .into_boxed_str(),
+            )
+        });
+        return *NO_WAIT;
+    }
     if crate::mutants::active("fresh_send_time") {
         static OLD: std::sync::LazyLock<&'static str> = std::sync::LazyLock::new(|| {
             Box::leak(
@@ -240,9 +256,16 @@ async fn maintain(pool: Pool, idle: Duration, every: Duration) {
 /// (bounded batch per round).
 async fn cleanup_voids(pool: &Pool) -> Result<u64, BackendError> {
     let conn = pool.get().await.map_err(unavailable)?;
-    conn.execute(sql::CLEANUP_VOIDS, &[&ms(sql::VOID_RETENTION), &1000i64])
+    let voids = conn
+        .execute(sql::CLEANUP_VOIDS, &[&ms(sql::VOID_RETENTION), &1000i64])
         .await
-        .map_err(|e| unavailable(crate::pg::describe(&e)))
+        .map_err(|e| unavailable(crate::pg::describe(&e)))?;
+    // Expired read leases' rows (released ones are gone already).
+    let readers = conn
+        .execute(sql::CLEANUP_READERS, &[&1000i64])
+        .await
+        .map_err(|e| unavailable(crate::pg::describe(&e)))?;
+    Ok(voids + readers)
 }
 
 async fn migrate(pool: &Pool) -> Result<(), BackendError> {
@@ -274,6 +297,62 @@ pub async fn cleanup(pool: &Pool, idle: Duration) -> Result<Option<i64>, Backend
     Ok(Some(row.get(0)))
 }
 
+impl PgBackend {
+    /// A read lease's acquire ([`sql::READ_ACQUIRE`]), undone like a
+    /// writer's if its caller gives up before the answer.
+    async fn try_read(
+        &self,
+        key: &LockKey,
+        lease: &LeaseId,
+        ttl: Duration,
+    ) -> Result<Attempt, BackendError> {
+        let attempt = crate::lock::lease_id::attempt_id();
+        let channel = self.listener.channel(key.as_str());
+        let undo = Undo {
+            statement: if crate::mutants::active("read_attempt_not_voided") {
+                // Mutant: the undo of an abandoned read attempt does nothing.
+                "SELECT length($1 || $2 || $3 || $4)"
+            } else {
+                sql::VOID_READ
+            },
+            params: vec![
+                key.as_str().to_owned(),
+                lease.as_str().to_owned(),
+                channel,
+                attempt.clone(),
+            ],
+            after_answer: false,
+        };
+        let rows = self
+            .query(
+                sql::READ_ACQUIRE,
+                vec![
+                    Box::new(key.as_str().to_owned()),
+                    Box::new(lease.as_str().to_owned()),
+                    Box::new(ms(ttl)),
+                    Box::new(attempt),
+                ],
+                Some(undo),
+            )
+            .await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| BackendError::Protocol("read acquire answered no row".into()))?;
+        let (status, token, remaining): (i32, i64, i64) = (row.get(0), row.get(1), row.get(2));
+        let remaining = Duration::from_millis(remaining.max(0) as u64);
+        Ok(match status {
+            1 => Attempt::Acquired {
+                token: token as u64,
+            },
+            -2 => return Err(unavailable("acquire attempt voided by its undo")),
+            -3 => Attempt::Delayed { remaining },
+            _ => Attempt::Held {
+                remaining: Some(remaining),
+            },
+        })
+    }
+}
+
 #[async_trait]
 impl LockBackend for PgBackend {
     fn name(&self) -> &'static str {
@@ -286,6 +365,9 @@ impl LockBackend for PgBackend {
         lease: &LeaseId,
         ttl: Duration,
     ) -> Result<Attempt, BackendError> {
+        if key.is_reader() {
+            return self.try_read(key, lease, ttl).await;
+        }
         // No row comes back when the key's row was inserted by a
         // transaction our statement's snapshot cannot see: it waited for
         // that insert to commit, then had nothing to update. The insert may
@@ -338,9 +420,14 @@ impl LockBackend for PgBackend {
         lease: &LeaseId,
         ttl: Duration,
     ) -> Result<Ownership, BackendError> {
+        let statement = if key.is_reader() {
+            sql::READ_RENEW
+        } else {
+            sql::RENEW
+        };
         let rows = self
             .query(
-                sql::RENEW,
+                statement,
                 vec![
                     Box::new(key.as_str().to_owned()),
                     Box::new(lease.as_str().to_owned()),
@@ -353,6 +440,10 @@ impl LockBackend for PgBackend {
     }
 
     fn supports_reentrancy(&self) -> bool {
+        true
+    }
+
+    fn supports_read_locks(&self) -> bool {
         true
     }
 
@@ -424,6 +515,20 @@ impl LockBackend for PgBackend {
     }
 
     async fn release(&self, key: &LockKey, lease: &LeaseId) -> Result<Ownership, BackendError> {
+        if key.is_reader() {
+            let rows = self
+                .query(
+                    sql::READ_RELEASE,
+                    vec![
+                        Box::new(key.as_str().to_owned()),
+                        Box::new(lease.as_str().to_owned()),
+                        Box::new(self.listener.channel(key.as_str())),
+                    ],
+                    None,
+                )
+                .await?;
+            return ownership(&rows);
+        }
         let row = self
             .releases
             .call(batch::ReleaseArgs {
@@ -446,6 +551,25 @@ impl LockBackend for PgBackend {
         &self,
         items: &[(LockKey, LeaseId, Duration)],
     ) -> Result<Vec<Ownership>, BackendError> {
+        if items.iter().any(|(k, _, _)| k.is_reader()) {
+            // Read leases renew one by one (their statement locks the
+            // key's row and their own); the writers' batch goes as one.
+            let (readers, writers): (Vec<_>, Vec<_>) = items
+                .iter()
+                .enumerate()
+                .partition(|(_, (k, _, _))| k.is_reader());
+            let batch: Vec<_> = writers.iter().map(|(_, item)| (*item).clone()).collect();
+            let mut out = vec![Ownership::Free; items.len()];
+            if !batch.is_empty() {
+                for ((i, _), o) in writers.iter().zip(self.renew_many(&batch).await?) {
+                    out[*i] = o;
+                }
+            }
+            for (i, (key, lease, ttl)) in readers {
+                out[i] = self.renew(key, lease, *ttl).await?;
+            }
+            return Ok(out);
+        }
         let keys: Vec<String> = items
             .iter()
             .map(|(k, _, _)| k.as_str().to_owned())

@@ -24,6 +24,13 @@ pub const VOID_RETENTION: std::time::Duration = std::time::Duration::from_secs(3
 ///
 /// `fencer_locks` keeps one row per key; a released or expired row is
 /// reused by the next acquire, and its `token` column is the key's counter.
+/// Read leases (read-write locks) are rows of `fencer_readers`; the key's
+/// row says until when the last of them lasts (`read_until`) and until
+/// when a writer waiting for them keeps new ones out (`write_wait`), and
+/// every reader's change takes the key's row lock first — so a writer's
+/// acquire, which locks the row too, decides on columns of the row it
+/// holds and never on another table read with a snapshot from before a
+/// reader committed.
 /// Rows idle for a long time are deleted by the clean-up; before deleting,
 /// the clean-up raises `fencer_token_floor` to their highest token, and a
 /// *new* row starts at `floor + 1`, so a key's tokens never go backwards
@@ -66,6 +73,52 @@ pub fn pieces() -> Vec<crate::pg::schema::Piece> {
             create: "ALTER TABLE fencer_locks ADD COLUMN holds integer, ADD COLUMN holds_lease text, \
                      ADD COLUMN holds_op text"
                 .into(),
+        },
+        Piece {
+            name: "fencer_locks.read_until",
+            exists: column_exists("fencer_locks", "read_until"),
+            create: "ALTER TABLE fencer_locks ADD COLUMN read_until timestamptz, \
+                     ADD COLUMN write_wait timestamptz"
+                .into(),
+        },
+        Piece {
+            name: "fencer_readers",
+            exists: relation_exists("fencer_readers"),
+            create: "CREATE TABLE fencer_readers (
+  key        text NOT NULL,
+  lease_id   text NOT NULL,
+  token      bigint NOT NULL,
+  expires_at timestamptz NOT NULL,
+  attempt    text,
+  PRIMARY KEY (key, lease_id)
+);
+CREATE INDEX fencer_readers_expires_at ON fencer_readers (expires_at)"
+                .into(),
+        },
+        Piece {
+            name: "fencer_read_settle_v1",
+            exists: function_exists("fencer_read_settle_v1"),
+            create: READ_SETTLE.into(),
+        },
+        Piece {
+            name: "fencer_read_acquire_v1",
+            exists: function_exists("fencer_read_acquire_v1"),
+            create: READ_ACQUIRE_FN.into(),
+        },
+        Piece {
+            name: "fencer_read_renew_v1",
+            exists: function_exists("fencer_read_renew_v1"),
+            create: READ_RENEW_FN.into(),
+        },
+        Piece {
+            name: "fencer_read_release_v1",
+            exists: function_exists("fencer_read_release_v1"),
+            create: READ_RELEASE_FN.into(),
+        },
+        Piece {
+            name: "fencer_void_read_v1",
+            exists: function_exists("fencer_void_read_v1"),
+            create: VOID_READ_FN.into(),
         },
         Piece {
             name: "fencer_locks_updated_at",
@@ -115,8 +168,8 @@ CREATE INDEX fencer_void_attempts_voided_at ON fencer_void_attempts (voided_at)"
             create: VOID_ATTEMPT_FN.into(),
         },
         Piece {
-            name: "fencer_acquire_many_v1",
-            exists: function_exists("fencer_acquire_many_v1"),
+            name: "fencer_acquire_many_v2",
+            exists: function_exists("fencer_acquire_many_v2"),
             create: acquire_many_fn(),
         },
         Piece {
@@ -170,7 +223,7 @@ fn acquire_many_fn() -> String {
     );
     format!(
         r#"
-CREATE FUNCTION fencer_acquire_many_v1(p_keys text[], p_leases text[], p_ttls bigint[],
+CREATE FUNCTION fencer_acquire_many_v2(p_keys text[], p_leases text[], p_ttls bigint[],
                                        p_delay bigint, p_attempts text[])
 RETURNS TABLE (item integer, st integer, tok bigint, rem bigint)
 LANGUAGE plpgsql VOLATILE AS $fn$
@@ -230,7 +283,7 @@ END $fn$
 }
 
 /// $1 keys, $2 leases, $3 ttls (ms), $4 lock-delay ms, $5 attempt ids.
-pub const ACQUIRE_MANY: &str = "SELECT * FROM fencer_acquire_many_v1($1, $2, $3, $4, $5)";
+pub const ACQUIRE_MANY: &str = "SELECT * FROM fencer_acquire_many_v2($1, $2, $3, $4, $5)";
 
 /// $1 keys, $2 leases, $3 notification channels.
 pub const RELEASE_MANY: &str = "SELECT * FROM fencer_release_many_v1($1, $2, $3)";
@@ -323,10 +376,12 @@ WITH live AS (
   UPDATE fencer_locks l
      SET lease_id = $2, owner = $3, token = l.token + 1,
          expires_at = clock_timestamp() + $4::bigint * interval '1 millisecond',
-         updated_at = clock_timestamp(), delay_ms = $5::bigint, attempt = $6
+         updated_at = clock_timestamp(), delay_ms = $5::bigint, attempt = $6,
+         write_wait = NULL
    WHERE l.key = $1 AND (SELECT ok FROM live)
      AND (l.lease_id IS NULL
           OR l.expires_at + l.delay_ms * interval '1 millisecond' <= clock_timestamp())
+     AND (l.read_until IS NULL OR l.read_until <= clock_timestamp())
   RETURNING l.token
 ), ins AS (
   -- No row yet: create it above the token floor. Only this path reads the
@@ -350,12 +405,29 @@ WITH live AS (
      AND (SELECT ok FROM live)
      AND NOT EXISTS (SELECT 1 FROM up) AND NOT EXISTS (SELECT 1 FROM ins)
   RETURNING l.token
+), wait AS (
+  -- Read leases hold the key: this writer waits for them, and no new
+  -- reader gets in until the last of them has left, plus a second for the
+  -- writer to try again (writer preference; a writer that gave up keeps
+  -- readers out no longer). Runs after `again`, as `again` after `up`.
+  UPDATE fencer_locks l
+     SET write_wait = l.read_until + interval '1 second'
+   WHERE l.key = $1 AND (SELECT ok FROM live)
+     AND l.read_until > clock_timestamp()
+     AND (l.lease_id IS NULL OR l.expires_at <= clock_timestamp())
+     AND NOT EXISTS (SELECT 1 FROM up) AND NOT EXISTS (SELECT 1 FROM ins)
+     AND NOT EXISTS (SELECT 1 FROM again)
+  RETURNING l.token,
+            GREATEST(0, (EXTRACT(EPOCH FROM (l.read_until - clock_timestamp())) * 1000)::bigint)
+              AS readers_left_ms
 )
 SELECT 1 AS status, token, 0::bigint AS remaining_ms FROM up
 UNION ALL
 SELECT 1, token, 0::bigint FROM ins
 UNION ALL
 SELECT 1, token, 0::bigint FROM again
+UNION ALL
+SELECT -1, token, readers_left_ms FROM wait
 UNION ALL
 SELECT CASE WHEN l.expires_at > clock_timestamp() THEN -1 ELSE -3 END,
        l.token,
@@ -364,7 +436,7 @@ SELECT CASE WHEN l.expires_at > clock_timestamp() THEN -1 ELSE -3 END,
   FROM fencer_locks l
  WHERE l.key = $1 AND (SELECT ok FROM live)
    AND NOT EXISTS (SELECT 1 FROM up) AND NOT EXISTS (SELECT 1 FROM ins)
-   AND NOT EXISTS (SELECT 1 FROM again)
+   AND NOT EXISTS (SELECT 1 FROM again) AND NOT EXISTS (SELECT 1 FROM wait)
 UNION ALL
 SELECT -2, 0::bigint, 0::bigint FROM live WHERE NOT ok
 "#;
@@ -494,6 +566,195 @@ UNION ALL SELECT permits FROM fencer_semaphores WHERE name = $1
 LIMIT 1
 "#;
 
+/// `fencer_read_settle_v1(key, channel)`, with the key's row locked by
+/// the caller: `read_until` becomes the expiry of the last live reader
+/// (NULL: none), and when none is left the key's waiters are notified.
+const READ_SETTLE: &str = r#"
+CREATE FUNCTION fencer_read_settle_v1(p_key text, p_channel text) RETURNS void
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+  v_until timestamptz;
+BEGIN
+  SELECT max(r.expires_at) INTO v_until FROM fencer_readers r
+   WHERE r.key = p_key AND r.expires_at > clock_timestamp();
+  UPDATE fencer_locks SET read_until = v_until, updated_at = clock_timestamp() WHERE key = p_key;
+  IF v_until IS NULL THEN
+    PERFORM pg_notify(p_channel, '');
+  END IF;
+END $$
+"#;
+
+/// A read lease's acquire: `fencer_read_acquire_v1(key, lease, ttl ms,
+/// attempt)` → `(status, token, remaining ms)` with [`ACQUIRE`]'s statuses.
+/// Under the key's row lock (the row created, above the token floor, if
+/// the key has none): already this lease's reader (a retry) → its token;
+/// a write lease holds the key, or a writer waits for it → held; in a
+/// write lease's lock-delay → delayed; else a reader row with the next
+/// token of the key's counter, and `read_until` raised to its expiry.
+/// The attempt is voidable as a writer's ([`VOID_READ_FN`]).
+const READ_ACQUIRE_FN: &str = r#"
+CREATE FUNCTION fencer_read_acquire_v1(p_key text, p_lease text, p_ttl bigint, p_attempt text)
+RETURNS TABLE (status integer, token bigint, remaining_ms bigint)
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+  l record; r record; t bigint; ts timestamptz;
+BEGIN
+  IF NOT fencer_attempt_live(p_lease, p_attempt) THEN
+    RETURN QUERY SELECT -2, 0::bigint, 0::bigint;
+    RETURN;
+  END IF;
+  SELECT * INTO l FROM fencer_locks WHERE key = p_key FOR UPDATE;
+  IF NOT FOUND THEN
+    INSERT INTO fencer_locks (key, token) VALUES (p_key, fencer_next_floor())
+    ON CONFLICT (key) DO NOTHING;
+    SELECT * INTO l FROM fencer_locks WHERE key = p_key FOR UPDATE;
+  END IF;
+  ts := clock_timestamp();
+  SELECT * INTO r FROM fencer_readers
+   WHERE fencer_readers.key = p_key AND lease_id = p_lease AND expires_at > ts;
+  IF FOUND THEN
+    UPDATE fencer_readers SET attempt = GREATEST(attempt COLLATE "C", p_attempt COLLATE "C")
+     WHERE fencer_readers.key = p_key AND lease_id = p_lease;
+    RETURN QUERY SELECT 1, r.token, 0::bigint;
+    RETURN;
+  END IF;
+  IF l.lease_id IS NOT NULL AND l.expires_at > ts THEN
+    RETURN QUERY SELECT -1, l.token,
+      GREATEST(0, (EXTRACT(EPOCH FROM (l.expires_at - ts)) * 1000)::bigint);
+    RETURN;
+  END IF;
+  IF l.write_wait > ts THEN
+    RETURN QUERY SELECT -1, l.token,
+      GREATEST(0, (EXTRACT(EPOCH FROM (l.write_wait - ts)) * 1000)::bigint);
+    RETURN;
+  END IF;
+  IF l.lease_id IS NOT NULL AND l.expires_at + l.delay_ms * interval '1 millisecond' > ts THEN
+    RETURN QUERY SELECT -3, l.token,
+      GREATEST(0, (EXTRACT(EPOCH FROM (l.expires_at + l.delay_ms * interval '1 millisecond' - ts))
+                   * 1000)::bigint);
+    RETURN;
+  END IF;
+  t := l.token + 1;
+  UPDATE fencer_locks
+     SET token = t, lease_id = NULL, owner = NULL, expires_at = NULL, write_wait = NULL,
+         read_until = GREATEST(COALESCE(read_until, ts), ts + p_ttl * interval '1 millisecond'),
+         updated_at = ts
+   WHERE fencer_locks.key = p_key;
+  INSERT INTO fencer_readers (key, lease_id, token, expires_at, attempt)
+  VALUES (p_key, p_lease, t, ts + p_ttl * interval '1 millisecond', p_attempt)
+  ON CONFLICT (key, lease_id) DO UPDATE
+    SET token = EXCLUDED.token, expires_at = EXCLUDED.expires_at, attempt = EXCLUDED.attempt;
+  RETURN QUERY SELECT 1, t, 0::bigint;
+END $fn$
+"#;
+
+/// $1 key, $2 lease, $3 ttl ms, $4 attempt id: [`READ_ACQUIRE_FN`].
+pub const READ_ACQUIRE: &str = "SELECT * FROM fencer_read_acquire_v1($1, $2, $3, $4)";
+
+/// A read lease's renewal: `fencer_read_renew_v1(key, lease, ttl ms)` →
+/// `(status, token)` as [`RENEW`]: under the key's row lock, the reader's
+/// row extended and `read_until` raised to cover it.
+const READ_RENEW_FN: &str = r#"
+CREATE FUNCTION fencer_read_renew_v1(p_key text, p_lease text, p_ttl bigint)
+RETURNS TABLE (status integer, token bigint)
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+  l record; t bigint; ts timestamptz;
+BEGIN
+  SELECT * INTO l FROM fencer_locks WHERE key = p_key FOR UPDATE;
+  IF NOT FOUND THEN
+    RETURN QUERY SELECT 0, 0::bigint;
+    RETURN;
+  END IF;
+  ts := clock_timestamp();
+  UPDATE fencer_readers r SET expires_at = ts + p_ttl * interval '1 millisecond'
+   WHERE r.key = p_key AND r.lease_id = p_lease AND r.expires_at > ts
+  RETURNING r.token INTO t;
+  IF t IS NULL THEN
+    RETURN QUERY SELECT CASE WHEN l.lease_id IS NOT NULL AND l.expires_at > ts THEN -1 ELSE 0 END,
+                        l.token;
+    RETURN;
+  END IF;
+  UPDATE fencer_locks
+     SET read_until = GREATEST(COALESCE(read_until, ts), ts + p_ttl * interval '1 millisecond'),
+         updated_at = ts
+   WHERE fencer_locks.key = p_key;
+  RETURN QUERY SELECT 1, t;
+END $fn$
+"#;
+
+/// $1 key, $2 lease, $3 ttl ms: [`READ_RENEW_FN`].
+pub const READ_RENEW: &str = "SELECT * FROM fencer_read_renew_v1($1, $2, $3)";
+
+/// A read lease's release: `fencer_read_release_v1(key, lease, channel)`
+/// → `(status, token)` as [`RELEASE`]; the last reader's release notifies
+/// the key's waiters ([`READ_SETTLE`]).
+const READ_RELEASE_FN: &str = r#"
+CREATE FUNCTION fencer_read_release_v1(p_key text, p_lease text, p_channel text)
+RETURNS TABLE (status integer, token bigint)
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+  l record; t bigint; live boolean;
+BEGIN
+  SELECT * INTO l FROM fencer_locks WHERE key = p_key FOR UPDATE;
+  IF NOT FOUND THEN
+    RETURN QUERY SELECT 0, 0::bigint;
+    RETURN;
+  END IF;
+  DELETE FROM fencer_readers r WHERE r.key = p_key AND r.lease_id = p_lease
+  RETURNING r.token, r.expires_at > clock_timestamp() INTO t, live;
+  IF t IS NULL OR NOT live THEN
+    RETURN QUERY SELECT CASE WHEN l.lease_id IS NOT NULL AND l.expires_at > clock_timestamp()
+                             THEN -1 ELSE 0 END, l.token;
+    RETURN;
+  END IF;
+  PERFORM fencer_read_settle_v1(p_key, p_channel);
+  RETURN QUERY SELECT 1, t;
+END $fn$
+"#;
+
+/// $1 key, $2 lease, $3 notification channel: [`READ_RELEASE_FN`].
+pub const READ_RELEASE: &str = "SELECT * FROM fencer_read_release_v1($1, $2, $3)";
+
+/// The undo of a read lease's acquire attempt whose caller gave up: as
+/// [`VOID_ATTEMPT_FN`] — a tombstone under the attempt's lock, then the
+/// reader row removed if it still carries the attempt.
+const VOID_READ_FN: &str = r#"
+CREATE FUNCTION fencer_void_read_v1(p_key text, p_lease text, p_attempt text, p_channel text)
+RETURNS integer LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+  released integer;
+BEGIN
+  PERFORM pg_advisory_xact_lock(1717923427, hashtext(p_lease || '/' || p_attempt));
+  INSERT INTO fencer_void_attempts (lease_id, attempt) VALUES (p_lease, p_attempt)
+  ON CONFLICT (lease_id, attempt) DO NOTHING;
+  PERFORM 1 FROM fencer_locks WHERE key = p_key FOR UPDATE;
+  WITH r AS (
+    DELETE FROM fencer_readers
+     WHERE key = p_key AND lease_id = p_lease AND attempt = p_attempt
+    RETURNING 1
+  )
+  SELECT count(*) INTO released FROM r;
+  IF released > 0 THEN
+    PERFORM fencer_read_settle_v1(p_key, p_channel);
+  END IF;
+  RETURN released;
+END $$
+"#;
+
+/// $1 key, $2 lease, $3 notification channel, $4 attempt id:
+/// [`VOID_READ_FN`].
+pub const VOID_READ: &str = "SELECT fencer_void_read_v1($1, $2, $4, $3)";
+
+/// $1 batch size: deletes up to $1 reader rows that expired more than a
+/// minute ago (released ones are deleted by their release).
+pub const CLEANUP_READERS: &str = r#"
+DELETE FROM fencer_readers WHERE (key, lease_id) IN (
+  SELECT key, lease_id FROM fencer_readers
+   WHERE expires_at < clock_timestamp() - interval '1 minute'
+   ORDER BY expires_at LIMIT $1)
+"#;
+
 /// $1 idle ms, $2 batch size. Deletes up to $2 rows of keys idle (free
 /// and untouched) for $1 ms and raises the floor to their highest token in
 /// the same statement. Run in a transaction holding the floor lock
@@ -506,6 +767,7 @@ WITH gone AS (
     SELECT key FROM fencer_locks
      WHERE (lease_id IS NULL
             OR expires_at + delay_ms * interval '1 millisecond' <= clock_timestamp())
+       AND (read_until IS NULL OR read_until <= clock_timestamp())
        AND updated_at < clock_timestamp() - $1::bigint * interval '1 millisecond'
      ORDER BY updated_at LIMIT $2
      FOR UPDATE SKIP LOCKED)

@@ -1505,7 +1505,14 @@ async fn read_write_locks(backend: Backend) {
     let path = |op: &str| Fencer::path("rw/1", op);
     let read = |ttl: u64, wait: u64| json!({"mode": "read", "ttl_ms": ttl, "wait_ms": wait});
     let r1 = a.post(&path("acquire"), read(20_000, 0)).await;
-    if !matches!(backend, Backend::Memory | Backend::Postgres) {
+    if !matches!(
+        backend,
+        Backend::Memory
+            | Backend::Postgres
+            | Backend::Redis
+            | Backend::RedisSentinel
+            | Backend::RedisCluster
+    ) {
         assert_eq!(
             (r1.status, r1.code()),
             (400, "unsupported_by_backend"),

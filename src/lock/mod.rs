@@ -356,3 +356,35 @@ pub trait LockBackend: Send + Sync + 'static {
 }
 
 pub type DynBackend = Arc<dyn LockBackend>;
+
+/// A batch operation (`renew_many`, `check_many`) over `items` of which
+/// some are read leases' ([`LockKey::is_reader`]): the others go through
+/// `batch` as one, each reader's through `one` — a backend whose batch
+/// statement knows only write leases. Results in `items`' order.
+pub async fn readers_apart<'a, T, B, O, FB, FO>(
+    items: &'a [T],
+    is_reader: impl Fn(&T) -> bool,
+    batch: B,
+    one: O,
+) -> Result<Vec<Ownership>, BackendError>
+where
+    T: Clone,
+    B: FnOnce(Vec<T>) -> FB,
+    FB: std::future::Future<Output = Result<Vec<Ownership>, BackendError>>,
+    O: Fn(&'a T) -> FO,
+    FO: std::future::Future<Output = Result<Ownership, BackendError>>,
+{
+    let (readers, writers): (Vec<_>, Vec<_>) =
+        items.iter().enumerate().partition(|(_, t)| is_reader(t));
+    let mut out = vec![Ownership::Free; items.len()];
+    let rest: Vec<T> = writers.iter().map(|(_, t)| (*t).clone()).collect();
+    if !rest.is_empty() {
+        for ((i, _), o) in writers.iter().zip(batch(rest).await?) {
+            out[*i] = o;
+        }
+    }
+    for (i, t) in readers {
+        out[i] = one(t).await?;
+    }
+    Ok(out)
+}

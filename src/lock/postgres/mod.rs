@@ -554,21 +554,13 @@ impl LockBackend for PgBackend {
         if items.iter().any(|(k, _, _)| k.is_reader()) {
             // Read leases renew one by one (their statement locks the
             // key's row and their own); the writers' batch goes as one.
-            let (readers, writers): (Vec<_>, Vec<_>) = items
-                .iter()
-                .enumerate()
-                .partition(|(_, (k, _, _))| k.is_reader());
-            let batch: Vec<_> = writers.iter().map(|(_, item)| (*item).clone()).collect();
-            let mut out = vec![Ownership::Free; items.len()];
-            if !batch.is_empty() {
-                for ((i, _), o) in writers.iter().zip(self.renew_many(&batch).await?) {
-                    out[*i] = o;
-                }
-            }
-            for (i, (key, lease, ttl)) in readers {
-                out[i] = self.renew(key, lease, *ttl).await?;
-            }
-            return Ok(out);
+            return crate::lock::readers_apart(
+                items,
+                |(k, _, _)| k.is_reader(),
+                |batch| async move { self.renew_many(&batch).await },
+                |(k, l, t)| self.renew(k, l, *t),
+            )
+            .await;
         }
         let keys: Vec<String> = items
             .iter()

@@ -66,7 +66,7 @@ impl Op {
 
     fn keys_per_item(self) -> usize {
         match self {
-            Op::Acquire => 3,
+            Op::Acquire => 5,
             Op::Release => 2,
         }
     }

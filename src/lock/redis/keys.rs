@@ -74,6 +74,18 @@ impl RedisKeys {
         self.with(":permits")
     }
 
+    /// Read-write locks: the key's read leases, a hash of lease id →
+    /// `"<token> <expiry ms>"` (server clock), living as long as the latest.
+    pub fn readers(&self) -> String {
+        self.with(":readers")
+    }
+
+    /// Read-write locks: set while a writer waits for the readers to leave;
+    /// no new reader gets in meanwhile (writer preference).
+    pub fn writer_wait(&self) -> String {
+        self.with(":wwait")
+    }
+
     /// Lock-delay marker: outlives a lock that expired without a release.
     pub fn delay(&self) -> String {
         self.with(":delay")

@@ -505,11 +505,39 @@ impl LockBackend for RedisBackend {
         // grant the key again while this lease holds it).
         self.eviction.admit().await?;
         let k = self.keys(key);
-        let item = Item {
-            keys: vec![k.lock(), k.counter(), k.delay()],
-            args: vec![lease.as_str().to_owned(), ttl.as_millis().to_string()],
+        let (status, value, replicas) = if key.is_reader() {
+            let mut call = Call::default();
+            call.key(k.lock())
+                .key(k.counter())
+                .key(k.delay())
+                .key(k.readers())
+                .key(k.writer_wait())
+                .arg(lease.as_str())
+                .arg(ttl.as_millis() as u64)
+                .arg(self.token_mode)
+                .arg(self.counter_idle_ms);
+            let reply = self
+                .exec(
+                    &self.scripts.read_acquire,
+                    &call,
+                    Replicated::Required("acquire"),
+                )
+                .await?;
+            let (status, value) = pair(reply.value)?;
+            (status, value, reply.replicas)
+        } else {
+            let item = Item {
+                keys: vec![
+                    k.lock(),
+                    k.counter(),
+                    k.delay(),
+                    k.readers(),
+                    k.writer_wait(),
+                ],
+                args: vec![lease.as_str().to_owned(), ttl.as_millis().to_string()],
+            };
+            self.run_item(Op::Acquire, item).await?
         };
-        let (status, value, replicas) = self.run_item(Op::Acquire, item).await?;
         let short = self.short(replicas, Replicated::Required("acquire"));
         match status {
             1 if short => {
@@ -547,13 +575,22 @@ impl LockBackend for RedisBackend {
     ) -> Result<Ownership, BackendError> {
         let k = self.keys(key);
         let mut call = Call::default();
-        call.key(k.lock())
-            .key(k.delay())
-            .arg(lease.as_str())
-            .arg(ttl.as_millis() as u64)
-            .arg(self.lock_delay_ms);
         let replicated = Replicated::Required("renew");
-        let reply = self.exec(&self.scripts.renew, &call, replicated).await?;
+        let reply = if key.is_reader() {
+            call.key(k.lock())
+                .key(k.readers())
+                .arg(lease.as_str())
+                .arg(ttl.as_millis() as u64);
+            self.exec(&self.scripts.read_renew, &call, replicated)
+                .await?
+        } else {
+            call.key(k.lock())
+                .key(k.delay())
+                .arg(lease.as_str())
+                .arg(ttl.as_millis() as u64)
+                .arg(self.lock_delay_ms);
+            self.exec(&self.scripts.renew, &call, replicated).await?
+        };
         let short = self.short(reply.replicas, replicated);
         let (status, value) = pair(reply.value)?;
         let found = ownership(status, &value)?;
@@ -568,6 +605,18 @@ impl LockBackend for RedisBackend {
 
     async fn release(&self, key: &LockKey, lease: &LeaseId) -> Result<Ownership, BackendError> {
         let k = self.keys(key);
+        if key.is_reader() {
+            let mut call = Call::default();
+            call.key(k.readers())
+                .arg(lease.as_str())
+                .arg(k.channel())
+                .arg(self.publish);
+            let reply = self
+                .exec(&self.scripts.read_release, &call, Replicated::No)
+                .await?;
+            let (status, value) = pair(reply.value)?;
+            return ownership(status, &value);
+        }
         let item = Item {
             keys: vec![k.lock(), k.delay()],
             args: vec![lease.as_str().to_owned(), k.channel()],
@@ -580,6 +629,15 @@ impl LockBackend for RedisBackend {
         &self,
         items: &[(LockKey, LeaseId, Duration)],
     ) -> Result<Vec<Ownership>, BackendError> {
+        if items.iter().any(|(k, _, _)| k.is_reader()) {
+            return crate::lock::readers_apart(
+                items,
+                |(k, _, _)| k.is_reader(),
+                |batch| async move { self.renew_many(&batch).await },
+                |(k, l, t)| self.renew(k, l, *t),
+            )
+            .await;
+        }
         let locks: Vec<String> = items.iter().map(|(k, _, _)| self.keys(k).lock()).collect();
         let groups = self.slot_groups(&locks);
         let runs = groups.iter().map(|group| async move {
@@ -619,6 +677,23 @@ impl LockBackend for RedisBackend {
         &self,
         items: &[(LockKey, LeaseId)],
     ) -> Result<Vec<Ownership>, BackendError> {
+        if items.iter().any(|(k, _)| k.is_reader()) {
+            return crate::lock::readers_apart(
+                items,
+                |(k, _)| k.is_reader(),
+                |batch| async move { self.check_many(&batch).await },
+                |(k, l)| async move {
+                    let mut call = Call::default();
+                    call.key(self.keys(k).readers()).arg(l.as_str());
+                    let reply = self
+                        .exec(&self.scripts.read_check, &call, Replicated::No)
+                        .await?;
+                    let (status, value) = pair(reply.value)?;
+                    ownership(status, &value)
+                },
+            )
+            .await;
+        }
         let locks: Vec<String> = items.iter().map(|(k, _)| self.keys(k).lock()).collect();
         let groups = self.slot_groups(&locks);
         let runs = groups.iter().map(|group| {
@@ -675,6 +750,10 @@ impl LockBackend for RedisBackend {
     /// Reachable, and every master in use says `noeviction` (or
     /// `allow_eviction`): a Redis that may evict lock entries is not ready.
     fn supports_reentrancy(&self) -> bool {
+        true
+    }
+
+    fn supports_read_locks(&self) -> bool {
         true
     }
 

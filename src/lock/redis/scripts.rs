@@ -78,7 +78,50 @@ local function server_now()
   end
   return now_ms
 end
-local function acquire(lock, counter, delay, lease, ttl, mode, lock_delay, idle)
+local function mint(counter, mode, idle)
+  if mode == 'hybrid' then
+    local now = server_now()
+    local floor = now * 1024
+    local c = tonumber(redis.call('GET', counter) or '0')
+    if c >= 9007199254740991 then
+      return nil, 'fencer: token counter at 2^53; Lua numbers are no longer exact'
+    end
+    c = c + 1
+    if c < floor then c = floor end
+    local tok = string.format('%.0f', c)
+    redis.call('SET', counter, tok)
+    keep_counter(counter, tok, tonumber(idle), now)
+    return tok
+  end
+  -- INCR is exact 64-bit arithmetic in Redis; its reply becomes a Lua
+  -- double, which tostring() prints as 1e+14 from 10^14 up. Read the
+  -- counter back as the string Redis keeps instead.
+  redis.call('INCR', counter)
+  return redis.call('GET', counter)
+end
+-- The live read leases of a key's readers hash (entries "<token>
+-- <expiry ms>", server clock), expired ones removed: their count, the ms
+-- left to the soonest and to the latest.
+local function live_readers(readers)
+  if redis.call('EXISTS', readers) == 0 then return 0, 0, 0 end
+  local now = server_now()
+  local all = redis.call('HGETALL', readers)
+  local n, soonest, latest = 0, nil, 0
+  for i = 1, #all, 2 do
+    local v = all[i + 1]
+    local exp = tonumber(string.sub(v, (string.find(v, ' ', 1, true) or 0) + 1)) or 0
+    if exp <= now then
+      redis.call('HDEL', readers, all[i])
+    else
+      n = n + 1
+      local left = exp - now
+      if not soonest or left < soonest then soonest = left end
+      if left > latest then latest = left end
+    end
+  end
+  return n, soonest or 0, latest
+end
+local function acquire(lock, counter, delay, readers, wwait, lease, ttl, mode, lock_delay, idle)
   local cur = redis.call('GET', lock)
   if cur then
     local sep = string.find(cur, ' ', 1, true)
@@ -91,27 +134,20 @@ local function acquire(lock, counter, delay, lease, ttl, mode, lock_delay, idle)
   if delayed > 0 then
     return {-3, tostring(delayed)}
   end
-  local tok
-  if mode == 'hybrid' then
-    local now = server_now()
-    local floor = now * 1024
-    local c = tonumber(redis.call('GET', counter) or '0')
-    if c >= 9007199254740991 then
-      return {-2, 'fencer: token counter at 2^53; Lua numbers are no longer exact'}
-    end
-    c = c + 1
-    if c < floor then c = floor end
-    tok = string.format('%.0f', c)
-    redis.call('SET', counter, tok)
-    keep_counter(counter, tok, tonumber(idle), now)
-  else
-    -- INCR is exact 64-bit arithmetic in Redis; its reply becomes a Lua
-    -- double, which tostring() prints as 1e+14 from 10^14 up. Read the
-    -- counter back as the string Redis keeps instead.
-    redis.call('INCR', counter)
-    tok = redis.call('GET', counter)
+  local n, soonest = live_readers(readers)
+  if n > 0 then
+    -- Read leases hold the key: this writer waits, and no new reader gets
+    -- in until the soonest of them runs out, plus a second for the writer
+    -- to try again (writer preference; it renews the mark each try).
+    redis.call('SET', wwait, '1', 'PX', soonest + 1000)
+    return {-1, tostring(soonest)}
+  end
+  local tok, err = mint(counter, mode, idle)
+  if not tok then
+    return {-2, err}
   end
   redis.call('SET', lock, lease .. ' ' .. tok, 'PX', ttl)
+  redis.call('DEL', wwait)
   if tonumber(lock_delay) > 0 then
     redis.call('SET', delay, '1', 'PX', tonumber(ttl) + tonumber(lock_delay))
   end
@@ -134,21 +170,115 @@ end
     };
 }
 
-/// KEYS: lock, counter, delay marker. ARGV: lease id, ttl ms, token mode
-/// (`hybrid`|`counter`), lock-delay ms, counter idle expiry ms (0: never;
-/// `hybrid` only). See `acquire_lua!` for the rules.
+/// KEYS: lock, counter, delay marker, readers hash, writer-wait marker.
+/// ARGV: lease id, ttl ms, token mode (`hybrid`|`counter`), lock-delay ms,
+/// counter idle expiry ms (0: never; `hybrid` only). See `acquire_lua!`
+/// for the rules.
 pub const ACQUIRE: &str = concat!(
     keep_counter_lua!(),
     acquire_lua!(),
     r#"
-local r = acquire(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
+local r = acquire(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
 if r[1] == -2 then return redis.error_reply(r[2]) end
 return r
 "#
 );
 
+/// A read lease's acquire (read-write locks). KEYS: lock, counter, delay
+/// marker, readers hash, writer-wait marker. ARGV: lease id, ttl ms, token
+/// mode, counter idle expiry ms. Already this lease's reader → its token;
+/// a write lease holds the key, or a writer waits for it → `{-1, ms}`; in
+/// lock-delay → `{-3, ms}`; else an entry `"<token> <expiry ms>"` in the
+/// readers hash, with the key's next token. The hash lives as long as its
+/// latest reader.
+pub const READ_ACQUIRE: &str = concat!(
+    keep_counter_lua!(),
+    acquire_lua!(),
+    r#"
+local now = server_now()
+local mine = redis.call('HGET', KEYS[4], ARGV[1])
+if mine then
+  local sep = string.find(mine, ' ', 1, true)
+  if sep and tonumber(string.sub(mine, sep + 1)) > now then
+    return {1, string.sub(mine, 1, sep - 1)}
+  end
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return {-1, tostring(redis.call('PTTL', KEYS[1]))}
+end
+local waiting = redis.call('PTTL', KEYS[5])
+if waiting > 0 then
+  return {-1, tostring(waiting)}
+end
+local delayed = redis.call('PTTL', KEYS[3])
+if delayed > 0 then
+  return {-3, tostring(delayed)}
+end
+local tok, err = mint(KEYS[2], ARGV[3], ARGV[4])
+if not tok then return redis.error_reply(err) end
+local ttl = tonumber(ARGV[2])
+redis.call('HSET', KEYS[4], ARGV[1], tok .. ' ' .. string.format('%.0f', now + ttl))
+if redis.call('PTTL', KEYS[4]) < ttl then redis.call('PEXPIRE', KEYS[4], ttl) end
+return {1, tok}
+"#
+);
+
+/// A read lease's renewal. KEYS: lock, readers hash. ARGV: lease id, ttl
+/// ms. `{1, token}` renewed, `{0, ''}` not held, `{-1, ''}` a write lease
+/// holds the key.
+pub const READ_RENEW: &str = concat!(
+    keep_counter_lua!(),
+    acquire_lua!(),
+    r#"
+local now = server_now()
+local mine = redis.call('HGET', KEYS[2], ARGV[1])
+if mine then
+  local sep = string.find(mine, ' ', 1, true)
+  if sep and tonumber(string.sub(mine, sep + 1)) > now then
+    local tok = string.sub(mine, 1, sep - 1)
+    local ttl = tonumber(ARGV[2])
+    redis.call('HSET', KEYS[2], ARGV[1], tok .. ' ' .. string.format('%.0f', now + ttl))
+    if redis.call('PTTL', KEYS[2]) < ttl then redis.call('PEXPIRE', KEYS[2], ttl) end
+    return {1, tok}
+  end
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then return {-1, ''} end
+return {0, ''}
+"#
+);
+
+/// A read lease's release. KEYS: readers hash. ARGV: lease id, release
+/// channel, publish command. The last reader's release publishes (wakes
+/// the waiting writer). `{1, token}` released, `{0, ''}` not held.
+pub const READ_RELEASE: &str = concat!(
+    keep_counter_lua!(),
+    acquire_lua!(),
+    r#"
+local mine = redis.call('HGET', KEYS[1], ARGV[1])
+if not mine then return {0, ''} end
+redis.call('HDEL', KEYS[1], ARGV[1])
+local sep = string.find(mine, ' ', 1, true)
+if not sep or tonumber(string.sub(mine, sep + 1)) <= server_now() then return {0, ''} end
+if live_readers(KEYS[1]) == 0 then redis.call(ARGV[3], ARGV[2], '1') end
+return {1, string.sub(mine, 1, sep - 1)}
+"#
+);
+
+/// Whether a read lease is live, changing nothing (after a failover).
+/// KEYS: readers hash. ARGV: lease id, the server's time ms is read here.
+pub const READ_CHECK: &str = r#"
+local mine = redis.call('HGET', KEYS[1], ARGV[1])
+if not mine then return {0, ''} end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local sep = string.find(mine, ' ', 1, true)
+if not sep or tonumber(string.sub(mine, sep + 1)) <= now then return {0, ''} end
+return {1, string.sub(mine, 1, sep - 1)}
+"#;
+
 /// Many acquires in one call (the group commit of [`super::batch`]).
-/// KEYS: lock, counter, delay marker per item. ARGV: lease id and ttl ms
+/// KEYS: lock, counter, delay marker, readers hash, writer-wait marker per
+/// item. ARGV: lease id and ttl ms
 /// per item, then token mode, lock-delay ms, counter idle expiry ms (the
 /// single script's layout, items concatenated). Returns `{status, value}`
 /// per item, flattened. Each item runs under `pcall`: an error (a refused
@@ -161,9 +291,9 @@ pub const ACQUIRE_MANY: &str = concat!(
     r#"
 local mode, lock_delay, idle = ARGV[#ARGV - 2], ARGV[#ARGV - 1], ARGV[#ARGV]
 local out = {}
-for i = 1, #KEYS / 3 do
-  local ok, r = pcall(acquire, KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i],
-    ARGV[2 * i - 1], ARGV[2 * i], mode, lock_delay, idle)
+for i = 1, #KEYS / 5 do
+  local ok, r = pcall(acquire, KEYS[5 * i - 4], KEYS[5 * i - 3], KEYS[5 * i - 2],
+    KEYS[5 * i - 1], KEYS[5 * i], ARGV[2 * i - 1], ARGV[2 * i], mode, lock_delay, idle)
   if not ok then r = batch_error(r) end
   out[2 * i - 1] = r[1]
   out[2 * i] = r[2]
@@ -386,6 +516,10 @@ pub struct Scripts {
     pub inspect: Lua,
     pub holds: Lua,
     pub permits: Lua,
+    pub read_acquire: Lua,
+    pub read_renew: Lua,
+    pub read_release: Lua,
+    pub read_check: Lua,
 }
 
 impl Scripts {
@@ -402,10 +536,14 @@ impl Scripts {
             inspect: Lua::new(INSPECT),
             holds: Lua::new(HOLDS),
             permits: Lua::new(PERMITS),
+            read_acquire: Lua::new(READ_ACQUIRE),
+            read_renew: Lua::new(READ_RENEW),
+            read_release: Lua::new(READ_RELEASE),
+            read_check: Lua::new(READ_CHECK),
         }
     }
 
-    pub fn all(&self) -> [&Lua; 11] {
+    pub fn all(&self) -> [&Lua; 15] {
         [
             &self.acquire,
             &self.renew,
@@ -418,6 +556,10 @@ impl Scripts {
             &self.inspect,
             &self.holds,
             &self.permits,
+            &self.read_acquire,
+            &self.read_renew,
+            &self.read_release,
+            &self.read_check,
         ]
     }
 }

@@ -397,6 +397,23 @@ SEMAPHORE_MUTANTS = {
     "permits_unchecked": dict(name="m-permits-unchecked", bite={}, semaphore_other_count_p=0.3,
                               mutants={"sidecar": ["permits_unchecked"]}),
 }
+# Read-write locks (issue 33 item 2): one hot account on PostgreSQL, half
+# the cycles read leases (read, think, then a write that must be refused
+# `read_lease` — by the proxy, or by the gateway for direct workers
+# carrying the read token), the others writers, under pauses and
+# PostgreSQL killed. Checked: M1 with readers sharing (a reader's span may
+# overlap only readers'), R1 — no write applied with a read lease's token
+# — and S1–S7 (no lost update). Bites: readers held the key together,
+# reader writes refused, stale writes refused.
+RWLOCK = sc("rwlock", backend="postgres", keys=["acct:rw"], read_p=0.5, workers=6, direct_workers=3,
+            nemesis=PAUSES + ["pause_sidecar", "kill_backend"], self_pause_p=0.3, duration_s=30,
+            bite={"stale_at_gateway": 2, "read_lease_refused": 20, "readers_shared": 5})
+FAMILIES += [RWLOCK]
+RWLOCK_MUTANTS = {
+    "read_token_writes": dict(name="m-read-token-writes", bite={}, mutants={"gateway": ["read_token_writes"]}),
+    "writers_skip_readers": dict(name="m-writers-skip-readers", bite={},
+                                 mutants={"sidecar": ["writers_skip_readers"]}),
+}
 SENTINEL_FAMILIES = [f for f in FAMILIES if f["backend"] == "redis-sentinel"]
 CLUSTER_FAMILIES = [f for f in FAMILIES if f["backend"] == "redis-cluster"]
 REDLOCK_FAMILIES = [f for f in FAMILIES if f["backend"] == "redlock"]
@@ -582,6 +599,7 @@ DIRECTED_MUTANTS = {
     "equal_token_any_lease": ("fencing", "an_equal_token_from_another_lease_is_refused"),
     "readers_ignore_writers": [("lib", "lock::memory::tests::readers_share_writers_exclude_and_a_waiting_writer_keeps_readers_out"),
                                ("lock_suite", "postgres::read_write_locks")],
+    "writers_skip_readers": ("postgres_backend", "readers_and_writers_under_shared_statements_never_overlap"),
     "read_attempt_not_voided": ("sql_bounds", "postgres_a_late_read_acquire_statement_takes_nothing"),
     "read_token_writes": ("fencing", "read_lease_tokens_read_but_never_write_and_fence_late_writers"),
     "readers_unfenced": ("fencing", "read_lease_tokens_read_but_never_write_and_fence_late_writers"),
@@ -1028,7 +1046,7 @@ def main():
 
     mutants = []
     if a.tier == "pr":
-        mutants = sorted(set(RANDOM_MUTANTS) | set(DIRECTED_MUTANTS) | set(SEAM_MUTANTS))
+        mutants = sorted(set(RANDOM_MUTANTS) | set(DIRECTED_MUTANTS) | set(SEAM_MUTANTS) | set(RWLOCK_MUTANTS))
     if a.mutant:
         mutants = [a.mutant]
     for m in mutants:
@@ -1061,6 +1079,9 @@ def main():
                 if a.backend and a.mutant:
                     s["backend"] = a.backend
                 later("FAIL", run_scenario, s, s_seed, a.bin, a.out, a.keep)
+            if m in RWLOCK_MUTANTS and a.mutant:
+                later("FAIL", run_scenario, dict(RWLOCK, **RWLOCK_MUTANTS[m]), s_seed, a.bin, a.out,
+                      a.keep)
             if m in SEMAPHORE_MUTANTS and a.mutant:
                 later("FAIL", run_scenario, dict(SEMAPHORE, **SEMAPHORE_MUTANTS[m]), s_seed, a.bin, a.out,
                       a.keep)

@@ -92,6 +92,7 @@ impl PgBackend {
         }
         if crate::mutants::active("fresh_send_time")
             || crate::mutants::active("readers_ignore_writers")
+            || crate::mutants::active("writers_skip_readers")
         {
             // The mutant's statement is the lone one's text; the shared
             // function runs the real one.
@@ -171,6 +172,20 @@ fn void_attempt(key: &LockKey, lease: &LeaseId, channel: String, attempt: String
 /// that fixes a lease's expiry when the statement starts (`now()`), before
 /// any wait for the row's lock — as before issue 10.
 fn acquire_sql() -> &'static str {
+    if crate::mutants::active("writers_skip_readers") {
+        // Mutant: a writer takes the key whatever readers hold it.
+        static SKIP: std::sync::LazyLock<&'static str> = std::sync::LazyLock::new(|| {
+            Box::leak(
+                sql::ACQUIRE
+                    .replace(
+                        "AND (l.read_until IS NULL OR l.read_until <= clock_timestamp())",
+                        "",
+                    )
+                    .into_boxed_str(),
+            )
+        });
+        return *SKIP;
+    }
     if crate::mutants::active("readers_ignore_writers") {
         // Mutant: a writer held off by readers keeps no new reader out.
         static NO_WAIT: std::sync::LazyLock<&'static str> = std::sync::LazyLock::new(|| {

@@ -39,6 +39,12 @@ def check(events, commits, injections, marks, nemesis, cfg, observed=None):
         resp = e["resp"]
         issued[answer_key(e)].setdefault(resp["token"], set()).add(resp["lease_id"])
 
+    # R1 (read-write locks, issue 33 item 2): no write applied with a
+    # read lease's token.
+    for c in read_lease_writes(events, commits):
+        r.violate("R1", f"{c['key']}: write {c.get('op_id')} applied with token {c['token']}, "
+                        f"a read lease's", [c])
+
     # S1: per key, in commit order, (token, seq) never goes back.
     last = {}
     for c in commits:
@@ -240,6 +246,10 @@ def check(events, commits, injections, marks, nemesis, cfg, observed=None):
     }
     r.bites.update(client_bites)
     r.bites.update(semaphore_bites)
+    if cfg.get("read_p"):
+        r.bites["read_lease_refused"] = sum(1 for e in events if e["kind"] == "fail"
+                                            and e.get("error") == "read_lease")
+        r.bites["readers_shared"] = readers_sharing(events)
     if (any(n.get("kind") in FAILOVER_KINDS for n in nemesis)
             or cfg.get("backend") in ("redis-sentinel", "redis-cluster")):
         # FAULT-SUITE: "failovers that actually lost state" — a promotion
@@ -443,6 +453,7 @@ def held_spans(events):
 
     spans = defaultdict(list)
     asked = {}
+    readers = reader_tags(events)
     for e in events:
         if e["f"] == "get" and e["kind"] == "invoke":
             asked[e["proc"]] = e["t"]
@@ -473,8 +484,40 @@ def held_spans(events):
         if end > e["t"]:
             spans[key].append({"start": e["t"], "end": end, "proc": e["proc"], "key": key, "tag": tag,
                                "token": resp.get("token"), "what": e["f"], "left_ms": left,
-                               "by_ttl": end == by_ttl, "told": tag in told[e["proc"]]})
+                               "by_ttl": end == by_ttl, "told": tag in told[e["proc"]],
+                               "read": tag in readers})
     return spans
+
+
+def read_lease_writes(events, commits):
+    """The applied writes whose token a read lease of their key was
+    granted (R1)."""
+    read_tokens = defaultdict(set)
+    for e in grants(events):
+        if e["resp"].get("mode") == "read":
+            read_tokens[answer_key(e)].add(e["resp"]["token"])
+    return [c for c in commits if c["token"] in read_tokens.get(c["key"], ())]
+
+
+def reader_tags(events):
+    """The tags of read leases (read-write locks): granted by an acquire
+    that answered `"mode": "read"`."""
+    return {lease_tag(e["resp"]["lease_id"]) for e in events
+            if e["f"] == "acquire" and e["kind"] == "ok" and (e.get("resp") or {}).get("mode") == "read"}
+
+
+def readers_sharing(events):
+    """Pairs of told read spans of one key that overlap: readers that held
+    a key together (a read-write workload's bite)."""
+    n = 0
+    for ss in held_spans(events).values():
+        rs = sorted((x for x in ss if x["read"] and x["told"]), key=lambda x: x["start"])
+        for i, a in enumerate(rs):
+            for b in rs[i + 1:]:
+                if b["start"] >= a["end"]:
+                    break
+                n += a["tag"] != b["tag"]
+    return n
 
 
 def span_counts(events):
@@ -497,7 +540,10 @@ def m1_pairs(events, untold=False):
             for b in ss[i + 1:]:
                 if b["start"] >= a["end"]:
                     break
-                if a["tag"] != b["tag"] and (a["told"] and b["told"]) != untold:
+                # Read leases share their key (read-write locks): two
+                # readers may overlap, a reader and a writer may not.
+                if a["tag"] != b["tag"] and (a["told"] and b["told"]) != untold \
+                        and not (a["read"] and b["read"]):
                     out.append((a, b))
     return out
 

@@ -436,6 +436,9 @@ class Cluster:
             # this many permits; a cycle writes under the slot key it got.
             "semaphore_permits": sc.get("semaphore_permits"),
             "semaphore_other_count_p": sc.get("semaphore_other_count_p", 0),
+            # Read-write locks (issue 33 item 2): read leases in this share
+            # of the cycles.
+            "read_p": sc.get("read_p", 0),
             # Renewals, holds and clients that walk away (worker.py, issue 28).
             "clients": sc.get("clients", {}),
         }

@@ -97,7 +97,9 @@ def parse_token(raw):
     if not raw:
         return None, None
     parts = raw.split(".")
-    if len(parts) != 6:
+    # v2 (a write lease's) has 6 parts; v3 (a read lease's) 7, the mode
+    # before the signature.
+    if len(parts) not in (6, 7):
         return None, None
     try:
         return int(parts[2]), parts[3]

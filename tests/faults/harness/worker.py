@@ -180,14 +180,22 @@ class Worker:
             key = lease["key"]
             lock = urllib.parse.quote(key, safe="")
         else:
-            acq = self.call("acquire", "POST", f"{cfg['api']}/v1/locks/{lock}/acquire", body=body,
-                            timeout=(cfg["wait_ms"] + 5000) / 1000, key=key)
+            # Read-write locks (issue 33 item 2): a read lease in `read_p`
+            # of the cycles. Its cycle is a writer's — read, think, write —
+            # and its write must be refused (`read_lease`): by the proxy,
+            # or, carrying its token itself, by the gateway.
+            read = drop is None and rng.random() < cfg.get("read_p", 0)
+            acq = self.call("acquire", "POST", f"{cfg['api']}/v1/locks/{lock}/acquire",
+                            body=dict(body, mode="read") if read else body,
+                            timeout=(cfg["wait_ms"] + 5000) / 1000, key=key, **({"read": True} if read else {}))
             if not acq or acq[0] != 200:
                 time.sleep(0.02)
                 return
             lease = acq[1]
         token, lease_id, wire = lease["token"], lease["lease_id"], lease["fencing_token"]
         ctx = {"key": key, "token": token, "lease": lease_id, "tag": lease_tag(lease_id)}
+        if lease.get("mode") == "read":
+            ctx["read"] = True
         if hold:
             hold.start(ctx)
         self.seq = 0

@@ -41,7 +41,7 @@ export class FencerClient {
    * @param {import('./index.js').AcquireOptions} [options]
    * @returns {Promise<Lease>}
    */
-  async acquire(key, { ttlMs, waitMs, owner, autoRenew, keepaliveMs, reentrant, signal } = {}) {
+  async acquire(key, { ttlMs, waitMs, owner, autoRenew, keepaliveMs, reentrant, mode, signal } = {}) {
     const body = {};
     if (ttlMs !== undefined) body.ttl_ms = ttlMs;
     if (waitMs !== undefined) body.wait_ms = waitMs;
@@ -49,6 +49,7 @@ export class FencerClient {
     if (autoRenew) body.auto_renew = true;
     if (keepaliveMs !== undefined) body.keepalive_ms = keepaliveMs;
     if (reentrant) body.reentrant = true;
+    if (mode !== undefined && mode !== 'write') body.mode = mode;
     const sentAt = performance.now();
     const answer = await this.#call('POST', path(key, 'acquire'), body, { waitMs, signal });
     return new Lease(answer, sentAt, key);

@@ -194,6 +194,10 @@ export class StaleFencingTokenError extends FencerError {}
 StaleFencingTokenError.code = 'stale_fencing_token';
 
 /** 409: the lease's write sequence went back (a delayed write). */
+/** 409: a write under a read lease (a read-write lock's reader). */
+export class ReadLeaseError extends FencerError {}
+ReadLeaseError.code = 'read_lease';
+
 export class StaleSequenceError extends FencerError {}
 StaleSequenceError.code = 'stale_sequence';
 
@@ -214,7 +218,7 @@ FenceStoreUnavailableError.code = 'fence_store_unavailable';
  * @type {Readonly<Record<string, typeof FencerError>>}
  */
 export const ERROR_CLASSES = Object.freeze(Object.fromEntries(
-  [InvalidRequestError, TtlTooLongError, PayloadTooLargeError, NotFoundError, MethodNotAllowedError, LockHeldError, LockDelayedError, LeaseLostError, NotOwnerError, MaxHoldReachedError, TooManyWaitersError, TooManyLeasesError, UnsupportedByBackendError, PermitsMismatchError, TooManyHoldsError, RateLimitedError, ViewOffError, BackendUnavailableError, BackendRefusedError, NotReplicatedError, GatewayUnavailableError, TokenBehindGatewayError, TokenJumpError, LeaseExpiredBeforeAnswerError, ShuttingDownError, InternalError, LockStoreNotFoundError, LeaseNotFoundError, NotReadyError, LeaseRequiredError, LockNotHeldError, LeaseBusyError, DuplicateFencingHeaderError, UpstreamError, UpstreamTimeoutError, FencingTokenRequiredError, InvalidFencingTokenError, PathNotRoutedError, StaleFencingTokenError, StaleSequenceError, DuplicateSequenceError, FenceBusyError, FenceStoreUnavailableError].map((cls) => [cls.code, cls]),
+  [InvalidRequestError, TtlTooLongError, PayloadTooLargeError, NotFoundError, MethodNotAllowedError, LockHeldError, LockDelayedError, LeaseLostError, NotOwnerError, MaxHoldReachedError, TooManyWaitersError, TooManyLeasesError, UnsupportedByBackendError, PermitsMismatchError, TooManyHoldsError, RateLimitedError, ViewOffError, BackendUnavailableError, BackendRefusedError, NotReplicatedError, GatewayUnavailableError, TokenBehindGatewayError, TokenJumpError, LeaseExpiredBeforeAnswerError, ShuttingDownError, InternalError, LockStoreNotFoundError, LeaseNotFoundError, NotReadyError, LeaseRequiredError, LockNotHeldError, LeaseBusyError, DuplicateFencingHeaderError, UpstreamError, UpstreamTimeoutError, FencingTokenRequiredError, InvalidFencingTokenError, PathNotRoutedError, StaleFencingTokenError, ReadLeaseError, StaleSequenceError, DuplicateSequenceError, FenceBusyError, FenceStoreUnavailableError].map((cls) => [cls.code, cls]),
 ));
 
 /**
@@ -228,7 +232,7 @@ export const FENCED_CODES = Object.freeze(new Set([
   'lease_required', 'lock_not_held', 'lease_lost', 'lease_busy', 'duplicate_fencing_header',
   'invalid_request', 'internal_error', 'method_not_allowed', 'upstream_error', 'upstream_timeout',
   'fencing_token_required', 'invalid_fencing_token', 'path_not_routed', 'stale_fencing_token',
-  'stale_sequence', 'duplicate_sequence', 'fence_busy', 'fence_store_unavailable',
+  'stale_sequence', 'duplicate_sequence', 'fence_busy', 'fence_store_unavailable', 'read_lease',
 ]));
 
 /**

@@ -19,6 +19,8 @@ export interface AcquireOptions {
   keepaliveMs?: number;
   /** With `owner`: the owner holding the key here takes it again (the same lease, one more hold). */
   reentrant?: boolean;
+  /** `read`: a read lease of a read-write lock, shared with other readers; its token reads and never writes (`ReadLeaseError`). Default `write`. */
+  mode?: 'read' | 'write';
   /** Aborts the acquire (e.g. a long wait). */
   signal?: AbortSignal;
 }
@@ -90,9 +92,9 @@ export class FencerClient {
   /** Takes the lock, waiting up to `waitMs`; rejects with `LockHeldError` if still held. */
   acquire(key: string, options?: AcquireOptions): Promise<Lease>;
   /** Takes one of `permits` permits of semaphore `name` (a lease on the lock key `name#slot`: renew, release and keepalive take it as any lease); rejects with `LockHeldError` if all stay held, `PermitsMismatchError` if the name's count is another. */
-  acquirePermit(name: string, permits: number, options?: Omit<AcquireOptions, 'reentrant'>): Promise<Lease>;
+  acquirePermit(name: string, permits: number, options?: Omit<AcquireOptions, 'reentrant' | 'mode'>): Promise<Lease>;
   /** Takes every key or none under one lease id (keys in byte order); rejects with `LockHeldError` if one stays held (every key taken is given back). */
-  acquireMany(keys: string[], options?: Omit<AcquireOptions, 'reentrant'>): Promise<{ lease_id: string; keys: { key: string; token: number; fencing_token: string; remaining_ms: number }[]; ttl_ms: number; remaining_ms: number }>;
+  acquireMany(keys: string[], options?: Omit<AcquireOptions, 'reentrant' | 'mode'>): Promise<{ lease_id: string; keys: { key: string; token: number; fencing_token: string; remaining_ms: number }[]; ttl_ms: number; remaining_ms: number }>;
   /** Renews every key of a multi-key lease. */
   renewMany(leaseId: string, options?: { ttlMs?: number; signal?: AbortSignal }): Promise<Record<string, any>>;
   /** Releases every key of a multi-key lease; resolves to the keys. */
@@ -264,6 +266,8 @@ export class PathNotRoutedError extends FencerError {}
 /** 409: a higher token was already accepted for the key (`body.highest_seen`): a newer holder has written; this write was not applied. */
 export class StaleFencingTokenError extends FencerError {}
 /** 409: the lease's write sequence went back (a delayed write). */
+/** 409: a write under a read lease: its token reads, never writes. */
+export class ReadLeaseError extends FencerError {}
 export class StaleSequenceError extends FencerError {}
 /** 409: the lease's write sequence repeats with a different request. */
 export class DuplicateSequenceError extends FencerError {}

@@ -225,6 +225,22 @@ test('a reentrant lease counts holds; the backend view sees it', async () => {
   assert.equal((await client.backendStatus(key)).state, 'free');
 });
 
+test('read leases share the key and never write', async () => {
+  const key = fresh('rw');
+  const one = await client.acquire(key, { ttlMs: 5000, mode: 'read' });
+  const two = await client.acquire(key, { ttlMs: 5000, mode: 'read' });
+  assert.equal(one.raw.mode, 'read');
+  assert.ok(two.token > one.token);
+  await assert.rejects(client.acquire(key, { ttlMs: 5000, waitMs: 0 }), LockHeldError);
+  const put = fencedFetch(one, { baseUrl: client.proxy });
+  await assert.rejects(put(`/kv/clients/${key.replaceAll(':', '-')}`, { method: 'PUT', ...json({ by: 'reader' }) }), fencer.ReadLeaseError);
+  await client.release(one);
+  await client.release(two);
+  const writer = await client.acquire(key, { ttlMs: 5000, waitMs: 0 });
+  assert.ok(writer.token > two.token);
+  await client.release(writer);
+});
+
 test('a multi-key lease takes every key or none', async () => {
   const a = fresh('multi');
   const b = fresh('multi');

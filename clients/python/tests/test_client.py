@@ -196,6 +196,25 @@ class LockTypesTest(unittest.TestCase):
         client.release(three)
 
 
+    def test_read_leases_share_the_key_and_never_write(self):
+        client = Client()
+        key = fresh("rw")
+        one = client.acquire(key, ttl_ms=5000, mode="read")
+        two = client.acquire(key, ttl_ms=5000, mode="read")
+        self.assertEqual((one.raw["mode"], two.key), ("read", key))
+        self.assertGreater(two.token, one.token)
+        with self.assertRaises(LockHeld):
+            client.acquire(key, ttl_ms=5000, wait_ms=0)
+        path = f"/kv/clients/{key.replace(':', '-')}"
+        with self.assertRaises(fencer_client.ReadLease):
+            fenced_urlopen(one, path, data={"by": "reader"}, method="PUT", base_url=client.proxy)
+        client.renew(one)
+        self.assertIsNone(client.release(one))
+        self.assertIsNone(client.release(two))
+        writer = client.acquire(key, ttl_ms=5000, wait_ms=0)
+        self.assertGreater(writer.token, two.token)
+        client.release(writer)
+
     def test_multi_key_lease_takes_every_key_or_none(self):
         client = Client()
         a, b = fresh("multi"), fresh("multi")

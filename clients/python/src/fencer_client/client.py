@@ -98,7 +98,8 @@ class Client:
 
     def acquire(self, key: str, ttl_ms: Optional[int] = None, wait_ms: Optional[int] = None,
                 owner: Optional[str] = None, auto_renew: bool = False,
-                keepalive_ms: Optional[int] = None, reentrant: bool = False) -> Lease:
+                keepalive_ms: Optional[int] = None, reentrant: bool = False,
+                mode: str = "write") -> Lease:
         """Takes the lock on ``key`` for ``ttl_ms``, waiting up to ``wait_ms``
         in the key's FIFO queue. Raises :class:`LockHeld` if it is still held
         then. With ``auto_renew`` the *sidecar* renews while this process
@@ -106,10 +107,15 @@ class Client:
         ``keepalive_ms``; see :meth:`lock` for renewal done by this client.
         With ``reentrant`` (and an ``owner``) the owner holding the key here
         takes it again: the same lease, one more hold (:meth:`release`
-        gives one back)."""
+        gives one back). ``mode="read"`` takes a read lease of a read-write
+        lock: shared with other readers, excluded by a writer (a waiting
+        writer keeps new readers out); its token reads and never writes
+        (:class:`ReadLease`)."""
         body = _acquire_body(ttl_ms, wait_ms, owner, auto_renew, keepalive_ms)
         if reentrant:
             body["reentrant"] = True
+        if mode != "write":
+            body["mode"] = mode
         sent_at = time.monotonic()
         answer = self._call("POST", self._path(key, "acquire"), body, wait_ms)
         return _lease(answer, sent_at, key)

@@ -259,6 +259,13 @@ class StaleFencingToken(FencerError):
     code = "stale_fencing_token"
 
 
+class ReadLease(FencerError):
+    """409: a write under a read lease (a read-write lock's reader): its
+    token reads, never writes; acquire with ``mode="write"`` to write. The
+    write was not sent (proxy) or not applied (gateway)."""
+    code = "read_lease"
+
+
 class StaleSequence(FencerError):
     """409: the lease's write sequence went back (a delayed write)."""
     code = "stale_sequence"
@@ -302,7 +309,7 @@ FENCED_CODES = frozenset({
     "lease_required", "lock_not_held", "lease_lost", "lease_busy", "duplicate_fencing_header",
     "invalid_request", "internal_error", "method_not_allowed", "upstream_error", "upstream_timeout",
     "fencing_token_required", "invalid_fencing_token", "path_not_routed", "stale_fencing_token",
-    "stale_sequence", "duplicate_sequence", "fence_busy", "fence_store_unavailable",
+    "stale_sequence", "duplicate_sequence", "fence_busy", "fence_store_unavailable", "read_lease",
 })
 
 

@@ -14,7 +14,7 @@ pub const ALL: &[(&str, &str)] = &[
     ("readers_unfenced", "the gateway admits a read lease's token at or below the write mark (a reader a writer followed)"),
     ("writers_ignore_readers", "the gateway holds a write lease's token to the write mark only, not to readers' tokens"),
     ("readers_ignore_writers", "a writer waiting for readers to leave does not keep new readers out (no writer preference): a steady stream of readers starves it"),
-    ("read_attempt_not_voided", "the PostgreSQL backend's undo of a read acquire whose caller gave up does nothing: a late try leaves a reader nobody holds, keeping writers out for its TTL"),
+    ("read_attempt_not_voided", "the SQL backends' undo of a read acquire whose caller gave up does nothing: a late try (PostgreSQL) or a late answer (MySQL) leaves a reader nobody holds, keeping writers out for its TTL"),
     ("writers_skip_readers", "the PostgreSQL backend grants a write lease while read leases hold the key"),
     ("unfenced_reads", "the gateway forwards token-bearing reads unchecked: reads no longer advance the mark"),
     ("check_then_forward", "the gateway gives up the key right after the check, before the forward"),

@@ -1512,6 +1512,7 @@ async fn read_write_locks(backend: Backend) {
             | Backend::Redis
             | Backend::RedisSentinel
             | Backend::RedisCluster
+            | Backend::MySql
     ) {
         assert_eq!(
             (r1.status, r1.code()),

@@ -717,25 +717,19 @@ async fn a_retried_reentry_waits_for_the_undo_of_the_try_it_replaces() {
     }
 }
 
-/// Read-write locks on PostgreSQL (issue 33 item 2): a read acquire whose
-/// reply is held back past the sidecar's request timeout — and whose
-/// client gave up — leaves no reader behind: the attempt is voided and
-/// its reader row removed (`fencer_void_read_v1`), so a writer elsewhere
-/// gets the key at once rather than at the reader's TTL.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_a_read_acquire_answered_too_late_leaves_no_reader_behind() {
+/// Read-write locks (issue 33 item 2): a read acquire whose reply is held
+/// back past the sidecar's request timeout — and whose client gave up —
+/// leaves no reader behind: PostgreSQL voids the attempt and removes its
+/// reader row (`fencer_void_read_v1`), MySQL removes it on the late
+/// answer's connection (`fencer_lock_read_release_v1` with the attempt);
+/// a writer elsewhere gets the key at once rather than at the reader's
+/// TTL.
+async fn a_read_acquire_answered_too_late_leaves_no_reader_behind(
+    a: &Fencer,
+    b: &Fencer,
+    relay: &TcpFault,
+) {
     const KEY: &str = "seam:rw";
-    let pg = PgServer::start();
-    let relay = TcpFault::start(pg.port);
-    let via_relay = format!("postgres://postgres@127.0.0.1:{}/postgres", relay.port);
-    let a = Fencer::sidecar(
-        Backend::Postgres,
-        Some(&via_relay),
-        &[("backend.postgres.request_timeout_ms", "1000")],
-    );
-    a.wait_ready();
-    let b = Fencer::sidecar(Backend::Postgres, Some(&pg.url()), &[]);
-    b.wait_ready();
     // The reply to the statement naming the key (its parameters) is held.
     relay.set(Mode::DelayReplyTo {
         marker: KEY.as_bytes(),
@@ -763,4 +757,36 @@ async fn postgres_a_read_acquire_answered_too_late_leaves_no_reader_behind() {
     // Whatever the reply said, the sidecar holds no reader either.
     let listed = a.get("/v1/locks").await;
     assert_eq!(listed.body["count"], 0, "{}", listed.body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_read_acquire_answered_too_late_leaves_no_reader_behind() {
+    let pg = PgServer::start();
+    let relay = TcpFault::start(pg.port);
+    let via_relay = format!("postgres://postgres@127.0.0.1:{}/postgres", relay.port);
+    let a = Fencer::sidecar(
+        Backend::Postgres,
+        Some(&via_relay),
+        &[("backend.postgres.request_timeout_ms", "1000")],
+    );
+    a.wait_ready();
+    let b = Fencer::sidecar(Backend::Postgres, Some(&pg.url()), &[]);
+    b.wait_ready();
+    a_read_acquire_answered_too_late_leaves_no_reader_behind(&a, &b, &relay).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_a_read_acquire_answered_too_late_leaves_no_reader_behind() {
+    let db = MariaDb::start();
+    let relay = TcpFault::start(db.port);
+    let via_relay = format!("mysql://root@127.0.0.1:{}/fencer", relay.port);
+    let a = Fencer::sidecar(
+        Backend::MySql,
+        Some(&via_relay),
+        &[("backend.mysql.request_timeout_ms", "1000")],
+    );
+    a.wait_ready();
+    let b = Fencer::sidecar(Backend::MySql, Some(&db.url()), &[]);
+    b.wait_ready();
+    a_read_acquire_answered_too_late_leaves_no_reader_behind(&a, &b, &relay).await;
 }

@@ -13,6 +13,7 @@ pub mod launcher;
 pub mod mariadb;
 pub mod postgres;
 pub mod redis_topology;
+pub mod rw_check;
 pub mod shared;
 pub mod tcp_fault;
 pub mod upstream;

@@ -238,7 +238,10 @@ fn lease_value(lease: &LeaseId) -> Value {
 /// How soon a waiter re-checks a key held without a bell.
 const NO_BELL_RECHECK: Duration = Duration::from_millis(500);
 
-const ACQUIRE: &str = "CALL fencer_lock_acquire_v3(?, ?, ?, ?, ?, ?)";
+const ACQUIRE: &str = "CALL fencer_lock_acquire_v4(?, ?, ?, ?, ?, ?)";
+const READ_ACQUIRE: &str = "CALL fencer_lock_read_acquire_v1(?, ?, ?, ?, ?)";
+const READ_RENEW: &str = "CALL fencer_lock_read_renew_v1(?, ?, ?)";
+const READ_RELEASE: &str = "CALL fencer_lock_read_release_v1(?, ?, ?)";
 const RENEW: &str = "CALL fencer_lock_renew_v1(?, ?, ?)";
 const RENEW_MANY: &str = "CALL fencer_lock_renew_many_v1(?)";
 const RELEASE: &str = "CALL fencer_lock_release_v1(?, ?)";
@@ -287,6 +290,36 @@ fn release_if_granted(key: Value, lease: Value, attempt: Value) -> Compensation<
                 tracing::info!(
                     outcome,
                     "compensation of an acquire attempt whose caller gave up"
+                );
+            }
+            conn
+        })
+    })
+}
+
+/// [`release_if_granted`] for a read acquire: removes the reader row only
+/// while it still carries this attempt.
+fn release_read_if_granted(key: Value, lease: Value, attempt: Value) -> Compensation<Vec<Row>> {
+    Box::new(move |mut conn: Lent, rows: Vec<Row>| {
+        Box::pin(async move {
+            // Mutant: the compensation of a read attempt does nothing.
+            let mutant = crate::mutants::active("read_attempt_not_voided");
+            if !mutant && rows.first().is_some_and(|r| int(r, 0).ok() == Some(1)) {
+                let r = conn
+                    .exec_first::<(i64, i64), _, _>(
+                        READ_RELEASE,
+                        Params::Positional(vec![key, lease, attempt]),
+                    )
+                    .await;
+                let outcome = match &r {
+                    Ok(Some((1, _))) => "released",
+                    Ok(_) => "voided",
+                    Err(_) => "failed",
+                };
+                SQL.undos.with_label_values(&["mysql", outcome]).inc();
+                tracing::info!(
+                    outcome,
+                    "compensation of a read acquire attempt whose caller gave up"
                 );
             }
             conn
@@ -370,7 +403,67 @@ pub async fn cleanup(pool: &Pool, idle: Duration) -> Result<Option<i64>, mysql_a
         .await?;
     let n = tx.affected_rows() as i64;
     tx.commit().await?;
+    conn.exec_drop(sql::CLEANUP_READERS, (1000i64,)).await?;
     Ok(Some(n))
+}
+
+impl MySqlBackend {
+    /// A read lease's acquire (`fencer_lock_read_acquire_v1`). A reader
+    /// takes no bell: a writer it holds off re-checks within
+    /// [`NO_BELL_RECHECK`] (or at once, in this sidecar, on its release);
+    /// a reader held off by a writer watches the writer's bell as any
+    /// waiter does.
+    async fn try_read(
+        &self,
+        key: &LockKey,
+        lease: &LeaseId,
+        ttl: Duration,
+    ) -> Result<Attempt, BackendError> {
+        let deadline = Instant::now() + self.request_timeout;
+        let bell = self.bells.name_of(key.as_str());
+        let rows = self
+            .call_until(deadline, READ_ACQUIRE, || {
+                let attempt = Value::Bytes(crate::lock::lease_id::attempt_id().into_bytes());
+                (
+                    vec![
+                        key_value(key),
+                        lease_value(lease),
+                        Value::Int(server_ttl_ms(ttl)),
+                        Value::Bytes(bell.clone().into_bytes()),
+                        attempt.clone(),
+                    ],
+                    Some(release_read_if_granted(
+                        key_value(key),
+                        lease_value(lease),
+                        attempt,
+                    )),
+                )
+            })
+            .await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| BackendError::Protocol("read acquire returned no row".into()))?;
+        let (status, token, remaining, holder) =
+            (int(row, 0)?, int(row, 1)?, int(row, 2)?, int(row, 3)?);
+        let remaining = Duration::from_millis(remaining.max(0) as u64);
+        match status {
+            1 => Ok(Attempt::Acquired {
+                token: token as u64,
+            }),
+            -3 => Ok(Attempt::Delayed { remaining }),
+            _ => {
+                let holder = holder.clamp(0, u32::MAX as i64) as u32;
+                self.holders.record(key.as_str(), holder);
+                Ok(Attempt::Held {
+                    remaining: Some(if holder == 0 {
+                        remaining.min(NO_BELL_RECHECK)
+                    } else {
+                        remaining
+                    }),
+                })
+            }
+        }
+    }
 }
 
 #[async_trait]
@@ -385,6 +478,9 @@ impl LockBackend for MySqlBackend {
         lease: &LeaseId,
         ttl: Duration,
     ) -> Result<Attempt, BackendError> {
+        if key.is_reader() {
+            return self.try_read(key, lease, ttl).await;
+        }
         // One budget for the whole try (issue 27 item 4): the bell may take
         // a quarter of it at most — it only speeds up other sidecars'
         // waiters, and one not taken in time is retried in the background —
@@ -474,6 +570,10 @@ impl LockBackend for MySqlBackend {
         true
     }
 
+    fn supports_read_locks(&self) -> bool {
+        true
+    }
+
     async fn holds(
         &self,
         key: &LockKey,
@@ -559,6 +659,19 @@ impl LockBackend for MySqlBackend {
     ) -> Result<Ownership, BackendError> {
         let started = Instant::now();
         let deadline = started + self.request_timeout;
+        if key.is_reader() {
+            let rows = self
+                .call_until(deadline, READ_RENEW, || {
+                    let params = vec![
+                        key_value(key),
+                        lease_value(lease),
+                        Value::Int(server_ttl_ms(ttl)),
+                    ];
+                    (params, None)
+                })
+                .await?;
+            return self.ownership(&rows);
+        }
         let rows = self
             .call_until(deadline, RENEW, || {
                 (
@@ -590,6 +703,15 @@ impl LockBackend for MySqlBackend {
         &self,
         items: &[(LockKey, LeaseId, Duration)],
     ) -> Result<Vec<Ownership>, BackendError> {
+        if items.iter().any(|(k, _, _)| k.is_reader()) {
+            return crate::lock::readers_apart(
+                items,
+                |(k, _, _)| k.is_reader(),
+                |batch| async move { self.renew_many(&batch).await },
+                |(k, l, t)| self.renew(k, l, *t),
+            )
+            .await;
+        }
         let started = Instant::now();
         let deadline = started + self.request_timeout;
         let json: Vec<(String, &str, i64)> = items
@@ -630,6 +752,20 @@ impl LockBackend for MySqlBackend {
 
     async fn release(&self, key: &LockKey, lease: &LeaseId) -> Result<Ownership, BackendError> {
         let deadline = Instant::now() + self.request_timeout;
+        if key.is_reader() {
+            let rows = self
+                .call_until(deadline, READ_RELEASE, || {
+                    (vec![key_value(key), lease_value(lease), Value::NULL], None)
+                })
+                .await?;
+            let o = self.ownership(&rows)?;
+            if matches!(o, Ownership::Owned { .. }) {
+                // Waiters of this sidecar; other sidecars' writers re-check
+                // (a reader rings no bell).
+                self.wake.released(key.as_str());
+            }
+            return Ok(o);
+        }
         let rows = self
             .call_until(deadline, RELEASE, || {
                 (vec![key_value(key), lease_value(lease)], None)

@@ -77,6 +77,32 @@ pub fn pieces() -> Vec<crate::mysql::schema::Piece> {
             routine("fencer_lock_release_attempt_v1"),
             RELEASE_ATTEMPT_PROC,
         ),
+        (
+            "fencer_locks.read_until",
+            column("fencer_locks", "read_until"),
+            ADD_READERS,
+        ),
+        ("fencer_readers", table("fencer_readers"), READERS),
+        (
+            "fencer_lock_acquire_v4",
+            routine("fencer_lock_acquire_v4"),
+            ACQUIRE_V4_PROC.as_str(),
+        ),
+        (
+            "fencer_lock_read_acquire_v1",
+            routine("fencer_lock_read_acquire_v1"),
+            READ_ACQUIRE_PROC,
+        ),
+        (
+            "fencer_lock_read_renew_v1",
+            routine("fencer_lock_read_renew_v1"),
+            READ_RENEW_PROC,
+        ),
+        (
+            "fencer_lock_read_release_v1",
+            routine("fencer_lock_read_release_v1"),
+            READ_RELEASE_PROC,
+        ),
         ("fencer_semaphores", table("fencer_semaphores"), SEMAPHORES),
         (
             "fencer_semaphore_permits_v1",
@@ -175,6 +201,214 @@ proc: BEGIN
   END IF;
   COMMIT;
   SELECT 1, v_holds, v_owner, 0;
+END";
+
+/// Read-write locks: until when the key's last read lease lasts, and until
+/// when a writer waiting for them keeps new readers out (writer
+/// preference). Every reader's change locks the key's row first, so a
+/// writer — which locks it too — decides on the row it holds.
+const ADD_READERS: &str = "ALTER TABLE fencer_locks ADD COLUMN read_until DATETIME(6) NULL,
+  ADD COLUMN write_wait DATETIME(6) NULL";
+
+/// Read leases, one row each (expired ones deleted by the clean-up).
+const READERS: &str = "CREATE TABLE IF NOT EXISTS fencer_readers (
+  lock_key   VARBINARY(512) NOT NULL,
+  lease_id   VARBINARY(128) NOT NULL,
+  token      BIGINT NOT NULL,
+  expires_at DATETIME(6) NOT NULL,
+  attempt_id VARBINARY(64) NULL,
+  PRIMARY KEY (lock_key, lease_id),
+  KEY fencer_readers_expires_at (expires_at)
+) ENGINE=InnoDB";
+
+/// [`ACQUIRE_V3_PROC`] that also finds read leases: a key whose last
+/// reader lasts past now is held for a writer (status -1, the time to that
+/// reader's end, no bell: the writer re-checks), and marks `write_wait` a
+/// second past it, keeping new readers out; a grant clears the mark.
+pub static ACQUIRE_V4_PROC: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let mut p = ACQUIRE_V3_PROC.replacen("fencer_lock_acquire_v3", "fencer_lock_acquire_v4", 1);
+    let swaps = [
+        (
+            "  DECLARE v_now DATETIME(6);\n",
+            "  DECLARE v_now DATETIME(6);\n  DECLARE v_read DATETIME(6);\n",
+        ),
+        (
+            "  SET v_now = SYSDATE(6);\n  IF v_lease IS NULL OR",
+            "  SET v_now = SYSDATE(6);\n  SELECT read_until INTO v_read FROM fencer_locks WHERE lock_key = p_key;\n  \
+             IF v_read > v_now AND (v_lease IS NULL OR v_exp <= v_now) THEN\n    \
+             UPDATE fencer_locks SET write_wait = TIMESTAMPADD(SECOND, 1, v_read) WHERE lock_key = p_key;\n    \
+             COMMIT;\n    \
+             SELECT -1, v_token, TIMESTAMPDIFF(MICROSECOND, v_now, v_read) DIV 1000, 0;\n    \
+             LEAVE proc;\n  END IF;\n  IF v_lease IS NULL OR",
+        ),
+        (
+            "updated_at = v_now, delay_ms = p_delay, attempt_id = p_attempt\n",
+            "updated_at = v_now, delay_ms = p_delay, attempt_id = p_attempt, write_wait = NULL\n",
+        ),
+    ];
+    for (from, to) in swaps {
+        assert_eq!(p.matches(from).count(), 1, "v3 text: {from}");
+        p = p.replacen(from, to, 1);
+    }
+    p
+});
+
+/// A read lease's acquire: (key, lease, ttl ms, bell name, attempt) →
+/// (status, token, remaining ms, bell holder) as [`ACQUIRE_V4_PROC`]'s. Under
+/// the key's row lock (the row created above the floor when missing, with
+/// no lease): already this lease's reader → its token; a write lease holds
+/// the key (its bell holder answered, for the waiter to watch) or a writer
+/// waits → held; a write lease's lock-delay → -3; else a reader row with
+/// the key's next token and `read_until` raised to cover it.
+const READ_ACQUIRE_PROC: &str = "CREATE PROCEDURE fencer_lock_read_acquire_v1(
+  IN p_key VARBINARY(512), IN p_lease VARBINARY(128), IN p_ttl BIGINT,
+  IN p_bell VARCHAR(64), IN p_attempt VARBINARY(64))
+proc: BEGIN
+  DECLARE v_found INT DEFAULT 1;
+  DECLARE v_dup INT DEFAULT 0;
+  DECLARE v_lease VARBINARY(128);
+  DECLARE v_token BIGINT;
+  DECLARE v_exp DATETIME(6);
+  DECLARE v_delay BIGINT;
+  DECLARE v_wait DATETIME(6);
+  DECLARE v_floor BIGINT;
+  DECLARE v_now DATETIME(6);
+  DECLARE v_mine BIGINT;
+  DECLARE v_until DATETIME(6);
+  DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_found = 0;
+  DECLARE CONTINUE HANDLER FOR 1062 SET v_dup = 1;
+  DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+  START TRANSACTION;
+  SELECT lease_id, token, expires_at, delay_ms, write_wait INTO v_lease, v_token, v_exp, v_delay, v_wait
+    FROM fencer_locks WHERE lock_key = p_key FOR UPDATE;
+  IF v_found = 0 THEN
+    SET v_found = 1;
+    SELECT floor INTO v_floor FROM fencer_token_floor WHERE id = 1 LOCK IN SHARE MODE;
+    INSERT INTO fencer_locks (lock_key, lease_id, token, updated_at)
+      VALUES (p_key, NULL, v_floor, SYSDATE(6));
+    SELECT lease_id, token, expires_at, delay_ms, write_wait INTO v_lease, v_token, v_exp, v_delay, v_wait
+      FROM fencer_locks WHERE lock_key = p_key FOR UPDATE;
+  END IF;
+  SET v_now = SYSDATE(6);
+  SET v_found = 1;
+  SELECT token INTO v_mine FROM fencer_readers
+   WHERE lock_key = p_key AND lease_id = p_lease AND expires_at > v_now;
+  IF v_found = 1 THEN
+    UPDATE fencer_readers SET attempt_id = p_attempt WHERE lock_key = p_key AND lease_id = p_lease;
+    COMMIT;
+    SELECT 1, v_mine, 0, 0;
+    LEAVE proc;
+  END IF;
+  IF v_lease IS NOT NULL AND v_exp > v_now THEN
+    COMMIT;
+    SELECT -1, v_token, GREATEST(0, TIMESTAMPDIFF(MICROSECOND, v_now, v_exp) DIV 1000),
+           COALESCE(IS_USED_LOCK(p_bell), 0);
+    LEAVE proc;
+  END IF;
+  IF v_wait > v_now THEN
+    COMMIT;
+    SELECT -1, v_token, GREATEST(0, TIMESTAMPDIFF(MICROSECOND, v_now, v_wait) DIV 1000), 0;
+    LEAVE proc;
+  END IF;
+  IF v_lease IS NOT NULL AND TIMESTAMPADD(MICROSECOND, v_delay * 1000, v_exp) > v_now THEN
+    COMMIT;
+    SELECT -3, v_token, GREATEST(0, TIMESTAMPDIFF(MICROSECOND, v_now,
+                          TIMESTAMPADD(MICROSECOND, v_delay * 1000, v_exp)) DIV 1000), 0;
+    LEAVE proc;
+  END IF;
+  SET v_until = TIMESTAMPADD(MICROSECOND, p_ttl * 1000, v_now);
+  UPDATE fencer_locks
+     SET token = v_token + 1, lease_id = NULL, expires_at = NULL, write_wait = NULL,
+         read_until = GREATEST(COALESCE(read_until, v_now), v_until), updated_at = v_now
+   WHERE lock_key = p_key;
+  INSERT INTO fencer_readers (lock_key, lease_id, token, expires_at, attempt_id)
+    VALUES (p_key, p_lease, v_token + 1, v_until, p_attempt)
+    ON DUPLICATE KEY UPDATE token = VALUES(token), expires_at = VALUES(expires_at),
+                            attempt_id = VALUES(attempt_id);
+  COMMIT;
+  SELECT 1, v_token + 1, 0, 0;
+END";
+
+/// A read lease's renewal: (key, lease, ttl ms) → (status, token) as
+/// [`RENEW_PROC`]'s, `read_until` raised to cover it.
+const READ_RENEW_PROC: &str = "CREATE PROCEDURE fencer_lock_read_renew_v1(
+  IN p_key VARBINARY(512), IN p_lease VARBINARY(128), IN p_ttl BIGINT)
+proc: BEGIN
+  DECLARE v_found INT DEFAULT 1;
+  DECLARE v_lease VARBINARY(128);
+  DECLARE v_token BIGINT;
+  DECLARE v_exp DATETIME(6);
+  DECLARE v_mine BIGINT;
+  DECLARE v_now DATETIME(6);
+  DECLARE v_until DATETIME(6);
+  DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_found = 0;
+  DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+  START TRANSACTION;
+  SELECT lease_id, token, expires_at INTO v_lease, v_token, v_exp
+    FROM fencer_locks WHERE lock_key = p_key FOR UPDATE;
+  IF v_found = 0 THEN
+    COMMIT;
+    SELECT 0, 0;
+    LEAVE proc;
+  END IF;
+  SET v_now = SYSDATE(6);
+  SELECT token INTO v_mine FROM fencer_readers
+   WHERE lock_key = p_key AND lease_id = p_lease AND expires_at > v_now;
+  IF v_found = 0 THEN
+    COMMIT;
+    SELECT IF(v_lease IS NOT NULL AND v_exp > v_now, -1, 0), v_token;
+    LEAVE proc;
+  END IF;
+  SET v_until = TIMESTAMPADD(MICROSECOND, p_ttl * 1000, v_now);
+  UPDATE fencer_readers SET expires_at = v_until WHERE lock_key = p_key AND lease_id = p_lease;
+  UPDATE fencer_locks SET read_until = GREATEST(COALESCE(read_until, v_now), v_until), updated_at = v_now
+   WHERE lock_key = p_key;
+  COMMIT;
+  SELECT 1, v_mine;
+END";
+
+/// A read lease's release, or (with an attempt id) the compensation of a
+/// read acquire whose caller gave up — only while the reader row still
+/// carries that attempt: (key, lease, attempt or NULL) → (status, token)
+/// as [`RELEASE_PROC`]'s. `read_until` becomes the end of the last reader
+/// left (NULL: none).
+const READ_RELEASE_PROC: &str = "CREATE PROCEDURE fencer_lock_read_release_v1(
+  IN p_key VARBINARY(512), IN p_lease VARBINARY(128), IN p_attempt VARBINARY(64))
+proc: BEGIN
+  DECLARE v_found INT DEFAULT 1;
+  DECLARE v_lease VARBINARY(128);
+  DECLARE v_token BIGINT;
+  DECLARE v_exp DATETIME(6);
+  DECLARE v_mine BIGINT;
+  DECLARE v_mine_exp DATETIME(6);
+  DECLARE v_attempt VARBINARY(64);
+  DECLARE v_now DATETIME(6);
+  DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_found = 0;
+  DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+  START TRANSACTION;
+  SELECT lease_id, token, expires_at INTO v_lease, v_token, v_exp
+    FROM fencer_locks WHERE lock_key = p_key FOR UPDATE;
+  IF v_found = 0 THEN
+    COMMIT;
+    SELECT 0, 0;
+    LEAVE proc;
+  END IF;
+  SET v_now = SYSDATE(6);
+  SELECT token, expires_at, attempt_id INTO v_mine, v_mine_exp, v_attempt FROM fencer_readers
+   WHERE lock_key = p_key AND lease_id = p_lease;
+  IF v_found = 0 OR (p_attempt IS NOT NULL AND NOT (v_attempt <=> p_attempt)) THEN
+    COMMIT;
+    SELECT IF(v_lease IS NOT NULL AND v_exp > v_now, -1, 0), v_token;
+    LEAVE proc;
+  END IF;
+  DELETE FROM fencer_readers WHERE lock_key = p_key AND lease_id = p_lease;
+  UPDATE fencer_locks
+     SET read_until = (SELECT MAX(r.expires_at) FROM fencer_readers r
+                        WHERE r.lock_key = p_key AND r.expires_at > v_now),
+         updated_at = v_now
+   WHERE lock_key = p_key;
+  COMMIT;
+  SELECT IF(v_mine_exp > v_now, 1, 0), v_mine;
 END";
 
 /// Semaphores' permit counts, fixed at first use (never deleted: see
@@ -477,7 +711,13 @@ pub const CLEANUP_LOCK: &str =
 
 const IDLE: &str =
     "(lease_id IS NULL OR TIMESTAMPADD(MICROSECOND, delay_ms * 1000, expires_at) <= SYSDATE(6))
+   AND (read_until IS NULL OR read_until <= SYSDATE(6))
    AND updated_at < TIMESTAMPADD(MICROSECOND, -? * 1000, SYSDATE(6))";
+
+/// (batch): deletes read leases' rows that expired more than a minute ago
+/// (released ones are deleted by their release).
+pub const CLEANUP_READERS: &str = "DELETE FROM fencer_readers
+ WHERE expires_at < TIMESTAMPADD(MINUTE, -1, SYSDATE(6)) ORDER BY expires_at LIMIT ?";
 
 /// (idle ms) → rows that the clean-up would delete (up to 1).
 pub fn cleanup_count() -> String {

@@ -1623,6 +1623,21 @@ async fn read_write_locks(backend: Backend) {
         "readers waited {:?} after the writer's release",
         released_at.elapsed()
     );
+    // A writer that gives up (its wait ran out) keeps new readers out for
+    // a couple of seconds at most — its last mark — not for the readers'
+    // whole leases.
+    let r5 = a.post(&path("acquire"), read(20_000, 0)).await;
+    assert_eq!(r5.status, 200, "{}", r5.body);
+    let w = b.post(&path("acquire"), write(300)).await;
+    assert_eq!((w.status, w.code()), (409, "lock_held"), "{}", w.body);
+    let asked = std::time::Instant::now();
+    let r6 = a.post(&path("acquire"), read(20_000, 10_000)).await;
+    assert_eq!(r6.status, 200, "{}", r6.body);
+    assert!(
+        asked.elapsed() < Duration::from_millis(3_500 * f),
+        "a writer that gave up kept readers out {:?}",
+        asked.elapsed()
+    );
     // Bad input.
     let bad = a.post(&path("acquire"), json!({"mode": "exclusive"})).await;
     assert_eq!(

@@ -48,11 +48,16 @@ struct Reader {
     expires: Instant,
 }
 
-/// How long a waiting writer keeps new readers out past the soonest
-/// reader's expiry, by when its waiter has tried again (its re-check runs
-/// at that expiry, or sooner on a release) and renewed the mark. A writer
-/// that gave up keeps them out no longer than that.
-const WRITER_WAIT_GRACE: Duration = Duration::from_secs(1);
+/// Writer preference without a queue of writers in the backend: a writer
+/// held off by readers marks the key, and no new reader gets in while the
+/// mark lasts. It re-checks at least this often while readers hold the key
+/// (sooner at the soonest reader's expiry, or on a release), renewing the
+/// mark; the mark lasts [`WRITER_WAIT_GRACE`] past the re-check, so a
+/// writer that gave up (its client left, its wait ran out) keeps readers
+/// out for at most this plus the grace. The same figures on every backend.
+pub const WRITER_RECHECK: Duration = Duration::from_secs(1);
+/// See [`WRITER_RECHECK`].
+pub const WRITER_WAIT_GRACE: Duration = Duration::from_secs(1);
 
 impl State {
     /// `key`'s live readers, the expired ones dropped first.
@@ -218,13 +223,15 @@ impl LockBackend for MemoryBackend {
                 .map(|r| r.expires)
                 .min()
                 .expect("not empty");
+            // Tried again by then: the mark is renewed while it waits.
+            let again = (soonest - now).min(WRITER_RECHECK);
             if !crate::mutants::active("readers_ignore_writers") {
                 state
                     .writer_waits
-                    .insert(key.clone(), soonest + WRITER_WAIT_GRACE);
+                    .insert(key.clone(), now + again + WRITER_WAIT_GRACE);
             }
             return Ok(Attempt::Held {
-                remaining: Some(soonest - now),
+                remaining: Some(again),
             });
         }
         state.writer_waits.remove(key);
@@ -489,14 +496,14 @@ mod tests {
         let b = MemoryBackend::new(Duration::ZERO, Arc::new(Wakes::default()));
         let key = LockKey::parse("rw").unwrap();
         let (r1, r2, w) = (lease(), lease(), lease());
-        b.try_acquire(&key.reader(1), &r1, Duration::from_secs(2))
+        b.try_acquire(&key.reader(1), &r1, Duration::from_millis(500))
             .await
             .unwrap();
         let Attempt::Held { remaining } = b.try_acquire(&key, &w, TTL).await.unwrap() else {
             panic!("held by the reader");
         };
-        assert_eq!(remaining, Some(Duration::from_secs(2)));
-        tokio::time::advance(Duration::from_millis(2_001)).await;
+        assert_eq!(remaining, Some(Duration::from_millis(500)));
+        tokio::time::advance(Duration::from_millis(501)).await;
         // The reader expired; the waiting writer's mark still keeps a new
         // reader out, for the grace.
         assert!(matches!(
@@ -506,6 +513,19 @@ mod tests {
         tokio::time::advance(WRITER_WAIT_GRACE).await;
         assert!(matches!(
             b.try_acquire(&key.reader(2), &r2, TTL).await.unwrap(),
+            Attempt::Acquired { .. }
+        ));
+        // Readers of long leases: the writer re-checks within a second,
+        // and once it stops, new readers wait no longer than that and the
+        // grace — not until the readers' leases end.
+        let (r3, w2) = (lease(), lease());
+        let Attempt::Held { remaining } = b.try_acquire(&key, &w2, TTL).await.unwrap() else {
+            panic!("held by the reader");
+        };
+        assert_eq!(remaining, Some(WRITER_RECHECK));
+        tokio::time::advance(WRITER_RECHECK + WRITER_WAIT_GRACE).await;
+        assert!(matches!(
+            b.try_acquire(&key.reader(3), &r3, TTL).await.unwrap(),
             Attempt::Acquired { .. }
         ));
     }

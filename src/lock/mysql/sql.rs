@@ -222,9 +222,10 @@ const READERS: &str = "CREATE TABLE IF NOT EXISTS fencer_readers (
 ) ENGINE=InnoDB";
 
 /// [`ACQUIRE_V3_PROC`] that also finds read leases: a key whose last
-/// reader lasts past now is held for a writer (status -1, the time to that
-/// reader's end, no bell: the writer re-checks), and marks `write_wait` a
-/// second past it, keeping new readers out; a grant clears the mark.
+/// reader lasts past now is held for a writer (status -1, no bell: the
+/// writer re-checks within a second), and marks `write_wait` a second past
+/// that re-check, keeping new readers out; a grant clears the mark
+/// (memory.rs, `WRITER_RECHECK`).
 pub static ACQUIRE_V4_PROC: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     let mut p = ACQUIRE_V3_PROC.replacen("fencer_lock_acquire_v3", "fencer_lock_acquire_v4", 1);
     let swaps = [
@@ -236,9 +237,10 @@ pub static ACQUIRE_V4_PROC: std::sync::LazyLock<String> = std::sync::LazyLock::n
             "  SET v_now = SYSDATE(6);\n  IF v_lease IS NULL OR",
             "  SET v_now = SYSDATE(6);\n  SELECT read_until INTO v_read FROM fencer_locks WHERE lock_key = p_key;\n  \
              IF v_read > v_now AND (v_lease IS NULL OR v_exp <= v_now) THEN\n    \
-             UPDATE fencer_locks SET write_wait = TIMESTAMPADD(SECOND, 1, v_read) WHERE lock_key = p_key;\n    \
+             UPDATE fencer_locks SET write_wait = TIMESTAMPADD(SECOND, 1, \
+             LEAST(v_read, TIMESTAMPADD(SECOND, 1, v_now))) WHERE lock_key = p_key;\n    \
              COMMIT;\n    \
-             SELECT -1, v_token, TIMESTAMPDIFF(MICROSECOND, v_now, v_read) DIV 1000, 0;\n    \
+             SELECT -1, v_token, LEAST(1000, TIMESTAMPDIFF(MICROSECOND, v_now, v_read) DIV 1000), 0;\n    \
              LEAVE proc;\n  END IF;\n  IF v_lease IS NULL OR",
         ),
         (

@@ -192,8 +192,8 @@ fn acquire_sql() -> &'static str {
             Box::leak(
                 sql::ACQUIRE
                     .replace(
-                        "SET write_wait = l.read_until + interval '1 second'",
-                        "SET write_wait = NULL",
+                        "SET write_wait = LEAST(l.read_until, clock_timestamp() + interval '1 second')",
+                        "SET write_wait = NULL --",
                     )
                     .into_boxed_str(),
             )

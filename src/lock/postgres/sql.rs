@@ -406,20 +406,22 @@ WITH live AS (
      AND NOT EXISTS (SELECT 1 FROM up) AND NOT EXISTS (SELECT 1 FROM ins)
   RETURNING l.token
 ), wait AS (
-  -- Read leases hold the key: this writer waits for them, and no new
-  -- reader gets in until the last of them has left, plus a second for the
-  -- writer to try again (writer preference; a writer that gave up keeps
-  -- readers out no longer). Runs after `again`, as `again` after `up`.
+  -- Read leases hold the key: this writer waits for them, re-checking
+  -- within a second, and until a second after that no new reader gets in
+  -- (writer preference; each re-check renews the mark, so a writer that
+  -- gave up keeps readers out 2 s at most: memory.rs, WRITER_RECHECK).
+  -- Runs after `again`, as `again` after `up`.
   UPDATE fencer_locks l
-     SET write_wait = l.read_until + interval '1 second'
+     SET write_wait = LEAST(l.read_until, clock_timestamp() + interval '1 second')
+                      + interval '1 second'
    WHERE l.key = $1 AND (SELECT ok FROM live)
      AND l.read_until > clock_timestamp()
      AND (l.lease_id IS NULL OR l.expires_at <= clock_timestamp())
      AND NOT EXISTS (SELECT 1 FROM up) AND NOT EXISTS (SELECT 1 FROM ins)
      AND NOT EXISTS (SELECT 1 FROM again)
   RETURNING l.token,
-            GREATEST(0, (EXTRACT(EPOCH FROM (l.read_until - clock_timestamp())) * 1000)::bigint)
-              AS readers_left_ms
+            LEAST(1000, GREATEST(0, (EXTRACT(EPOCH FROM (l.read_until - clock_timestamp()))
+                                     * 1000)::bigint)) AS readers_left_ms
 )
 SELECT 1 AS status, token, 0::bigint AS remaining_ms FROM up
 UNION ALL

@@ -136,11 +136,15 @@ local function acquire(lock, counter, delay, readers, wwait, lease, ttl, mode, l
   end
   local n, soonest = live_readers(readers)
   if n > 0 then
-    -- Read leases hold the key: this writer waits, and no new reader gets
-    -- in until the soonest of them runs out, plus a second for the writer
-    -- to try again (writer preference; it renews the mark each try).
-    redis.call('SET', wwait, '1', 'PX', soonest + 1000)
-    return {-1, tostring(soonest)}
+    -- Read leases hold the key: this writer waits, re-checking within a
+    -- second (sooner if the soonest reader ends first), and until a second
+    -- after that no new reader gets in (writer preference; each re-check
+    -- renews the mark, so a writer that gave up keeps readers out 2 s at
+    -- most: memory.rs, WRITER_RECHECK).
+    local again = soonest
+    if again > 1000 then again = 1000 end
+    redis.call('SET', wwait, '1', 'PX', again + 1000)
+    return {-1, tostring(again)}
   end
   local tok, err = mint(counter, mode, idle)
   if not tok then

@@ -1611,11 +1611,13 @@ async fn read_write_locks(backend: Backend) {
         .await;
     assert_eq!(gone.status, 200, "{}", gone.body);
     let mut tokens = vec![];
+    let mut woken = vec![];
     for r in readers {
         let r = r.await.unwrap();
         assert_eq!(r.status, 200, "{}", r.body);
         assert!(r.token() > w.token(), "{} {}", w.body, r.body);
         tokens.push(r.token());
+        woken.push(r.lease());
     }
     assert_ne!(tokens[0], tokens[1]);
     assert!(
@@ -1638,6 +1640,39 @@ async fn read_write_locks(backend: Backend) {
         "a writer that gave up kept readers out {:?}",
         asked.elapsed()
     );
+    // A read lease as a hold stream: its first line says so, and closing
+    // the stream gives it back (a writer gets in once the other readers
+    // went too).
+    for l in woken.into_iter().chain([r5.lease(), r6.lease()]) {
+        let gone = a.post(&path("release"), json!({"lease_id": l})).await;
+        assert_eq!(gone.status, 200, "{}", gone.body);
+    }
+    let mut stream = a
+        .http
+        .post(format!("{}{}", a.api, path("hold")))
+        .body(json!({"mode": "read", "ttl_ms": 20_000}).to_string())
+        .send()
+        .await
+        .unwrap();
+    let first = stream.chunk().await.unwrap().unwrap_or_default();
+    let first: serde_json::Value =
+        serde_json::from_slice(first.split(|b| *b == b'\n').next().unwrap()).unwrap();
+    assert_eq!(
+        (first["type"].as_str(), first["mode"].as_str()),
+        (Some("acquired"), Some("read")),
+        "{first}"
+    );
+    drop(stream);
+    let closed = std::time::Instant::now();
+    let w = b.post(&path("acquire"), write(10_000 * f)).await;
+    assert_eq!(w.status, 200, "{}", w.body);
+    assert!(
+        closed.elapsed() < Duration::from_millis(2_500 * f),
+        "the closed read hold was given back after {:?}",
+        closed.elapsed()
+    );
+    b.post(&path("release"), json!({"lease_id": w.lease()}))
+        .await;
     // Bad input.
     let bad = a.post(&path("acquire"), json!({"mode": "exclusive"})).await;
     assert_eq!(

@@ -35,8 +35,12 @@ pub fn stream(
 ) -> Body {
     let (tx, rx) = mpsc::channel::<Result<Bytes, Infallible>>(4);
     let mut lost = locks.lost_events();
-    let key = LockKey::parse(&view.key).expect("key of our own lease");
     let lease = LeaseId::parse(&view.lease_id).expect("our own lease id");
+    // A read lease is tracked under a reader key of its own.
+    let key = locks.lease_key(
+        &LockKey::parse(&view.key).expect("key of our own lease"),
+        &lease,
+    );
     let gauge = locks.metrics().hold_streams.clone();
     gauge.inc();
     tokio::spawn(async move {

@@ -505,3 +505,38 @@ async fn harness_restart_pause_kill() {
     let c = connect(&pg).await;
     assert_eq!(stored(&c, "k").await, Some((8, tag(""))));
 }
+
+/// Read-write locks (issue 33 item 2): a reader's read admitted by the
+/// gateway (the row's `read_token`) fences SQL writers below it as the
+/// gateway's own writes are fenced; a read lease's token itself (v3) never
+/// writes here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_readers_mark_fences_sql_writers_and_read_tokens_never_write() {
+    let (_pg, c) = setup().await;
+    fence(&c, "doc:1", 5, "writer-5").await.unwrap();
+    // A reader of token 8 read through the gateway.
+    c.execute(
+        "UPDATE fencer_fences SET read_token = 8 WHERE key = 'doc:1'",
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_stale(fence(&c, "doc:1", 5, "writer-5").await);
+    assert_stale(fence(&c, "doc:1", 7, "writer-7").await);
+    assert_eq!(fence(&c, "doc:1", 9, "writer-9").await.unwrap(), 9);
+    let read = Signer::new("k1", SECRET.as_bytes()).sign(&Claim::with_mode(
+        "doc:1",
+        10,
+        "reader-10",
+        fencer::token::Mode::Read,
+    ));
+    let e = fence_wire(&c, &read, Some("doc:1")).await.unwrap_err();
+    assert_eq!(sqlstate(&e), INVALID, "{e:?}");
+    assert!(e
+        .as_db_error()
+        .unwrap()
+        .detail()
+        .unwrap()
+        .contains("read lease"));
+    assert_eq!(stored(&c, "doc:1").await, Some((9, tag("writer-9"))));
+}

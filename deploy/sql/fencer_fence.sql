@@ -113,6 +113,9 @@ ALTER TABLE fencer_fences ADD COLUMN IF NOT EXISTS seq bigint NOT NULL DEFAULT 0
 ALTER TABLE fencer_fences ADD COLUMN IF NOT EXISTS inflight_id text;
 ALTER TABLE fencer_fences ADD COLUMN IF NOT EXISTS inflight_until timestamptz;
 ALTER TABLE fencer_fences ADD COLUMN IF NOT EXISTS wake boolean NOT NULL DEFAULT false;
+-- The highest read lease's token the gateway admitted (read-write locks):
+-- a writer's token must be above it too.
+ALTER TABLE fencer_fences ADD COLUMN IF NOT EXISTS read_token bigint NOT NULL DEFAULT 0;
 
 CREATE TABLE IF NOT EXISTS fencer_signing_keys (
   key_id text PRIMARY KEY,
@@ -184,6 +187,10 @@ BEGIN
       MESSAGE = 'fencer_fence: the fencing token must not be NULL';
   END IF;
   parts := string_to_array(p_fencing_token, '.');
+  IF parts[1] = 'v3' THEN
+    RAISE EXCEPTION USING ERRCODE = '23F02', MESSAGE = 'invalid_fencing_token',
+      DETAIL = 'a read lease''s token (v3): a read-write lock''s reader may read, never write';
+  END IF;
   IF coalesce(array_length(parts, 1), 0) <> 6
      OR parts[1] NOT IN ('v1', 'v2')
      OR parts[3] !~ '^[0-9]{1,19}$'
@@ -242,7 +249,7 @@ BEGIN
       RETURN v_token;
     END IF;
     -- The key exists: lock its row until the caller's transaction ends.
-    SELECT t.token, t.lease_id, t.inflight_id, t.inflight_until INTO f
+    SELECT t.token, t.lease_id, t.inflight_id, t.inflight_until, t.read_token INTO f
       FROM fencer_fences AS t
      WHERE t.key = v_key
        FOR UPDATE;
@@ -255,6 +262,15 @@ BEGIN
       MESSAGE = 'fencer_fence: a request forwarded by the fencer gateway is in flight on this key',
       DETAIL = format('key %L, in flight until %s', v_key, f.inflight_until),
       HINT = 'Roll back and retry: the gateway''s write may still land.';
+  END IF;
+
+  -- A writer comes after every reader the gateway admitted, too.
+  IF v_token <= f.read_token THEN
+    RAISE EXCEPTION USING ERRCODE = '23F01', MESSAGE = 'stale_fencing_token',
+      DETAIL = format('key %L: token %s is not above %s, a read lease''s the gateway admitted',
+                      v_key, v_token, f.read_token),
+      HINT = 'The lease holding this token has lost its lock and a newer holder has read. '
+             'Roll back; acquire the lock again before writing.';
   END IF;
 
   IF v_token > f.token THEN

@@ -263,53 +263,38 @@ const INSPECT: &str =
 /// the same lease may have been answered meanwhile, and then the lease is
 /// the application's).
 fn release_if_granted(key: Value, lease: Value, attempt: Value) -> Compensation<Vec<Row>> {
-    Box::new(move |mut conn: Lent, rows: Vec<Row>| {
-        Box::pin(async move {
-            let granted = rows.first().is_some_and(|r| int(r, 0).ok() == Some(1));
-            if granted {
-                // Mutant: undo by lease id alone, as before issue 26.
-                let r = if crate::mutants::active("undo_by_lease") {
-                    conn.exec_first::<(i64, i64), _, _>(
-                        RELEASE,
-                        Params::Positional(vec![key, lease]),
-                    )
-                    .await
-                } else {
-                    conn.exec_first::<(i64, i64), _, _>(
-                        RELEASE_ATTEMPT,
-                        Params::Positional(vec![key, lease, attempt]),
-                    )
-                    .await
-                };
-                let outcome = match &r {
-                    Ok(Some((1, _))) => "released",
-                    Ok(_) => "voided",
-                    Err(_) => "failed",
-                };
-                SQL.undos.with_label_values(&["mysql", outcome]).inc();
-                tracing::info!(
-                    outcome,
-                    "compensation of an acquire attempt whose caller gave up"
-                );
-            }
-            conn
-        })
-    })
+    // Mutant: undo by lease id alone, as before issue 26.
+    let (statement, params) = if crate::mutants::active("undo_by_lease") {
+        (RELEASE, vec![key, lease])
+    } else {
+        (RELEASE_ATTEMPT, vec![key, lease, attempt])
+    };
+    undo_if_granted(statement, params, "acquire")
 }
 
 /// [`release_if_granted`] for a read acquire: removes the reader row only
 /// while it still carries this attempt.
 fn release_read_if_granted(key: Value, lease: Value, attempt: Value) -> Compensation<Vec<Row>> {
+    if crate::mutants::active("read_attempt_not_voided") {
+        // Mutant: the compensation of a read attempt does nothing.
+        return Box::new(|conn: Lent, _rows: Vec<Row>| Box::pin(async move { conn }));
+    }
+    undo_if_granted(READ_RELEASE, vec![key, lease, attempt], "read acquire")
+}
+
+/// Runs `statement` (answering `(status, token)`) on the acquire's own
+/// connection when its late answer says it granted the lease; counted in
+/// `fencer_sql_undos_total`.
+fn undo_if_granted(
+    statement: &'static str,
+    params: Vec<Value>,
+    what: &'static str,
+) -> Compensation<Vec<Row>> {
     Box::new(move |mut conn: Lent, rows: Vec<Row>| {
         Box::pin(async move {
-            // Mutant: the compensation of a read attempt does nothing.
-            let mutant = crate::mutants::active("read_attempt_not_voided");
-            if !mutant && rows.first().is_some_and(|r| int(r, 0).ok() == Some(1)) {
+            if rows.first().is_some_and(|r| int(r, 0).ok() == Some(1)) {
                 let r = conn
-                    .exec_first::<(i64, i64), _, _>(
-                        READ_RELEASE,
-                        Params::Positional(vec![key, lease, attempt]),
-                    )
+                    .exec_first::<(i64, i64), _, _>(statement, Params::Positional(params))
                     .await;
                 let outcome = match &r {
                     Ok(Some((1, _))) => "released",
@@ -319,7 +304,8 @@ fn release_read_if_granted(key: Value, lease: Value, attempt: Value) -> Compensa
                 SQL.undos.with_label_values(&["mysql", outcome]).inc();
                 tracing::info!(
                     outcome,
-                    "compensation of a read acquire attempt whose caller gave up"
+                    what,
+                    "compensation of an attempt whose caller gave up"
                 );
             }
             conn

@@ -121,6 +121,17 @@ local function live_readers(readers)
   end
   return n, soonest or 0, latest
 end
+-- A read lease's live entry in the readers hash: its token, or nil (none,
+-- or expired).
+local function reader_token(readers, lease)
+  local mine = redis.call('HGET', readers, lease)
+  if not mine then return nil end
+  local sep = string.find(mine, ' ', 1, true)
+  if sep and tonumber(string.sub(mine, sep + 1)) > server_now() then
+    return string.sub(mine, 1, sep - 1)
+  end
+  return nil
+end
 local function acquire(lock, counter, delay, readers, wwait, lease, ttl, mode, lock_delay, idle)
   local cur = redis.call('GET', lock)
   if cur then
@@ -200,13 +211,8 @@ pub const READ_ACQUIRE: &str = concat!(
     acquire_lua!(),
     r#"
 local now = server_now()
-local mine = redis.call('HGET', KEYS[4], ARGV[1])
-if mine then
-  local sep = string.find(mine, ' ', 1, true)
-  if sep and tonumber(string.sub(mine, sep + 1)) > now then
-    return {1, string.sub(mine, 1, sep - 1)}
-  end
-end
+local mine = reader_token(KEYS[4], ARGV[1])
+if mine then return {1, mine} end
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return {-1, tostring(redis.call('PTTL', KEYS[1]))}
 end
@@ -234,17 +240,12 @@ pub const READ_RENEW: &str = concat!(
     keep_counter_lua!(),
     acquire_lua!(),
     r#"
-local now = server_now()
-local mine = redis.call('HGET', KEYS[2], ARGV[1])
-if mine then
-  local sep = string.find(mine, ' ', 1, true)
-  if sep and tonumber(string.sub(mine, sep + 1)) > now then
-    local tok = string.sub(mine, 1, sep - 1)
-    local ttl = tonumber(ARGV[2])
-    redis.call('HSET', KEYS[2], ARGV[1], tok .. ' ' .. string.format('%.0f', now + ttl))
-    if redis.call('PTTL', KEYS[2]) < ttl then redis.call('PEXPIRE', KEYS[2], ttl) end
-    return {1, tok}
-  end
+local tok = reader_token(KEYS[2], ARGV[1])
+if tok then
+  local ttl = tonumber(ARGV[2])
+  redis.call('HSET', KEYS[2], ARGV[1], tok .. ' ' .. string.format('%.0f', server_now() + ttl))
+  if redis.call('PTTL', KEYS[2]) < ttl then redis.call('PEXPIRE', KEYS[2], ttl) end
+  return {1, tok}
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then return {-1, ''} end
 return {0, ''}
@@ -269,16 +270,16 @@ return {1, string.sub(mine, 1, sep - 1)}
 );
 
 /// Whether a read lease is live, changing nothing (after a failover).
-/// KEYS: readers hash. ARGV: lease id, the server's time ms is read here.
-pub const READ_CHECK: &str = r#"
-local mine = redis.call('HGET', KEYS[1], ARGV[1])
-if not mine then return {0, ''} end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local sep = string.find(mine, ' ', 1, true)
-if not sep or tonumber(string.sub(mine, sep + 1)) <= now then return {0, ''} end
-return {1, string.sub(mine, 1, sep - 1)}
-"#;
+/// KEYS: readers hash. ARGV: lease id.
+pub const READ_CHECK: &str = concat!(
+    keep_counter_lua!(),
+    acquire_lua!(),
+    r#"
+local tok = reader_token(KEYS[1], ARGV[1])
+if tok then return {1, tok} end
+return {0, ''}
+"#
+);
 
 /// Many acquires in one call (the group commit of [`super::batch`]).
 /// KEYS: lock, counter, delay marker, readers hash, writer-wait marker per

@@ -264,6 +264,12 @@ async fn lossy_failover(token_mode: &str) -> (bool, String) {
     // Replicated before the freeze: survives the failover.
     let kept = s.acquire("kept", 60_000, 0).await;
     assert_eq!(kept.status, 200, "{}", kept.body);
+    // A read lease too (read-write locks: re-verified in the readers hash).
+    let read = serde_json::json!({"mode": "read", "ttl_ms": 60_000, "wait_ms": 0});
+    let kept_reader = s
+        .post(&Fencer::path("kept-r", "acquire"), read.clone())
+        .await;
+    assert_eq!(kept_reader.status, 200, "{}", kept_reader.body);
     let first = s.acquire("acct", 60_000, 0).await;
     assert_eq!(first.status, 200);
     s.release("acct", &first.lease()).await;
@@ -285,6 +291,8 @@ async fn lossy_failover(token_mode: &str) -> (bool, String) {
     set.freeze_replication();
     let lost = s.acquire("acct", 60_000, 0).await;
     assert_eq!(lost.status, 200, "{}", lost.body);
+    let lost_reader = s.post(&Fencer::path("acct-r", "acquire"), read).await;
+    assert_eq!(lost_reader.status, 200, "{}", lost_reader.body);
     // The replicas never saw it.
     for p in &replicas {
         let on_replica: Option<String> = set.node_conn(*p).get(counter_key("acct")).unwrap();
@@ -318,10 +326,30 @@ async fn lossy_failover(token_mode: &str) -> (bool, String) {
     }
     let kept_view = lease_state("kept").await;
     assert_eq!(kept_view["state"], "held", "{kept_view}");
+    // The readers: the one the new master has is kept, the other lost.
+    let listed = s.get("/v1/locks").await.body;
+    let reader_state = |key: &str| {
+        listed["leases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["key"] == key && l["mode"] == "read")
+            .map(|l| (l["state"].clone(), l["lost_reason"].clone()))
+    };
+    assert_eq!(
+        reader_state("kept-r"),
+        Some((serde_json::json!("held"), serde_json::Value::Null)),
+        "{listed}"
+    );
+    assert_eq!(
+        reader_state("acct-r"),
+        Some((serde_json::json!("lost"), serde_json::json!("failover"))),
+        "{listed}"
+    );
     assert_eq!(
         s.metric("fencer_lost_leases_total", &[("reason", "failover")])
             .await,
-        1.0
+        2.0
     );
     let deadline = Instant::now() + Duration::from_secs(10);
     let next = loop {

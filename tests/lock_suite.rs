@@ -1673,6 +1673,16 @@ async fn read_write_locks(backend: Backend) {
     );
     b.post(&path("release"), json!({"lease_id": w.lease()}))
         .await;
+    // Counted apart, as well as with every acquisition.
+    let timeouts = a
+        .metric("fencer_read_acquisitions_total", &[("result", "timeout")])
+        .await;
+    assert!(timeouts >= 1.0, "{timeouts}");
+    assert!(
+        a.metric("fencer_read_acquisitions_total", &[("result", "acquired")])
+            .await
+            >= 3.0
+    );
     // Bad input.
     let bad = a.post(&path("acquire"), json!({"mode": "exclusive"})).await;
     assert_eq!(

@@ -57,6 +57,8 @@ pub struct Metrics {
     pub semaphore_acquisitions: IntCounterVec,
     /// Multi-key acquisitions, by result.
     pub multi_acquisitions: IntCounterVec,
+    /// Read leases' acquisitions (read-write locks), by result.
+    pub read_acquisitions: IntCounterVec,
     /// Slots tried by semaphore acquisitions (one backend acquire each).
     pub semaphore_slot_tries: prometheus::IntCounter,
 }
@@ -266,6 +268,14 @@ impl Metrics {
                 &["result"]
             )
             .unwrap()),
+            read_acquisitions: reg!(IntCounterVec::new(
+                Opts::new(
+                    "fencer_read_acquisitions_total",
+                    "Read leases' acquisitions (read-write locks, \"mode\": \"read\"), by result (acquired; timeout: a write lease held the key, or a writer waited for it, for wait_ms; delayed; error). Also counted in fencer_acquisitions_total."
+                ),
+                &["result"]
+            )
+            .unwrap()),
             semaphore_slot_tries: reg!(prometheus::IntCounter::new(
                 "fencer_semaphore_slot_tries_total",
                 "Permit slots tried by semaphore acquisitions, one backend acquire each: against fencer_semaphore_acquisitions_total, how full semaphores run."
@@ -333,6 +343,9 @@ impl Metrics {
         }
         for r in ["acquired", "timeout", "error"] {
             self.multi_acquisitions.with_label_values(&[r]);
+        }
+        for r in ["acquired", "timeout", "delayed", "error"] {
+            self.read_acquisitions.with_label_values(&[r]);
         }
         for r in SEMAPHORE_RESULTS {
             self.semaphore_acquisitions.with_label_values(&[r]);

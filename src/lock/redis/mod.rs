@@ -278,6 +278,7 @@ impl RedisBackend {
             return;
         };
         let scripts = self.scripts.clone();
+        let runner = self.runner.clone();
         tokio::spawn(async move {
             let mut delay = Duration::from_millis(50);
             loop {
@@ -286,6 +287,13 @@ impl RedisBackend {
                     let mut cmd = redis::cmd("SCRIPT");
                     cmd.arg("LOAD").arg(lua.body);
                     if let Err(e) = target.command::<String>(&cmd).await {
+                        // On the connection lock calls share: a drop seen
+                        // here is one the next acquire would not see (the
+                        // connection reconnects quietly), and the server
+                        // behind the new one may evict — read its policy
+                        // again (redis_policies::a_reconnect_reads_the_
+                        // policy_again failed when this error was eaten).
+                        runner.saw_error(&e);
                         tracing::debug!(error = %e, "script preload failed; retrying");
                         ok = false;
                         break;

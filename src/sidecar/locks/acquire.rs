@@ -260,6 +260,12 @@ impl LockManager {
             .acquisitions
             .with_label_values(&[group, outcome])
             .inc();
+        if key.is_reader() {
+            self.metrics
+                .read_acquisitions
+                .with_label_values(&[outcome])
+                .inc();
+        }
         self.metrics
             .acquire_wait
             .with_label_values(&[group, outcome])

@@ -49,13 +49,29 @@ impl RunReport {
 
 /// One run: a fresh stack, `workers` workers for `seconds`.
 pub async fn run_once(args: &DemoArgs, via: Via) -> Result<RunReport, StartError> {
-    let mut settings = Settings::default();
-    settings.sidecar.listen = free_addr();
-    settings.proxy.listen = free_addr();
-    settings.gateway.listen = free_addr();
-    settings.storage.listen = free_addr();
-    settings.admin.listen = free_addr();
-    let stack = Stack::start(settings, CancellationToken::new()).await?;
+    // A port found free can be taken by another process before the stack
+    // binds it (tests run side by side): such a start is tried again on
+    // other ports, a few times.
+    let mut tries = 0;
+    let stack = loop {
+        let mut settings = Settings::default();
+        settings.sidecar.listen = free_addr();
+        settings.proxy.listen = free_addr();
+        settings.gateway.listen = free_addr();
+        settings.storage.listen = free_addr();
+        settings.admin.listen = free_addr();
+        let shutdown = CancellationToken::new();
+        match Stack::start(settings, shutdown.clone()).await {
+            Ok(stack) => break stack,
+            Err(StartError::Bind { source, .. })
+                if source.kind() == std::io::ErrorKind::AddrInUse && tries < 4 =>
+            {
+                shutdown.cancel();
+                tries += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    };
     let target = match via {
         Via::Direct => format!("http://{}", stack.storage),
         Via::Gateway => format!("http://{}", stack.gateway),

@@ -404,10 +404,10 @@ SEMAPHORE_MUTANTS = {
 # PostgreSQL killed. Checked: M1 with readers sharing (a reader's span may
 # overlap only readers'), R1 — no write applied with a read lease's token
 # — and S1–S7 (no lost update). Bites: readers held the key together,
-# reader writes refused, stale writes refused.
+# reader writes refused, stale requests refused.
 RWLOCK = sc("rwlock", backend="postgres", keys=["acct:rw"], read_p=0.5, workers=6, direct_workers=3,
             nemesis=PAUSES + ["pause_sidecar", "kill_backend"], self_pause_p=0.3, duration_s=30,
-            bite={"stale_at_gateway": 2, "read_lease_refused": 20, "readers_shared": 5})
+            bite={"stale_at_gateway": 1, "read_lease_refused": 20, "readers_shared": 5})
 FAMILIES += [RWLOCK]
 RWLOCK_MUTANTS = {
     "read_token_writes": dict(name="m-read-token-writes", bite={}, mutants={"gateway": ["read_token_writes"]}),

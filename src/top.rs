@@ -294,6 +294,8 @@ fn backend_row(key: &str, v: &Value) -> String {
     let text = |f: &str| v[f].as_str().unwrap_or("-").to_owned();
     let num = |f: &str| v[f].as_u64().map_or("-".to_owned(), |n| n.to_string());
     let state = match (v["state"].as_str(), v["error"].as_str()) {
+        // Read leases hold it: how many.
+        (Some("read"), _) => format!("read({})", num("readers")),
         (Some(s), _) => s.to_owned(),
         (None, Some(e)) => e.to_owned(),
         _ => "unreachable".to_owned(),
@@ -360,6 +362,8 @@ mod tests {
         for part in ["held", " 7 ", "abc", "1.5s", " 2 ", "no"] {
             assert!(row.contains(part), "{part:?} in {row:?}");
         }
+        let read = serde_json::json!({"state": "read", "readers": 3, "waiting": 1});
+        assert!(backend_row("k", &read).contains("read(3)"));
         let limited = serde_json::json!({"error": "rate_limited", "retry_after_ms": 90});
         assert!(backend_row("k", &limited).contains("rate_limited"));
     }

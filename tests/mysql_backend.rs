@@ -563,5 +563,5 @@ async fn first_acquires_that_deadlock_in_innodb_are_tried_again() {
 async fn readers_and_writers_never_overlap() {
     let db = MariaDb::start();
     let s = std::sync::Arc::new(sidecar(&db, &[]));
-    common::rw_check::readers_and_writers_never_overlap(s, "my").await;
+    common::rw_check::readers_and_writers_never_overlap(&[s], "my").await;
 }

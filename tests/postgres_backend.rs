@@ -547,5 +547,5 @@ async fn a_statement_waiting_on_a_row_lock_does_not_hold_up_other_keys() {
 async fn readers_and_writers_under_shared_statements_never_overlap() {
     let pg = PgServer::start();
     let s = Arc::new(sidecar(&pg, &[]));
-    common::rw_check::readers_and_writers_never_overlap(s, "pg").await;
+    common::rw_check::readers_and_writers_never_overlap(&[s], "pg").await;
 }

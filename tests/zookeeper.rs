@@ -405,29 +405,20 @@ async fn a_create_whose_reply_was_lost_is_found_not_repeated() {
     // The key's container exists (a create into a missing one would fail
     // outright rather than land late).
     cycle(&be, &key).await;
-    let dir = fencer::lock::zookeeper::queue::key_dir("/fencer/locks", "lost:1");
-    let client = zk::Client::connect(&c).await.unwrap();
-    let creates = || async { client.get_children(&dir).await.unwrap().1.cversion };
-    let before = creates().await;
+    let before = creates(&c, "lost:1").await;
     let lease = LeaseId::generate();
-    zk.pause(0);
-    let first = be.try_acquire(&key, &lease, Duration::from_secs(2)).await;
-    zk.resume(0);
-    assert!(first.is_err(), "{first:?}");
-    let mut retry = be.try_acquire(&key, &lease, Duration::from_secs(2)).await;
-    for _ in 0..20 {
-        if retry.is_ok() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        retry = be.try_acquire(&key, &lease, Duration::from_secs(2)).await;
-    }
+    lost_try(&zk, &be, &key, &lease).await;
+    let retry = retried(&be, &key, &lease).await;
     let Ok(Attempt::Acquired { token }) = retry else {
         panic!("{retry:?}")
     };
     assert_eq!(queue_of(&c, "lost:1").await.len(), 1);
     // One child change in all: the retry looked before creating again.
-    assert_eq!(creates().await - before, 1, "the lost create was repeated");
+    assert_eq!(
+        creates(&c, "lost:1").await - before,
+        1,
+        "the lost create was repeated"
+    );
     // Idempotent: the same lease id asks again, the same token comes back.
     assert_eq!(
         be.try_acquire(&key, &lease, Duration::from_secs(2))
@@ -436,6 +427,90 @@ async fn a_create_whose_reply_was_lost_is_found_not_repeated() {
         Attempt::Acquired { token }
     );
     assert_eq!(queue_of(&c, "lost:1").await.len(), 1);
+}
+
+/// A try sent while the server stalls: it times out, its create landing
+/// once the server resumes (outcome unknown to the caller).
+async fn lost_try(zk: &ZooKeeperEnsemble, be: &ZooKeeperBackend, key: &LockKey, lease: &LeaseId) {
+    zk.pause(0);
+    let first = be.try_acquire(key, lease, Duration::from_secs(2)).await;
+    zk.resume(0);
+    assert!(first.is_err(), "{first:?}");
+}
+
+/// Tries `lease` until the backend answers (the session is back) or two
+/// seconds pass; the last answer.
+async fn retried(
+    be: &ZooKeeperBackend,
+    key: &LockKey,
+    lease: &LeaseId,
+) -> Result<Attempt, fencer::lock::BackendError> {
+    let mut answer = be.try_acquire(key, lease, Duration::from_secs(2)).await;
+    for _ in 0..20 {
+        if answer.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        answer = be.try_acquire(key, lease, Duration::from_secs(2)).await;
+    }
+    answer
+}
+
+/// How many children were ever created under `key`'s queue node.
+async fn creates(connect: &str, key: &str) -> i32 {
+    let dir = fencer::lock::zookeeper::queue::key_dir("/fencer/locks", key);
+    let client = zk::Client::connect(connect).await.unwrap();
+    client.get_children(&dir).await.unwrap().1.cversion
+}
+
+/// The same seam for a read lease (issue 33 item 2): a reader's create
+/// whose reply was lost is found by its ticket on the retry, never
+/// repeated; and a reader's try whose caller gave up — the sidecar
+/// releases the lease id, as it does for every acquire it could not
+/// answer — leaves no reader node behind to keep writers out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_readers_create_whose_reply_was_lost_is_found_or_undone() {
+    let zk = ZooKeeperEnsemble::with_size(1);
+    let c = zk.connect_string();
+    let be = backend(&c, 300).await;
+    let key = LockKey::parse("lost:r").unwrap();
+    cycle(&be, &key).await;
+    let ttl = Duration::from_secs(2);
+    // Retried: found, one create in all.
+    let (r1, l1) = (key.reader(1), LeaseId::generate());
+    let before = creates(&c, "lost:r").await;
+    lost_try(&zk, &be, &r1, &l1).await;
+    let retry = retried(&be, &r1, &l1).await;
+    let Ok(Attempt::Acquired { token }) = retry else {
+        panic!("{retry:?}")
+    };
+    let nodes = queue_of(&c, "lost:r").await;
+    assert_eq!(nodes.len(), 1, "{nodes:?}");
+    assert!(fencer::lock::zookeeper::queue::is_read_node(&nodes[0]));
+    assert_eq!(
+        creates(&c, "lost:r").await - before,
+        1,
+        "the lost create was repeated"
+    );
+    // A second reader shares the key.
+    let (r2, l2) = (key.reader(2), LeaseId::generate());
+    let Attempt::Acquired { token: t2 } = be.try_acquire(&r2, &l2, ttl).await.unwrap() else {
+        panic!("readers share")
+    };
+    assert!(t2 > token);
+    for (r, l) in [(&r1, &l1), (&r2, &l2)] {
+        be.release(r, l).await.unwrap();
+    }
+    // Given up: released by lease id, the late node goes with it.
+    let (r3, l3) = (key.reader(3), LeaseId::generate());
+    lost_try(&zk, &be, &r3, &l3).await;
+    be.release(&r3, &l3).await.unwrap();
+    let got = retried(&be, &key, &LeaseId::generate()).await;
+    assert!(
+        matches!(got, Ok(Attempt::Acquired { .. })),
+        "a writer kept out by an abandoned reader's node: {got:?} {:?}",
+        queue_of(&c, "lost:r").await
+    );
 }
 
 /// Repair after the ensemble lost its data (zxids restart below the
@@ -582,15 +657,19 @@ fn acquire_in_background(
     ttl_ms: u64,
     wait_ms: u64,
 ) -> tokio::task::JoinHandle<Option<(Resp, Instant)>> {
+    acquire_in_background_with(s, key, json!({"ttl_ms": ttl_ms, "wait_ms": wait_ms}))
+}
+
+/// [`acquire_in_background`] with a body of its own (a read lease's).
+fn acquire_in_background_with(
+    s: &Fencer,
+    key: &str,
+    body: serde_json::Value,
+) -> tokio::task::JoinHandle<Option<(Resp, Instant)>> {
     let url = format!("{}{}", s.api, Fencer::path(key, "acquire"));
     let http = s.http.clone();
     tokio::spawn(async move {
-        let r = http
-            .post(url)
-            .json(&json!({"ttl_ms": ttl_ms, "wait_ms": wait_ms}))
-            .send()
-            .await
-            .ok()?;
+        let r = http.post(url).json(&body).send().await.ok()?;
         let status = r.status().as_u16();
         let body = r.json().await.ok()?;
         Some((Resp { status, body }, Instant::now()))
@@ -613,6 +692,14 @@ async fn queued(connect: &str, key: &str, n: usize) {
 /// (the bound is met within milliseconds when the machine is idle).
 const SLACK: Duration = Duration::from_millis(1_500);
 
+/// The kill tests' sidecars: a session far longer than a lease, so a key
+/// freed at the TTL was not freed by the session's end.
+const KILLED_CFG: [(&str, &str); 2] = [
+    ("backend.zookeeper.session_timeout_ms", "20000"),
+    ("sidecar.default_ttl_ms", "2000"),
+];
+const KILLED_TTL: Duration = Duration::from_millis(2_000);
+
 /// A sidecar killed with `kill -9` deletes nothing, and its ZooKeeper
 /// session — with every node of it — lives on for the session timeout
 /// (20 s here). Its keys are free once the lease's TTL (2 s) has passed on
@@ -626,11 +713,7 @@ const SLACK: Duration = Duration::from_millis(1_500);
 async fn a_killed_sidecar_frees_its_keys_after_the_ttl_not_the_session() {
     let zk = ZooKeeperEnsemble::with_size(1);
     let c = zk.connect_string();
-    let cfg = [
-        ("backend.zookeeper.session_timeout_ms", "20000"),
-        ("sidecar.default_ttl_ms", "2000"),
-    ];
-    let ttl = Duration::from_millis(2_000);
+    let (cfg, ttl) = (KILLED_CFG, KILLED_TTL);
     // a holds two keys and b waits for a third; both are killed. d holds
     // the third and stays; w waits behind them.
     let (mut a, mut b) = (sidecar(&c, &cfg), sidecar(&c, &cfg));
@@ -691,6 +774,97 @@ async fn a_killed_sidecar_frees_its_keys_after_the_ttl_not_the_session() {
         w.metric("fencer_zookeeper_dead_nodes_deleted_total", &[])
             .await,
         3.0
+    );
+}
+
+/// Read-write locks (issue 33 item 2): readers and writers of 6 keys
+/// through two sidecars, so the queue in ZooKeeper — not a sidecar's own
+/// FIFO — keeps writers apart from everyone
+/// ([`common::rw_check::readers_and_writers_never_overlap`]). Mutants
+/// `writers_skip_readers` and `readers_ignore_writers` (the readers' rule
+/// in `queue::place`) fail it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_and_writers_of_two_sidecars_never_overlap() {
+    let zk = ZooKeeperEnsemble::with_size(1);
+    let c = zk.connect_string();
+    let sidecars = [Arc::new(sidecar(&c, &[])), Arc::new(sidecar(&c, &[]))];
+    common::rw_check::readers_and_writers_never_overlap(&sidecars, "zk").await;
+}
+
+/// Read-write locks (issue 33 item 2) with a sidecar killed by `kill -9`:
+/// its read lease frees the key for a writer elsewhere after the lease's
+/// TTL, as a writer's would (the writer's node, just behind the reader's,
+/// deletes it at its lease-expiry record); and its *waiting writer* keeps
+/// new readers out — writer preference — only until its keepalives have
+/// stopped for a TTL: the reader queued behind it deletes it (a reader
+/// watches the nearest write node ahead) and then shares the key with the
+/// reader that held it all along.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_sidecars_readers_and_waiting_writers_free_the_key_after_the_ttl() {
+    let zk = ZooKeeperEnsemble::with_size(1);
+    let c = zk.connect_string();
+    let (cfg, ttl) = (KILLED_CFG, KILLED_TTL);
+    let (mut a, b, w) = (sidecar(&c, &cfg), sidecar(&c, &cfg), sidecar(&c, &cfg));
+    let read =
+        |ttl_ms: u64, wait_ms: u64| json!({"mode": "read", "ttl_ms": ttl_ms, "wait_ms": wait_ms});
+    // rwk:held — a reads; w's writer waits behind it.
+    let sent = Instant::now();
+    let a_read = acquire_with(&a, "rwk:held", read(2_000, 0)).await;
+    assert_eq!(a_read.status, 200, "{}", a_read.body);
+    let w_writes = acquire_in_background(&w, "rwk:held", 2_000, 10_000);
+    queued(&c, "rwk:held", 2).await;
+    // rwk:queued — b reads (and stays); a's writer waits behind it; w's
+    // reader queues behind a's writer.
+    let b_read = acquire_with(&b, "rwk:queued", read(8_000, 0)).await;
+    assert_eq!(b_read.status, 200, "{}", b_read.body);
+    let _a_writes = acquire_in_background(&a, "rwk:queued", 2_000, 15_000);
+    queued(&c, "rwk:queued", 2).await;
+    let w_reads = acquire_in_background_with(&w, "rwk:queued", read(2_000, 10_000));
+    queued(&c, "rwk:queued", 3).await;
+    let nodes = in_queue_order(queue_of(&c, "rwk:queued").await);
+    assert!(
+        fencer::lock::zookeeper::queue::is_read_node(&nodes[0])
+            && !fencer::lock::zookeeper::queue::is_read_node(&nodes[1])
+            && fencer::lock::zookeeper::queue::is_read_node(&nodes[2]),
+        "{nodes:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !w_reads.is_finished(),
+        "a reader got in past a writer queued ahead of it"
+    );
+
+    a.kill();
+    let killed = Instant::now();
+    let (got, at) = w_writes.await.unwrap().expect("w answered");
+    assert_eq!(got.status, 200, "{}\n{}", got.body, w.logs());
+    assert!(got.token() > a_read.token());
+    let moved = at - sent;
+    assert!(
+        moved >= ttl && moved <= ttl + SLACK,
+        "the killed reader's key moved {moved:?} after its acquire (TTL {ttl:?}, session 20 s)"
+    );
+    let (got, at) = w_reads.await.unwrap().expect("w answered");
+    assert_eq!(got.status, 200, "{}\n{}", got.body, w.logs());
+    assert_eq!(got.body["mode"], "read", "{}", got.body);
+    assert!(got.token() > b_read.token());
+    assert!(
+        at - killed <= ttl + SLACK,
+        "the killed writer's waiting node kept readers out {:?} (TTL {ttl:?}, session 20 s)",
+        at - killed
+    );
+    // b's reader held all along: the two readers share the key.
+    let renewed = b
+        .post(
+            &Fencer::path("rwk:queued", "renew"),
+            json!({"lease_id": b_read.lease(), "ttl_ms": 5_000}),
+        )
+        .await;
+    assert_eq!(renewed.status, 200, "{}", renewed.body);
+    assert_eq!(
+        w.metric("fencer_zookeeper_dead_nodes_deleted_total", &[])
+            .await,
+        2.0
     );
 }
 

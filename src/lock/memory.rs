@@ -377,10 +377,12 @@ impl LockBackend for MemoryBackend {
             (None, Some(until)) if *until > now => Some(*until - now),
             _ => None,
         };
+        let readers = state.live_readers(key, now).map_or(0, |set| set.len()) as u64;
         Ok(KeyView {
             holder,
-            delayed,
+            delayed: delayed.filter(|_| readers == 0),
             last_token: state.counters.get(key).copied(),
+            readers: Some(readers),
             ..KeyView::default()
         })
     }

@@ -88,18 +88,21 @@ pub struct KeyView {
     pub waiting: Option<u64>,
     /// The masters disagree (RedLock): no lease has a majority's entries.
     pub split: bool,
+    /// Read leases holding the key now (read-write locks), where the
+    /// backend keeps reader sets; none while a write lease holds it.
+    pub readers: Option<u64>,
 }
 
 impl KeyView {
     /// A SQL backend's row for the key: whether a lease holds it, that
-    /// lease, the key's counter, and the ms left on the lease and on its
-    /// lock-delay (server clock).
+    /// lease, the key's counter, the ms left on the lease and on its
+    /// lock-delay (server clock), and the live read leases.
     pub fn of_row(
         held: bool,
         lease: Option<String>,
         token: i64,
-        left_ms: i64,
-        delay_left_ms: i64,
+        (left_ms, delay_left_ms): (i64, i64),
+        readers: i64,
     ) -> KeyView {
         let millis = |ms: i64| Duration::from_millis(ms.max(0) as u64);
         KeyView {
@@ -108,8 +111,9 @@ impl KeyView {
                 token: token as u64,
                 remaining: Some(millis(left_ms)),
             }),
-            delayed: (!held && delay_left_ms > 0).then(|| millis(delay_left_ms)),
+            delayed: (!held && delay_left_ms > 0 && readers == 0).then(|| millis(delay_left_ms)),
             last_token: Some(token as u64),
+            readers: Some(readers.max(0) as u64),
             ..KeyView::default()
         }
     }

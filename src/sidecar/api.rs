@@ -323,6 +323,7 @@ fn backend_view_json(
             "held"
         }
         (None, _, true) => "split",
+        (None, _, false) if v.readers.is_some_and(|n| n > 0) => "read",
         (None, Some(d), _) => {
             out["retry_after_ms"] = json!(d.as_millis() as u64);
             "delayed"
@@ -335,6 +336,9 @@ fn backend_view_json(
     }
     if let Some(n) = v.waiting {
         out["waiting"] = json!(n);
+    }
+    if let Some(n) = v.readers {
+        out["readers"] = json!(n);
     }
     out
 }

@@ -10,9 +10,10 @@ use serde_json::json;
 use super::Fencer;
 
 /// 24 clients on 6 keys (`{prefix}:rw-{k}`), three readers to a writer,
-/// four rounds each; panics on a writer beside anyone, a token issued
-/// twice, or readers that never shared a key.
-pub async fn readers_and_writers_never_overlap(s: Arc<Fencer>, prefix: &'static str) {
+/// four rounds each, client `c` on sidecar `c % n`; panics on a writer
+/// beside anyone, a token issued twice, or readers that never shared a
+/// key.
+pub async fn readers_and_writers_never_overlap(sidecars: &[Arc<Fencer>], prefix: &'static str) {
     use std::collections::HashMap;
     use std::sync::atomic::{AtomicI64, Ordering};
     use std::sync::Mutex;
@@ -23,7 +24,8 @@ pub async fn readers_and_writers_never_overlap(s: Arc<Fencer>, prefix: &'static 
     let tokens: Arc<Mutex<HashMap<usize, Vec<u64>>>> = Arc::default();
     let clients: Vec<_> = (0..24usize)
         .map(|c| {
-            let (s, readers, writers) = (s.clone(), readers.clone(), writers.clone());
+            let s = sidecars[c % sidecars.len()].clone();
+            let (readers, writers) = (readers.clone(), writers.clone());
             let (tokens, most_readers) = (tokens.clone(), most_readers.clone());
             tokio::spawn(async move {
                 let k = c % 6;

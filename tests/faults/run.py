@@ -409,6 +409,16 @@ RWLOCK = sc("rwlock", backend="postgres", keys=["acct:rw"], read_p=0.5, workers=
             nemesis=PAUSES + ["pause_sidecar", "kill_backend"], self_pause_p=0.3, duration_s=30,
             bite={"stale_at_gateway": 1, "read_lease_refused": 20, "readers_shared": 5})
 FAMILIES += [RWLOCK]
+# The same on ZooKeeper (Curator's read-write lock: reader nodes in the
+# key's queue): the 3-member ensemble and 3 s sessions of the zk-
+# families, its leader killed and a sidecar cut off from every member
+# past its session (its readers' and writers' nodes go with it), beside
+# sidecar pauses and the self-pauses past the TTL. In the PR tier.
+RWLOCK_ZK = sc("rwlock-zk", backend="zookeeper", keys=["acct:rw"], read_p=0.5, workers=6, direct_workers=3,
+               nemesis=["kill_zk_leader", "partition_zk", "pause_sidecar", "pause_worker"], self_pause_p=0.3,
+               interval=(0.5, 1.5), duration_s=30,
+               bite={"stale_at_gateway": 1, "read_lease_refused": 20, "readers_shared": 5})
+FAMILIES += [RWLOCK_ZK]
 RWLOCK_MUTANTS = {
     "read_token_writes": dict(name="m-read-token-writes", bite={}, mutants={"gateway": ["read_token_writes"]}),
     "writers_skip_readers": dict(name="m-writers-skip-readers", bite={},
@@ -598,8 +608,10 @@ DIRECTED_MUTANTS = {
     "skip_signature": ("fencing", "forged_inflated_and_misused_tokens_are_refused_and_move_nothing"),
     "equal_token_any_lease": ("fencing", "an_equal_token_from_another_lease_is_refused"),
     "readers_ignore_writers": [("lib", "lock::memory::tests::readers_share_writers_exclude_and_a_waiting_writer_keeps_readers_out"),
-                               ("lock_suite", "postgres::read_write_locks")],
-    "writers_skip_readers": ("postgres_backend", "readers_and_writers_under_shared_statements_never_overlap"),
+                               ("lock_suite", "postgres::read_write_locks"),
+                               ("lock_suite", "zookeeper::read_write_locks")],
+    "writers_skip_readers": [("postgres_backend", "readers_and_writers_under_shared_statements_never_overlap"),
+                             ("zookeeper", "readers_and_writers_of_two_sidecars_never_overlap")],
     "read_attempt_not_voided": ("sql_bounds", "postgres_a_late_read_acquire_statement_takes_nothing"),
     "read_token_writes": ("fencing", "read_lease_tokens_read_but_never_write_and_fence_late_writers"),
     "readers_unfenced": ("fencing", "read_lease_tokens_read_but_never_write_and_fence_late_writers"),
@@ -1080,7 +1092,9 @@ def main():
                     s["backend"] = a.backend
                 later("FAIL", run_scenario, s, s_seed, a.bin, a.out, a.keep)
             if m in RWLOCK_MUTANTS and a.mutant:
-                later("FAIL", run_scenario, dict(RWLOCK, **RWLOCK_MUTANTS[m]), s_seed, a.bin, a.out,
+                # `--backend zookeeper`: on rwlock-zk (Curator's recipe).
+                base = RWLOCK_ZK if a.backend == "zookeeper" else RWLOCK
+                later("FAIL", run_scenario, dict(base, **RWLOCK_MUTANTS[m]), s_seed, a.bin, a.out,
                       a.keep)
             if m in SEMAPHORE_MUTANTS and a.mutant:
                 later("FAIL", run_scenario, dict(SEMAPHORE, **SEMAPHORE_MUTANTS[m]), s_seed, a.bin, a.out,

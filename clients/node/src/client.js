@@ -151,7 +151,7 @@ export class FencerClient {
 
   /**
    * What the backend records for `key`, whichever sidecar's lease holds it
-   * (`state`: held, free, delayed or split; `token`, `lease_tag`,
+   * (`state`: held, read, free, delayed or split; `token`, `lease_tag`,
    * `remaining_ms`...). Rate-limited by the sidecar (`RateLimitedError`).
    * @param {string} key
    * @returns {Promise<Record<string, unknown>>}

@@ -254,7 +254,9 @@ const INSPECT: &str =
     "SELECT IF(lease_id IS NOT NULL AND expires_at > SYSDATE(6), 1, 0), lease_id, token,
   COALESCE(GREATEST(0, TIMESTAMPDIFF(MICROSECOND, SYSDATE(6), expires_at) DIV 1000), 0),
   COALESCE(GREATEST(0, TIMESTAMPDIFF(MICROSECOND, SYSDATE(6),
-                        TIMESTAMPADD(MICROSECOND, delay_ms * 1000, expires_at)) DIV 1000), 0)
+                        TIMESTAMPADD(MICROSECOND, delay_ms * 1000, expires_at)) DIV 1000), 0),
+  (SELECT COUNT(*) FROM fencer_readers r
+    WHERE r.lock_key = fencer_locks.lock_key AND r.expires_at > SYSDATE(6))
   FROM fencer_locks WHERE lock_key = ?";
 
 /// Releases, on the acquire's own connection, a lock that an acquire
@@ -632,8 +634,8 @@ impl LockBackend for MySqlBackend {
             held,
             lease,
             int(row, 2)?,
-            int(row, 3)?,
-            int(row, 4)?,
+            (int(row, 3)?, int(row, 4)?),
+            int(row, 5)?,
         ))
     }
 

@@ -524,8 +524,8 @@ impl LockBackend for PgBackend {
             row.get(0),
             row.get(1),
             row.get(2),
-            row.get(3),
-            row.get(4),
+            (row.get(3), row.get(4)),
+            row.get(5),
         ))
     }
 

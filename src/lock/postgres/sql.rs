@@ -483,7 +483,8 @@ SELECT l.lease_id IS NOT NULL AND l.expires_at > clock_timestamp() AS held,
        l.token,
        COALESCE(GREATEST(0, (EXTRACT(EPOCH FROM (l.expires_at - clock_timestamp())) * 1000)::bigint), 0),
        COALESCE(GREATEST(0, (EXTRACT(EPOCH FROM (l.expires_at + l.delay_ms * interval '1 millisecond'
-                                                 - clock_timestamp())) * 1000)::bigint), 0)
+                                                 - clock_timestamp())) * 1000)::bigint), 0),
+       (SELECT count(*) FROM fencer_readers r WHERE r.key = l.key AND r.expires_at > clock_timestamp())
   FROM fencer_locks l
  WHERE l.key = $1
 "#;

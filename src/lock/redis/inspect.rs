@@ -9,13 +9,15 @@ use crate::lock::{BackendError, HolderView, Holds, KeyView};
 
 /// One server's record of a key: the lock entry's lease and token (`0`:
 /// a RedLock entry before its token's write-back), its PTTL, the delay
-/// marker's PTTL and the counter.
+/// marker's PTTL, the counter, and the live read leases (where the script
+/// was given the readers hash: not on RedLock).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
     pub entry: Option<(String, u64)>,
     pub pttl: Option<Duration>,
     pub delay: Option<Duration>,
     pub counter: Option<u64>,
+    pub readers: Option<u64>,
 }
 
 /// PTTL: -1 no expiry (fencer always sets one), -2 no such key.
@@ -36,10 +38,20 @@ pub fn permits(value: redis::Value) -> Result<u32, BackendError> {
         .ok_or_else(|| BackendError::Protocol(format!("semaphore permit count {n}")))
 }
 
-/// The script's `{entry, pttl, delay pttl, counter}`.
+/// The script's `{entry, pttl, delay pttl, counter[, readers]}`.
 pub fn record(value: redis::Value) -> Result<Record, BackendError> {
-    let (entry, lock_pttl, delay_pttl, counter): (String, String, String, String) =
+    let parts: Vec<String> =
         redis::from_redis_value(value).map_err(|e| BackendError::Protocol(e.to_string()))?;
+    let (entry, lock_pttl, delay_pttl, counter, readers) = match parts.as_slice() {
+        [e, p, d, c] => (e.clone(), p, d, c, None),
+        [e, p, d, c, r] => (e.clone(), p, d, c, r.parse().ok()),
+        _ => {
+            return Err(BackendError::Protocol(format!(
+                "key record of {} parts",
+                parts.len()
+            )))
+        }
+    };
     let entry = match entry.split_once(' ') {
         _ if entry.is_empty() => None,
         Some((lease, token)) => Some((
@@ -52,8 +64,9 @@ pub fn record(value: redis::Value) -> Result<Record, BackendError> {
     };
     Ok(Record {
         entry,
-        pttl: pttl(&lock_pttl),
-        delay: pttl(&delay_pttl),
+        pttl: pttl(lock_pttl),
+        delay: pttl(delay_pttl),
+        readers,
         // A counter at 2^53 and beyond is printed exactly by Redis; a
         // non-number (never written by fencer) is left out.
         counter: (!counter.is_empty())
@@ -70,10 +83,16 @@ impl Record {
             token,
             remaining: self.pttl,
         });
+        let reading = self.readers.is_some_and(|n| n > 0);
         KeyView {
-            delayed: if holder.is_none() { self.delay } else { None },
+            delayed: if holder.is_none() && !reading {
+                self.delay
+            } else {
+                None
+            },
             holder,
             last_token: self.counter,
+            readers: self.readers,
             ..KeyView::default()
         }
     }
@@ -128,6 +147,16 @@ mod tests {
         );
         let free = record(reply(["", "-2", "-2", ""])).unwrap().view();
         assert_eq!(free, KeyView::default());
+    }
+
+    #[test]
+    fn readers_holding_the_key_are_counted_and_hide_the_delay() {
+        let parts = ["", "-2", "700", "42", "3"].map(|p| redis::Value::BulkString(p.into()));
+        let read = record(redis::Value::Array(parts.to_vec())).unwrap().view();
+        assert_eq!(
+            (read.holder, read.readers, read.delayed),
+            (None, Some(3), None)
+        );
     }
 
     #[test]

@@ -816,7 +816,10 @@ impl LockBackend for RedisBackend {
     async fn inspect(&self, key: &LockKey) -> Result<KeyView, BackendError> {
         let k = self.keys(key);
         let mut call = Call::default();
-        call.key(k.lock()).key(k.delay()).key(k.counter());
+        call.key(k.lock())
+            .key(k.delay())
+            .key(k.counter())
+            .key(k.readers());
         let reply = self
             .exec(&self.scripts.inspect, &call, Replicated::No)
             .await?;

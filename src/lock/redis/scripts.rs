@@ -458,15 +458,33 @@ impl Lua {
     }
 }
 
-/// KEYS: lock, delay marker, counter. Reads only: `{entry or "", its
-/// PTTL, the delay marker's PTTL, counter or ""}` at one instant
-/// (`GET /v1/locks/{key}?scope=backend`, [`super::inspect`]).
+/// KEYS: lock, delay marker, counter[, readers hash]. Reads only: `{entry
+/// or "", its PTTL, the delay marker's PTTL, counter or ""[, live read
+/// leases]}` at one instant (`GET /v1/locks/{key}?scope=backend`,
+/// [`super::inspect`]; RedLock, with no readers, passes three keys).
 pub const INSPECT: &str = r#"
 local cur = redis.call('GET', KEYS[1]) or ''
 local pttl = -2
 if cur ~= '' then pttl = redis.call('PTTL', KEYS[1]) end
-return {cur, tostring(pttl), tostring(redis.call('PTTL', KEYS[2])),
-        redis.call('GET', KEYS[3]) or ''}
+local out = {cur, tostring(pttl), tostring(redis.call('PTTL', KEYS[2])),
+             redis.call('GET', KEYS[3]) or ''}
+if KEYS[4] then
+  -- The live read leases, counted without removing the expired ones (a
+  -- look changes nothing).
+  local n = 0
+  if redis.call('EXISTS', KEYS[4]) == 1 then
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    local all = redis.call('HVALS', KEYS[4])
+    for i = 1, #all do
+      local v = all[i]
+      local exp = tonumber(string.sub(v, (string.find(v, ' ', 1, true) or 0) + 1)) or 0
+      if exp > now then n = n + 1 end
+    end
+  end
+  out[5] = tostring(n)
+end
+return out
 "#;
 
 /// KEYS: lock, holds record. ARGV: lease id, expected count ("" = read

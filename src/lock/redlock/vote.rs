@@ -253,6 +253,7 @@ mod tests {
             pttl: entry.map(|_| Duration::from_millis(pttl)),
             delay: (delay > 0).then(|| Duration::from_millis(delay)),
             counter: Some(7),
+            readers: None,
         })
     }
 

@@ -48,6 +48,16 @@
 //! node outlives a lease id: it belongs to the newest one that tried, and
 //! releasing an older id leaves it alone. A waiter that gives up releases
 //! its lease id, which deletes the node ([`LockBackend::held_keeps_a_place`]).
+//!
+//! A read lease (read-write locks) is a node of its own, with a reader's
+//! ticket, in the same queue: its entry is keyed by the reader's
+//! [`LockKey`], and it holds once no write node is ahead of it
+//! ([`queue`]). Its token is its node's creation zxid plus offset, as a
+//! writer's: since a writer holds only as the lowest node and a reader
+//! only with no writer ahead, each token is above every token of a lease
+//! it had to wait for. Readers let in together (a writer's release) may be
+//! told "held" in any order among themselves: they do not fence each
+//! other. A reader keeps no lock-delay after its TTL, as on every backend.
 
 pub mod expiry;
 pub mod holds;
@@ -848,6 +858,16 @@ impl Inner {
         }
     }
 
+    /// The lock-delay a lease of `key` keeps after its TTL: a writer's
+    /// (`sidecar.lock_delay_ms`); none for a reader's, as on every backend.
+    fn delay_of(&self, key: &LockKey) -> Duration {
+        if key.is_reader() {
+            Duration::ZERO
+        } else {
+            self.lock_delay
+        }
+    }
+
     /// Our node in `key`'s entry, when it is still the one `ticket` names.
     fn with_entry<T>(
         &self,
@@ -915,7 +935,7 @@ impl LockBackend for ZooKeeperBackend {
         let sent = Instant::now();
         // The whole try, every call of it, within one request timeout.
         let deadline = sent + inner.timeout;
-        let life = node_life(ttl, inner.lock_delay);
+        let life = node_life(ttl, inner.delay_of(key));
         let s = inner.sessions.current()?;
         let (ticket, known, look) = {
             let mut entries = inner.entries.lock().expect("entries");
@@ -930,7 +950,11 @@ impl LockBackend for ZooKeeperBackend {
             let known = entries.contains_key(key);
             let entry = entries.entry(key.clone()).or_insert_with(|| Entry {
                 generation: s.generation,
-                ticket: queue::new_ticket(),
+                ticket: if key.is_reader() {
+                    queue::read_ticket()
+                } else {
+                    queue::new_ticket()
+                },
                 node: None,
                 lease: lease.clone(),
                 life,
@@ -1099,7 +1123,7 @@ impl LockBackend for ZooKeeperBackend {
                         NodeData::encode(
                             node.offset,
                             lease.as_str(),
-                            node_life(ttl, inner.lock_delay),
+                            node_life(ttl, inner.delay_of(key)),
                         ),
                         e.ticket.clone(),
                         *token,
@@ -1130,7 +1154,7 @@ impl LockBackend for ZooKeeperBackend {
         // lease: the sweeper removed the entry (or is about to).
         let renewed = inner.with_entry(key, &ticket, |e| match &mut e.state {
             State::Held { expires, .. } if e.lease == *lease && *expires > Instant::now() => {
-                *expires = sent + node_life(ttl, inner.lock_delay);
+                *expires = sent + node_life(ttl, inner.delay_of(key));
                 true
             }
             _ => false,
@@ -1267,6 +1291,13 @@ impl LockBackend for ZooKeeperBackend {
         true
     }
 
+    /// A reader's entry is a queue node of its own with a reader's ticket
+    /// ([`queue`]): it holds when no write node is ahead of it, and its
+    /// token is its node's creation zxid like a writer's.
+    fn supports_read_locks(&self) -> bool {
+        true
+    }
+
     /// Only for a lease this sidecar's session holds the key with: a
     /// ZooKeeper lease lives and dies with its session, so no other
     /// sidecar can adopt it.
@@ -1366,10 +1397,6 @@ impl LockBackend for ZooKeeperBackend {
         Some(max_lease(granted, self.inner.lock_delay))
     }
 
-    /// The queue's lowest node is the holder: its lease (from the node's
-    /// data), its token (creation zxid + offset) and the nodes behind it.
-    /// Its time left is not known here — it is counted on the holder's
-    /// sidecar and on the leader's clock ([`expiry`]) — so none is given.
     /// A persistent node per semaphore holding its count: the create that
     /// finds it there already (`NodeExists`, a committed write) is followed
     /// on the same session by the read, which therefore sees it.
@@ -1409,6 +1436,11 @@ impl LockBackend for ZooKeeperBackend {
             .ok_or_else(|| BackendError::Protocol("semaphore node with a bad permit count".into()))
     }
 
+    /// The queue's lowest node is the holder: its lease (from the node's
+    /// data), its token (creation zxid + offset) and the nodes behind it.
+    /// Or, when readers are ahead of every write node, their number.
+    /// Its time left is not known here — it is counted on the holder's
+    /// sidecar and on the leader's clock ([`expiry`]) — so none is given.
     async fn inspect(&self, key: &LockKey) -> Result<KeyView, BackendError> {
         let inner = &self.inner;
         let deadline = Instant::now() + inner.timeout;
@@ -1428,9 +1460,22 @@ impl LockBackend for ZooKeeperBackend {
             let Some((_, first)) = queue.first() else {
                 return Ok(KeyView {
                     waiting: Some(0),
+                    readers: Some(0),
                     ..KeyView::default()
                 });
             };
+            // Readers ahead of every write node hold the key together.
+            let readers = queue
+                .iter()
+                .take_while(|(_, c)| queue::is_read_node(c))
+                .count() as u64;
+            if readers > 0 {
+                return Ok(KeyView {
+                    waiting: Some(queue.len() as u64 - readers),
+                    readers: Some(readers),
+                    ..KeyView::default()
+                });
+            }
             let path = format!("{dir}/{first}");
             let (data, stat) = match call(left(deadline)?, s.client.get_data(&path)).await {
                 Ok(found) => found,
@@ -1453,6 +1498,7 @@ impl LockBackend for ZooKeeperBackend {
                     remaining: None,
                 }),
                 waiting: Some(queue.len() as u64 - 1),
+                readers: Some(0),
                 ..KeyView::default()
             });
         }

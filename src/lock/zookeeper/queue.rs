@@ -10,6 +10,18 @@
 //! found again by listing the children (Curator's "protected" mode) instead
 //! of queueing a second node. Waiters watch only their predecessor, so a
 //! release wakes one sidecar, not every one (no herd).
+//!
+//! **Readers** (read-write locks) queue in the same container, with a
+//! ticket that says so ([`read_ticket`]: `r` and 16 hex digits, a name no
+//! write ticket has). Curator's read-write lock: a writer holds when its
+//! node is the lowest, a reader when no *write* node is below its own.
+//! So readers share, a writer waits for every node ahead of it, and a
+//! reader that queues behind a waiting writer waits for it too (writer
+//! preference, first come first served, with nothing to expire). A writer
+//! watches the node just ahead (a reader or a writer); a reader watches
+//! the nearest write node ahead: when that one goes, either it held (so
+//! every node ahead of it was gone: the reader holds) or it gave up or
+//! died (look again).
 
 use rand::Rng;
 
@@ -44,6 +56,18 @@ pub fn new_ticket() -> String {
     format!("{:016x}", rand::rng().random::<u64>())
 }
 
+/// A fresh reader's ticket: `r` and 16 hex digits.
+pub fn read_ticket() -> String {
+    format!("r{}", new_ticket())
+}
+
+/// Whether the queue node (or ticket) `name` is a reader's. A node of a
+/// fencer without read-write locks is a writer's, as it takes the key
+/// alone.
+pub fn is_read_node(name: &str) -> bool {
+    name.starts_with('r')
+}
+
 /// The path to create (ZooKeeper appends the sequence number).
 pub fn node_prefix(dir: &str, ticket: &str) -> String {
     format!("{dir}/{ticket}-")
@@ -61,15 +85,18 @@ pub fn sequence(name: &str) -> Option<u64> {
 pub enum Place {
     /// No node of this ticket: never created, or gone with its session.
     Absent,
-    /// Lowest sequence: the holder.
+    /// Holds the key: the lowest sequence, or a reader with no write node
+    /// ahead.
     First { name: String },
-    /// Behind `predecessor`, the node just ahead.
+    /// Waits for `predecessor`: the node just ahead (a writer's), the
+    /// nearest write node ahead (a reader's).
     Behind { name: String, predecessor: String },
 }
 
-/// Finds `ticket`'s node among `children`. Should a lost create have
-/// been retried into two nodes of one ticket, the lowest counts and
-/// `extra` lists the others, to be deleted.
+/// Finds `ticket`'s node among `children` and whether it holds (a
+/// reader's ticket by the readers' rule, see the module doc). Should a
+/// lost create have been retried into two nodes of one ticket, the lowest
+/// counts and `extra` lists the others, to be deleted.
 pub fn place(children: &[String], ticket: &str) -> (Place, Vec<String>) {
     let mut queue: Vec<(u64, &String)> = children
         .iter()
@@ -82,15 +109,28 @@ pub fn place(children: &[String], ticket: &str) -> (Place, Vec<String>) {
         return (Place::Absent, Vec::new());
     };
     let extra = found.map(|(_, (_, c))| (*c).clone()).collect();
-    let place = if index == 0 {
-        Place::First {
-            name: (*name).clone(),
-        }
+    let ahead = &queue[..index];
+    let waits_for = if !is_read_node(ticket) {
+        // A writer waits for whatever is just ahead.
+        let skip_readers = crate::mutants::active("writers_skip_readers");
+        ahead
+            .iter()
+            .rev()
+            .find(|(_, c)| !skip_readers || !is_read_node(c))
+    } else if crate::mutants::active("readers_ignore_writers") {
+        // No writer preference: only a writer that holds keeps it out.
+        ahead.first().filter(|(_, c)| !is_read_node(c))
     } else {
-        Place::Behind {
+        ahead.iter().rev().find(|(_, c)| !is_read_node(c))
+    };
+    let place = match waits_for {
+        None => Place::First {
             name: (*name).clone(),
-            predecessor: queue[index - 1].1.clone(),
-        }
+        },
+        Some((_, predecessor)) => Place::Behind {
+            name: (*name).clone(),
+            predecessor: (*predecessor).clone(),
+        },
     };
     (place, extra)
 }
@@ -143,6 +183,38 @@ mod tests {
             }
         );
         assert_eq!(extra, vec!["t1-0000000005".to_string()]);
+    }
+
+    #[test]
+    fn readers_share_and_wait_only_for_writers_ahead() {
+        let (w1, r1, r2, w2, r3) = (
+            "0000000000000001-0000000001",
+            "r0000000000000002-0000000002",
+            "r0000000000000003-0000000003",
+            "0000000000000004-0000000004",
+            "r0000000000000005-0000000005",
+        );
+        let queue = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+        let all = queue(&[r3, w2, r2, r1, w1]);
+        let behind = |name: &str, predecessor: &str| Place::Behind {
+            name: name.into(),
+            predecessor: predecessor.into(),
+        };
+        // Behind a writer that holds, every reader waits for it.
+        assert_eq!(place(&all, "r0000000000000002").0, behind(r1, w1));
+        assert_eq!(place(&all, "r0000000000000003").0, behind(r2, w1));
+        // A writer waits for the reader just ahead; a reader queued
+        // behind a waiting writer waits for that writer (no starvation).
+        assert_eq!(place(&all, "0000000000000004").0, behind(w2, r2));
+        assert_eq!(place(&all, "r0000000000000005").0, behind(r3, w2));
+        // With the writer gone, the readers ahead of the other writer hold
+        // together; the one behind it still waits.
+        let rest = queue(&[r3, w2, r2, r1]);
+        for (ticket, name) in [("r0000000000000002", r1), ("r0000000000000003", r2)] {
+            assert_eq!(place(&rest, ticket).0, Place::First { name: name.into() });
+        }
+        assert_eq!(place(&rest, "r0000000000000005").0, behind(r3, w2));
+        assert!(is_read_node(&read_ticket()) && !is_read_node(&new_ticket()));
     }
 
     #[test]

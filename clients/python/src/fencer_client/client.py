@@ -181,7 +181,7 @@ class Client:
 
     def backend_status(self, key: str) -> Dict[str, Any]:
         """What the backend records for ``key``, whichever sidecar's lease
-        holds it (``state``: held, free, delayed or split; ``token``,
+        holds it (``state``: held, read, free, delayed or split; ``token``,
         ``lease_tag``, ``remaining_ms``...). Rate-limited by the sidecar:
         raises :class:`RateLimited` past it."""
         return self._call("GET", self._path(key, None) + "?scope=backend")

@@ -721,9 +721,10 @@ async fn a_retried_reentry_waits_for_the_undo_of_the_try_it_replaces() {
 /// back past the sidecar's request timeout — and whose client gave up —
 /// leaves no reader behind: PostgreSQL voids the attempt and removes its
 /// reader row (`fencer_void_read_v1`), MySQL removes it on the late
-/// answer's connection (`fencer_lock_read_release_v1` with the attempt);
-/// a writer elsewhere gets the key at once rather than at the reader's
-/// TTL.
+/// answer's connection (`fencer_lock_read_release_v1` with the attempt),
+/// Redis takes it out of the readers hash (the sidecar's release of the
+/// abandoned lease id, `READ_RELEASE`); a writer elsewhere gets the key at
+/// once rather than at the reader's TTL.
 async fn a_read_acquire_answered_too_late_leaves_no_reader_behind(
     a: &Fencer,
     b: &Fencer,
@@ -787,6 +788,21 @@ async fn mysql_a_read_acquire_answered_too_late_leaves_no_reader_behind() {
     );
     a.wait_ready();
     let b = Fencer::sidecar(Backend::MySql, Some(&db.url()), &[]);
+    b.wait_ready();
+    a_read_acquire_answered_too_late_leaves_no_reader_behind(&a, &b, &relay).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_a_read_acquire_answered_too_late_leaves_no_reader_behind() {
+    let redis = RedisServer::start(Persistence::Off);
+    let relay = TcpFault::start(redis.port);
+    let a = Fencer::sidecar(
+        Backend::Redis,
+        Some(&relay.redis_url()),
+        &[("backend.redis.request_timeout_ms", "1000")],
+    );
+    a.wait_ready();
+    let b = Fencer::sidecar(Backend::Redis, Some(&redis.url()), &[]);
     b.wait_ready();
     a_read_acquire_answered_too_late_leaves_no_reader_behind(&a, &b, &relay).await;
 }

@@ -34,18 +34,26 @@ use std::time::Duration;
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
-/// A lock node's data: `<token offset> <lease id> <life ms>`. Nodes written
-/// by fencer before the expiry record have no third field and never expire
-/// on the ensemble's clock (only with their session).
+/// A lock node's data: `<token offset> <lease id> <life ms> <delay ms>`,
+/// the life being the lease's TTL plus `delay`, its lock-delay. Nodes
+/// written by fencer before the expiry record have no third field and
+/// never expire on the ensemble's clock (only with their session); before
+/// the delay field, none is known (a waiter then says `lock_held` through
+/// the delay, as those versions did).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeData {
     pub offset: u64,
     pub life_ms: Option<u64>,
+    pub delay_ms: u64,
 }
 
 impl NodeData {
-    pub fn encode(offset: u64, lease: &str, life: Duration) -> String {
-        format!("{offset} {lease} {}", life.as_millis())
+    pub fn encode(offset: u64, lease: &str, life: Duration, delay: Duration) -> String {
+        format!(
+            "{offset} {lease} {} {}",
+            life.as_millis(),
+            delay.as_millis()
+        )
     }
 
     pub fn parse(data: &[u8]) -> Option<NodeData> {
@@ -54,7 +62,12 @@ impl NodeData {
         let offset = fields.next()?.parse().ok()?;
         let _lease = fields.next();
         let life_ms = fields.next().and_then(|f| f.parse().ok());
-        Some(NodeData { offset, life_ms })
+        let delay_ms = fields.next().and_then(|f| f.parse().ok()).unwrap_or(0);
+        Some(NodeData {
+            offset,
+            life_ms,
+            delay_ms,
+        })
     }
 }
 
@@ -82,15 +95,37 @@ pub struct Record {
     pub written: ServerTime,
     pub version: i32,
     pub life_ms: u64,
+    /// The lock-delay at the end of the life (0: none, or not recorded).
+    pub delay_ms: u64,
 }
 
 impl Record {
     pub fn of(stat: &zk::Stat, data: &[u8]) -> Option<Record> {
+        let d = NodeData::parse(data)?;
         Some(Record {
             written: ServerTime::of(stat),
             version: stat.version,
-            life_ms: NodeData::parse(data)?.life_ms?,
+            life_ms: d.life_ms?,
+            delay_ms: d.delay_ms.min(d.life_ms?),
         })
+    }
+
+    /// When, on this process's clock, a holder node's lock-delay begins
+    /// (its lease's TTL ran out) and ends (the node is dead), given the
+    /// newest write of ours. An estimate for the answer to a waiter —
+    /// `lock_delayed` rather than `lock_held` — never for a deletion.
+    pub fn delay_window(
+        &self,
+        sample: ServerTime,
+        seen: Instant,
+        skew: Duration,
+    ) -> (Instant, Instant) {
+        let ends = self.check_at(sample, seen, skew);
+        (
+            ends.checked_sub(Duration::from_millis(self.delay_ms))
+                .unwrap_or(ends),
+            ends,
+        )
     }
 
     /// The ensemble time after which the node is dead, as seen by a
@@ -144,23 +179,32 @@ mod tests {
 
     #[test]
     fn data_with_and_without_a_life() {
-        let d = NodeData::encode(12, "lease-a", Duration::from_millis(2_500));
-        assert_eq!(d, "12 lease-a 2500");
+        let d = NodeData::encode(
+            12,
+            "lease-a",
+            Duration::from_millis(2_500),
+            Duration::from_millis(500),
+        );
+        assert_eq!(d, "12 lease-a 2500 500");
         assert_eq!(
             NodeData::parse(d.as_bytes()),
             Some(NodeData {
                 offset: 12,
-                life_ms: Some(2_500)
+                life_ms: Some(2_500),
+                delay_ms: 500
             })
         );
-        // Written by fencer before the record: no expiry on the ensemble.
+        // Written by fencer before the record: no expiry on the ensemble;
+        // before the delay field: no delay known.
         assert_eq!(
             NodeData::parse(b"0 lease-a"),
             Some(NodeData {
                 offset: 0,
-                life_ms: None
+                life_ms: None,
+                delay_ms: 0
             })
         );
+        assert_eq!(NodeData::parse(b"0 lease-a 900").unwrap().delay_ms, 0);
         assert_eq!(NodeData::parse(b"x y"), None);
         assert!(Record::of(&stat(1, 1, 0), b"0 lease-a").is_none());
     }
@@ -182,5 +226,26 @@ mod tests {
             seen + Duration::from_millis(1_001)
         );
         assert_eq!(r.check_at(at(20_000, 3), seen, skew), seen, "already past");
+    }
+
+    #[test]
+    fn a_holders_delay_is_the_end_of_its_life() {
+        let skew = Duration::from_millis(1_000);
+        let r = Record::of(&stat(10_000, 3, 4), b"0 l 2000 500").unwrap();
+        let seen = Instant::now();
+        let sample = ServerTime {
+            ms: 11_000,
+            epoch: 3,
+        };
+        assert_eq!(
+            r.delay_window(sample, seen, skew),
+            (
+                seen + Duration::from_millis(501),
+                seen + Duration::from_millis(1_001)
+            )
+        );
+        // A delay recorded longer than the life counts as the whole life.
+        let odd = Record::of(&stat(10_000, 3, 4), b"0 l 2000 9000").unwrap();
+        assert_eq!(odd.delay_ms, 2_000);
     }
 }

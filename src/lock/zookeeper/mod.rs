@@ -171,8 +171,9 @@ struct Found {
 
 /// What became of the node ahead of ours.
 enum Ahead {
-    /// Still there: a task watches it (and keeps our node alive).
-    Watching(Watch),
+    /// Still there: a task watches it (and keeps our node alive); the
+    /// holder's delay window, if it is the holder ([`State::Waiting`]).
+    Watching(Watch, Option<(Instant, Instant)>),
     /// Gone (deleted meanwhile, or by us as dead): list again.
     Gone,
 }
@@ -201,8 +202,14 @@ impl Drop for Watch {
 }
 
 enum State {
-    /// Queued; `watching`: the predecessor a wake-up is armed on.
-    Waiting { watching: Option<(String, Watch)> },
+    /// Queued; `watching`: the predecessor a wake-up is armed on;
+    /// `delay`: when the holder's lock-delay begins and ends on this
+    /// process's clock, if the predecessor is the holder and its node says
+    /// ([`waiting`]).
+    Waiting {
+        watching: Option<(String, Watch)>,
+        delay: Option<(Instant, Instant)>,
+    },
     /// Holds the key. `expires`: the node is deleted then unless renewed
     /// (TTL + lock-delay after the send time of the acquire or renewal).
     Held { token: u64, expires: Instant },
@@ -434,7 +441,8 @@ impl Inner {
             }
             look = true;
             let (offset, version) = *s.offset.lock().expect("offset");
-            let data = NodeData::encode(offset, lease.as_str(), life);
+            let delay = self.delay_of(queue::is_read_node(ticket));
+            let data = NodeData::encode(offset, lease.as_str(), life, delay);
             let mut multi = s.client.new_multi_writer();
             multi
                 .add_check_version(&self.offset_path, version)
@@ -516,7 +524,7 @@ impl Inner {
         ticket: &str,
         own: (&str, &str),
         dir: &str,
-        predecessor: &str,
+        (predecessor, first): (&str, bool),
         deadline: Instant,
     ) -> Result<Ahead, BackendError> {
         let path = format!("{dir}/{predecessor}");
@@ -558,14 +566,18 @@ impl Inner {
                 return Ok(Ahead::Gone);
             }
         }
-        Ok(Ahead::Watching(self.guard(
-            s.clone(),
-            key.clone(),
-            ticket.to_owned(),
-            path,
-            watcher,
-            record,
-        )))
+        let window = holder_delay(s, first, record, self.skew);
+        Ok(Ahead::Watching(
+            self.guard(
+                s.clone(),
+                key.clone(),
+                ticket.to_owned(),
+                (path, first),
+                watcher,
+                record,
+            ),
+            window,
+        ))
     }
 
     /// Deletes `lease`'s hold-count record under `dir`, at the version
@@ -699,7 +711,7 @@ impl Inner {
         s: Arc<Session>,
         key: LockKey,
         ticket: String,
-        path: String,
+        (path, first): (String, bool),
         watcher: zk::OneshotWatcher,
         record: Option<Record>,
     ) -> Watch {
@@ -734,6 +746,14 @@ impl Inner {
                             Ok((data, stat, next)) => {
                                 record = Record::of(&stat, &data);
                                 changed = Box::pin(next.changed());
+                                // A renewed holder: its delay moved too.
+                                let Some(inner) = weak.upgrade() else { return };
+                                let window = holder_delay(&s, first, record, skew);
+                                inner.with_entry(&key, &ticket, |e| {
+                                    if let State::Waiting { delay, .. } = &mut e.state {
+                                        *delay = window;
+                                    }
+                                });
                             }
                             _ => break,
                         }
@@ -798,7 +818,12 @@ impl Inner {
         let what = self.with_entry(key, ticket, |e| match (&e.state, &e.node) {
             (State::Waiting { .. }, Some(node)) if e.generation == s.generation => Some((
                 format!("{dir}/{}", node.name),
-                NodeData::encode(node.offset, e.lease.as_str(), e.life),
+                NodeData::encode(
+                    node.offset,
+                    e.lease.as_str(),
+                    e.life,
+                    self.delay_of(key.is_reader()),
+                ),
                 e.life,
             )),
             _ => None,
@@ -860,8 +885,8 @@ impl Inner {
 
     /// The lock-delay a lease of `key` keeps after its TTL: a writer's
     /// (`sidecar.lock_delay_ms`); none for a reader's, as on every backend.
-    fn delay_of(&self, key: &LockKey) -> Duration {
-        if key.is_reader() {
+    fn delay_of(&self, reader: bool) -> Duration {
+        if reader {
             Duration::ZERO
         } else {
             self.lock_delay
@@ -900,6 +925,36 @@ fn retrying(failing: &mut u32, key: &LockKey, what: &str, error: &str) {
     }
 }
 
+/// What a waiter is told while its node waits: `lock_delayed` while the
+/// holder's lock-delay lasts (its TTL ran out, its node not yet dead),
+/// else `lock_held` — with the time to the delay's start, so the waiter
+/// looks again then.
+fn waiting(delay: Option<(Instant, Instant)>) -> Attempt {
+    let now = Instant::now();
+    match delay {
+        Some((start, end)) if now >= start && now < end => Attempt::Delayed {
+            remaining: end - now,
+        },
+        Some((start, _)) if now < start => Attempt::Held {
+            remaining: Some(start - now),
+        },
+        _ => Attempt::Held { remaining: None },
+    }
+}
+
+/// The holder's delay window from its node's record, if the node ahead is
+/// the holder, records a delay, and the ensemble's time is known.
+fn holder_delay(
+    s: &Session,
+    first: bool,
+    record: Option<Record>,
+    skew: Duration,
+) -> Option<(Instant, Instant)> {
+    let r = record.filter(|r| first && r.delay_ms > 0)?;
+    let (sample, seen) = s.clock()?;
+    Some(r.delay_window(sample, seen, skew))
+}
+
 /// How long after the send of an acquire or renewal its node may live
 /// without another renewal: the TTL (the holder's local deadline is
 /// earlier still: drift and safety margin) plus the lock-delay.
@@ -935,7 +990,7 @@ impl LockBackend for ZooKeeperBackend {
         let sent = Instant::now();
         // The whole try, every call of it, within one request timeout.
         let deadline = sent + inner.timeout;
-        let life = node_life(ttl, inner.delay_of(key));
+        let life = node_life(ttl, inner.delay_of(key.is_reader()));
         let s = inner.sessions.current()?;
         let (ticket, known, look) = {
             let mut entries = inner.entries.lock().expect("entries");
@@ -958,7 +1013,10 @@ impl LockBackend for ZooKeeperBackend {
                 node: None,
                 lease: lease.clone(),
                 life,
-                state: State::Waiting { watching: None },
+                state: State::Waiting {
+                    watching: None,
+                    delay: None,
+                },
                 holds_written: false,
             });
             match entry.state {
@@ -966,10 +1024,13 @@ impl LockBackend for ZooKeeperBackend {
                     return Ok(Attempt::Acquired { token });
                 }
                 State::Held { expires, .. } => {
-                    // Another lease of this sidecar holds it.
-                    return Ok(Attempt::Held {
-                        remaining: Some(expires.saturating_duration_since(sent)),
-                    });
+                    // Another lease of this sidecar holds it, or held it:
+                    // its node lives on through the lock-delay.
+                    let delay = inner.delay_of(key.is_reader());
+                    return Ok(waiting(Some((
+                        expires.checked_sub(delay).unwrap_or(expires),
+                        expires,
+                    ))));
                 }
                 State::Waiting { .. } => {
                     entry.lease = lease.clone();
@@ -994,13 +1055,20 @@ impl LockBackend for ZooKeeperBackend {
                 )
                 .await?;
             let node = found.node.clone();
-            let data = NodeData::encode(node.offset, lease.as_str(), life);
+            let data = NodeData::encode(
+                node.offset,
+                lease.as_str(),
+                life,
+                inner.delay_of(key.is_reader()),
+            );
             match found.place {
                 Place::Absent => unreachable!("ensure_node returns our node"),
-                Place::Behind { predecessor, .. } => {
+                Place::Behind {
+                    predecessor, first, ..
+                } => {
                     let armed = inner.with_entry(key, &ticket, |e| {
-                        let State::Waiting { watching } = &mut e.state else {
-                            return true;
+                        let State::Waiting { watching, delay } = &mut e.state else {
+                            return Some(None);
                         };
                         // A node of ours deleted as dead was replaced by a
                         // new one: this is the one.
@@ -1008,6 +1076,7 @@ impl LockBackend for ZooKeeperBackend {
                         watching
                             .as_ref()
                             .is_some_and(|(p, w)| *p == predecessor && !w.0.is_finished())
+                            .then_some(*delay)
                     });
                     match armed {
                         None => {
@@ -1015,8 +1084,8 @@ impl LockBackend for ZooKeeperBackend {
                             inner.doom(s.generation, key, ticket);
                             return Ok(Attempt::Held { remaining: None });
                         }
-                        Some(true) => return Ok(Attempt::Held { remaining: None }),
-                        Some(false) => {}
+                        Some(Some(delay)) => return Ok(waiting(delay)),
+                        Some(None) => {}
                     }
                     let own = format!("{dir}/{}", node.name);
                     match inner
@@ -1026,18 +1095,19 @@ impl LockBackend for ZooKeeperBackend {
                             &ticket,
                             (&own, &data),
                             &dir,
-                            &predecessor,
+                            (&predecessor, first),
                             deadline,
                         )
                         .await?
                     {
-                        Ahead::Watching(watch) => {
+                        Ahead::Watching(watch, window) => {
                             inner.with_entry(key, &ticket, |e| {
-                                if let State::Waiting { watching } = &mut e.state {
+                                if let State::Waiting { watching, delay } = &mut e.state {
                                     *watching = Some((predecessor, watch));
+                                    *delay = window;
                                 }
                             });
-                            return Ok(Attempt::Held { remaining: None });
+                            return Ok(waiting(window));
                         }
                         // The predecessor went meanwhile (or was dead and
                         // we deleted it): list again.
@@ -1123,7 +1193,8 @@ impl LockBackend for ZooKeeperBackend {
                         NodeData::encode(
                             node.offset,
                             lease.as_str(),
-                            node_life(ttl, inner.delay_of(key)),
+                            node_life(ttl, inner.delay_of(key.is_reader())),
+                            inner.delay_of(key.is_reader()),
                         ),
                         e.ticket.clone(),
                         *token,
@@ -1154,7 +1225,7 @@ impl LockBackend for ZooKeeperBackend {
         // lease: the sweeper removed the entry (or is about to).
         let renewed = inner.with_entry(key, &ticket, |e| match &mut e.state {
             State::Held { expires, .. } if e.lease == *lease && *expires > Instant::now() => {
-                *expires = sent + node_life(ttl, inner.delay_of(key));
+                *expires = sent + node_life(ttl, inner.delay_of(key.is_reader()));
                 true
             }
             _ => false,

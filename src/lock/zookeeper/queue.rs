@@ -89,8 +89,13 @@ pub enum Place {
     /// ahead.
     First { name: String },
     /// Waits for `predecessor`: the node just ahead (a writer's), the
-    /// nearest write node ahead (a reader's).
-    Behind { name: String, predecessor: String },
+    /// nearest write node ahead (a reader's); `first`: the predecessor is
+    /// the lowest node, the holder (its lock-delay is the key's).
+    Behind {
+        name: String,
+        predecessor: String,
+        first: bool,
+    },
 }
 
 /// Finds `ticket`'s node among `children` and whether it holds (a
@@ -130,6 +135,7 @@ pub fn place(children: &[String], ticket: &str) -> (Place, Vec<String>) {
         Some((_, predecessor)) => Place::Behind {
             name: (*name).clone(),
             predecessor: (*predecessor).clone(),
+            first: *predecessor == queue[0].1,
         },
     };
     (place, extra)
@@ -163,7 +169,8 @@ mod tests {
             place(&children, "bbb").0,
             Place::Behind {
                 name: "bbb-0000000012".into(),
-                predecessor: "ccc-0000000011".into()
+                predecessor: "ccc-0000000011".into(),
+                first: false
             }
         );
         assert_eq!(place(&children, "ddd").0, Place::Absent);
@@ -179,7 +186,8 @@ mod tests {
             p,
             Place::Behind {
                 name: "t1-0000000003".into(),
-                predecessor: "t2-0000000001".into()
+                predecessor: "t2-0000000001".into(),
+                first: true
             }
         );
         assert_eq!(extra, vec!["t1-0000000005".to_string()]);
@@ -199,6 +207,7 @@ mod tests {
         let behind = |name: &str, predecessor: &str| Place::Behind {
             name: name.into(),
             predecessor: predecessor.into(),
+            first: predecessor == w1,
         };
         // Behind a writer that holds, every reader waits for it.
         assert_eq!(place(&all, "r0000000000000002").0, behind(r1, w1));

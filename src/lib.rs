@@ -29,6 +29,7 @@ pub mod demo;
 pub mod dev;
 pub mod error;
 pub mod error_chain;
+pub mod etcd;
 pub mod gateway;
 pub mod hotaccount;
 pub mod http;

@@ -33,6 +33,7 @@ command -v curl >/dev/null 2>&1 || need+=(curl)
 command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
 command -v kubectl >/dev/null 2>&1 || need+=(kubectl)
 ls /usr/share/java/zookeeper.jar >/dev/null 2>&1 || need+=(zookeeper)   # the ZooKeeper backend's own test servers
+command -v etcd >/dev/null 2>&1 || need+=(etcd-server)   # the etcd backend's own test members (issue 34)
 { command -v mariadbd && command -v mariadb-install-db && command -v mariadb; } >/dev/null 2>&1 || need+=(mariadb-server mariadb-client)   # the MySQL backend's own test servers
 [ -x /usr/sbin/nginx ] || need+=(nginx)   # fencer bench's write-path comparison
 # The client examples (tests/examples.rs) in Node, Java and shell.

@@ -8,6 +8,7 @@
 
 pub mod clients;
 pub mod dev;
+pub mod etcd;
 pub mod fence_rules;
 pub mod launcher;
 pub mod mariadb;

@@ -34,7 +34,7 @@ async fn reads_writes_transactions_leases_and_watches() {
     let c = client(etcd.endpoints(), None);
 
     // Create-if-absent: the first wins, the second reads the winner.
-    let create = || {
+    let create = || async {
         c.txn(
             &[Compare::absent(b"l/a")],
             &[Op::Put {
@@ -48,6 +48,7 @@ async fn reads_writes_transactions_leases_and_watches() {
             soon(),
             Retry::Idempotent,
         )
+        .await
     };
     let first = create().await.unwrap();
     assert!(first.succeeded);

@@ -16,6 +16,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
+pub use super::error::EtcdError;
 use super::watch::Watch;
 use super::wire::{
     b64, prefix_end, Compare, DeleteResponse, ErrorBody, KeepAliveResponse, LeaseGrantResponse, Op,
@@ -37,22 +38,6 @@ pub const LINK: Link = Link {
     label: "etcd",
     field: "backend.etcd.tls",
 };
-
-/// Why a call did not succeed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum EtcdError {
-    /// No member answered in time, or none could serve (no leader, a
-    /// leader change): a write's outcome is unknown.
-    #[error("etcd unavailable: {0}")]
-    Unavailable(String),
-    /// A member answered with a final error (a bad request, a lease or
-    /// revision that no longer exists, permission denied).
-    #[error("etcd refused ({code}): {message}")]
-    Rejected { code: i32, message: String },
-    /// An answer that is not the API's.
-    #[error("etcd protocol: {0}")]
-    Protocol(String),
-}
 
 /// Whether a call may go to the next member after one that may have
 /// received it.

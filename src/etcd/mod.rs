@@ -19,7 +19,9 @@
 //! authentication; [`wire`]: the JSON forms; [`watch`]: a watch stream.
 
 pub mod client;
+pub mod error;
 pub mod watch;
 pub mod wire;
 
-pub use client::{ClientConfig, Credentials, EtcdClient, EtcdError, Retry};
+pub use client::{ClientConfig, Credentials, EtcdClient, Retry};
+pub use error::EtcdError;

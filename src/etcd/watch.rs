@@ -6,7 +6,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use serde_json::Value;
 
-use super::client::EtcdError;
+use super::error::EtcdError;
 use super::wire::WatchResponse;
 
 /// The longest message read: a watch on one key carries a few events at a

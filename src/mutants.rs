@@ -10,6 +10,8 @@
 
 /// Every mutant, with the mechanism it switches off.
 pub const ALL: &[(&str, &str)] = &[
+    ("etcd_stamp_early", "the etcd fence store lets a waiting replica clear another's in-flight stamp at once, not after its hold"),
+    ("etcd_mark_blind_write", "the etcd fence store writes a mark without comparing it with the one it decided on (no compare-and-swap)"),
     ("read_token_writes", "the gateway forwards a write carrying a read lease's token"),
     ("readers_unfenced", "the gateway admits a read lease's token at or below the write mark (a reader a writer followed)"),
     ("writers_ignore_readers", "the gateway holds a write lease's token to the write mark only, not to readers' tokens"),

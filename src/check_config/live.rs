@@ -213,6 +213,8 @@ async fn lock_backend(s: &Settings) -> Row {
 
 /// The gateway's fence store, connected as the gateway connects it.
 async fn fence_store(s: &Settings) -> Row {
+    use crate::gateway::fence_store::etcd::{EtcdFenceOptions, EtcdFences};
+    use crate::gateway::fence_store::FenceError;
     let started = Instant::now();
     let g = &s.gateway;
     let (target, result) = match g.fence_store {
@@ -248,6 +250,28 @@ async fn fence_store(s: &Settings) -> Row {
             };
             let connect = crate::gateway::fence_store::mysql::MyFences::connect(&options);
             (redact_url(&g.mysql_url), ping_store("mysql", connect).await)
+        }
+        Some(FenceStoreKind::Etcd) => {
+            let connect = async {
+                let config = g
+                    .etcd_client_config()
+                    .map_err(|e| FenceError::Unavailable(e.to_string()))?;
+                let client =
+                    crate::etcd::EtcdClient::new(&config).map_err(FenceError::Unavailable)?;
+                EtcdFences::connect(EtcdFenceOptions {
+                    client,
+                    prefix: g.etcd_prefix.clone(),
+                    request_timeout: CHECK_TIMEOUT,
+                    stamp_hold: std::time::Duration::from_millis(g.stamp_hold_ms()),
+                    startup: CHECK_TIMEOUT,
+                })
+                .await
+                .map_err(FenceError::Unavailable)
+            };
+            (
+                g.etcd_endpoints.join(","),
+                ping_store("etcd", connect).await,
+            )
         }
     };
     row("fence store", target, started, result)

@@ -194,14 +194,18 @@ pub enum Target {
     Create,
     /// The revision of its last write.
     Mod,
+    /// Its value.
+    Value,
 }
 
-/// A comparison of a transaction: `target` of `key` equal to `revision`.
+/// A comparison of a transaction: `target` of `key` equal to `revision`
+/// (or, for [`Target::Value`], to `value`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Compare {
     pub key: Vec<u8>,
     pub target: Target,
     pub revision: i64,
+    pub value: Vec<u8>,
 }
 
 impl Compare {
@@ -211,28 +215,46 @@ impl Compare {
             key: key.to_vec(),
             target: Target::Create,
             revision: 0,
+            value: Vec::new(),
         }
     }
 
-    /// `key`'s last write is `revision` (nobody wrote it since it was read).
+    /// `key`'s last write is `revision` (nobody wrote it since it was read;
+    /// 0: it still does not exist).
     pub fn unchanged(key: &[u8], revision: i64) -> Compare {
         Compare {
             key: key.to_vec(),
             target: Target::Mod,
             revision,
+            value: Vec::new(),
+        }
+    }
+
+    /// `key` holds `value`.
+    pub fn holds(key: &[u8], value: &[u8]) -> Compare {
+        Compare {
+            key: key.to_vec(),
+            target: Target::Value,
+            revision: 0,
+            value: value.to_vec(),
         }
     }
 
     pub fn json(&self) -> Value {
-        let (target, field) = match self.target {
-            Target::Create => ("CREATE", "create_revision"),
-            Target::Mod => ("MOD", "mod_revision"),
+        let (target, field, operand) = match self.target {
+            Target::Create => (
+                "CREATE",
+                "create_revision",
+                json!(self.revision.to_string()),
+            ),
+            Target::Mod => ("MOD", "mod_revision", json!(self.revision.to_string())),
+            Target::Value => ("VALUE", "value", json!(b64(&self.value))),
         };
         json!({
             "key": b64(&self.key),
             "target": target,
             "result": "EQUAL",
-            field: self.revision.to_string(),
+            field: operand,
         })
     }
 }

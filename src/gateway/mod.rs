@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use self::fence_store::etcd::{EtcdFenceOptions, EtcdFences};
 use self::fence_store::memory::MemoryFences;
 use self::fence_store::mysql::{MyFenceOptions, MyFences};
 use self::fence_store::postgres::{PgFenceOptions, PgFences};
@@ -51,7 +52,7 @@ pub fn fence_store_kind(settings: &Settings) -> Result<FenceStoreKind, StartErro
     settings.gateway.fence_store.ok_or_else(|| {
         config_err(
             "gateway.fence_store",
-            "required: `postgres` or `mysql` (durable, shared by replicas) or `memory` (development only: marks are lost on restart)",
+            "required: `postgres`, `mysql` or `etcd` (durable, shared by replicas) or `memory` (development only: marks are lost on restart)",
         )
     })
 }
@@ -96,6 +97,22 @@ pub async fn build(
             .await
             .map_err(|e| StartError::Store(e.to_string()))?
             .with_metrics(metrics.remote_waits.clone(), registry),
+        ),
+        FenceStoreKind::Etcd => Arc::new(
+            EtcdFences::connect(EtcdFenceOptions {
+                client: crate::etcd::EtcdClient::new(
+                    &g.etcd_client_config()
+                        .map_err(|e| StartError::Store(e.to_string()))?,
+                )
+                .map_err(|e| config_err("gateway.etcd_endpoints", e))?,
+                prefix: g.etcd_prefix.clone(),
+                request_timeout: Duration::from_millis(g.etcd_request_timeout_ms),
+                stamp_hold: Duration::from_millis(g.stamp_hold_ms()),
+                startup: Duration::from_secs(30),
+            })
+            .await
+            .map_err(StartError::Store)?
+            .with_metrics(metrics.remote_waits.clone()),
         ),
     };
     metrics.init_known(store.name());

@@ -16,8 +16,9 @@ pub enum FenceStoreKind {
     Memory,
     Postgres,
     Mysql,
+    Etcd,
 }
-config_enum!(FenceStoreKind { Memory => "memory", Postgres => "postgres", Mysql => "mysql" });
+config_enum!(FenceStoreKind { Memory => "memory", Postgres => "postgres", Mysql => "mysql", Etcd => "etcd" });
 
 /// One accepted signing key of the gateway (several during a rotation).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -77,10 +78,25 @@ pub struct GatewaySettings {
     /// (`settings::keys_dir`). The signing Secret mounted at one path in
     /// the sidecars and the gateway then serves both.
     pub keys_dir: Option<String>,
-    /// Required for `fencer gateway`: `postgres` or `mysql` (durable,
-    /// shared by replicas), or `memory` chosen explicitly for development
-    /// (marks are lost on restart).
+    /// Required for `fencer gateway`: `postgres`, `mysql` or `etcd`
+    /// (durable, shared by replicas), or `memory` chosen explicitly for
+    /// development (marks are lost on restart).
     pub fence_store: Option<FenceStoreKind>,
+    /// `fence_store = "etcd"`: the members' client URLs
+    /// (`http://host:2379` or `https://…`), any number of them; calls go
+    /// to the one that answered last and on to the others.
+    pub etcd_endpoints: Vec<String>,
+    /// Prefix of every key the etcd store writes (`<prefix>/fence/…`).
+    pub etcd_prefix: String,
+    /// etcd user (authentication on); its password in
+    /// `etcd_password_file`.
+    pub etcd_user: Option<String>,
+    pub etcd_password_file: Option<String>,
+    /// TLS to the members (with `https://` endpoints): CA, client
+    /// certificate.
+    pub etcd_tls: UpstreamTls,
+    /// Bound on one fence-store call with `fence_store = "etcd"`.
+    pub etcd_request_timeout_ms: u64,
     pub postgres_url: String,
     pub postgres_ca_file: Option<String>,
     pub postgres_pool_size: usize,
@@ -125,6 +141,12 @@ impl Default for GatewaySettings {
             keys: Vec::new(),
             keys_dir: None,
             fence_store: None,
+            etcd_endpoints: Vec::new(),
+            etcd_prefix: "/fencer".into(),
+            etcd_user: None,
+            etcd_password_file: None,
+            etcd_tls: UpstreamTls::default(),
+            etcd_request_timeout_ms: 2_000,
             postgres_url: String::new(),
             postgres_ca_file: None,
             postgres_pool_size: 32,
@@ -155,10 +177,58 @@ impl GatewaySettings {
             + 1_000
     }
 
+    /// The etcd client of `fence_store = "etcd"`: endpoints checked, the
+    /// password read from its file.
+    pub fn etcd_client_config(&self) -> Result<crate::etcd::ClientConfig, ConfigError> {
+        let field = "gateway.etcd_endpoints";
+        if self.etcd_endpoints.is_empty() {
+            return Err(invalid(
+                field,
+                "required when gateway.fence_store = \"etcd\"",
+            ));
+        }
+        let mut scheme = None;
+        for e in &self.etcd_endpoints {
+            let s = check_upstream_url(field, e)?;
+            if scheme.is_some_and(|first| first != s) {
+                return Err(invalid(field, "mixes http:// and https:// endpoints"));
+            }
+            scheme = Some(s);
+        }
+        self.etcd_tls
+            .validate(crate::etcd::client::LINK, scheme.unwrap_or("http"))?;
+        if !self.etcd_prefix.starts_with('/') {
+            return Err(invalid("gateway.etcd_prefix", "must start with `/`"));
+        }
+        let credentials = match (&self.etcd_user, &self.etcd_password_file) {
+            (None, None) => None,
+            (Some(user), Some(file)) => Some(crate::etcd::Credentials {
+                user: user.clone(),
+                password: std::fs::read_to_string(file)
+                    .map_err(|e| invalid("gateway.etcd_password_file", format!("{file}: {e}")))?
+                    .trim_end_matches(['\n', '\r'])
+                    .to_owned(),
+            }),
+            _ => {
+                return Err(invalid(
+                    "gateway.etcd_user",
+                    "give etcd_user and etcd_password_file together (or neither)",
+                ))
+            }
+        };
+        Ok(crate::etcd::ClientConfig {
+            endpoints: self.etcd_endpoints.clone(),
+            connect_timeout: std::time::Duration::from_millis(self.connect_timeout_ms),
+            credentials,
+            tls: self.etcd_tls.clone(),
+        })
+    }
+
     /// The bound on one call to the selected fence store.
     pub fn store_request_timeout_ms(&self) -> u64 {
         match self.fence_store {
             Some(FenceStoreKind::Mysql) => self.mysql_request_timeout_ms,
+            Some(FenceStoreKind::Etcd) => self.etcd_request_timeout_ms,
             _ => self.postgres_request_timeout_ms,
         }
     }
@@ -249,6 +319,15 @@ impl GatewaySettings {
                     .map_err(|e| invalid("gateway.mysql_ca_file", format!("{ca}: {e}")))?;
             }
         }
+        if g.fence_store == Some(FenceStoreKind::Etcd) {
+            g.etcd_client_config()?;
+        }
+        check_range(
+            "gateway.etcd_request_timeout_ms",
+            g.etcd_request_timeout_ms,
+            10,
+            60_000,
+        )?;
         check_range("gateway.mysql_pool_size", g.mysql_pool_size as u64, 1, 1024)?;
         check_range(
             "gateway.mysql_request_timeout_ms",

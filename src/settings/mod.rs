@@ -93,7 +93,8 @@ impl Settings {
                 .list_separator(",")
                 .with_list_parse_key("backend.redis.sentinels")
                 .with_list_parse_key("backend.redis.nodes")
-                .with_list_parse_key("backend.redlock.urls"),
+                .with_list_parse_key("backend.redlock.urls")
+                .with_list_parse_key("gateway.etcd_endpoints"),
         );
         let raw = builder
             .build()

@@ -110,7 +110,7 @@ pub async fn build(settings: &Settings) -> Result<Arc<dyn KvStore>, StartError> 
         ),
         // Refused by `StorageSettings::validate`; the demo storage has no
         // MySQL engine.
-        FenceStoreKind::Mysql => {
+        FenceStoreKind::Mysql | FenceStoreKind::Etcd => {
             return Err(StartError::config(
                 "storage.backend",
                 "the demo storage supports `memory` and `postgres`",

@@ -31,10 +31,13 @@ impl Default for StorageSettings {
 
 impl StorageSettings {
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
-        if self.backend == FenceStoreKind::Mysql {
+        if matches!(self.backend, FenceStoreKind::Mysql | FenceStoreKind::Etcd) {
             return Err(invalid(
                 "storage.backend",
-                "the demo storage supports `memory` and `postgres`, not `mysql`",
+                format!(
+                    "the demo storage supports `memory` and `postgres`, not `{}`",
+                    self.backend.as_str()
+                ),
             ));
         }
         if self.backend == FenceStoreKind::Postgres && self.postgres_url.is_empty() {

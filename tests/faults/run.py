@@ -613,6 +613,8 @@ DIRECTED_MUTANTS = {
     "writers_skip_readers": [("postgres_backend", "readers_and_writers_under_shared_statements_never_overlap"),
                              ("zookeeper", "readers_and_writers_of_two_sidecars_never_overlap")],
     "read_attempt_not_voided": ("sql_bounds", "postgres_a_late_read_acquire_statement_takes_nothing"),
+    "etcd_stamp_early": ("etcd_fences", "a_dead_replicas_stamp_holds_the_key_for_its_hold_and_no_longer"),
+    "etcd_mark_blind_write": ("etcd_fences", "racing_replicas_never_lose_an_advance"),
     "read_token_writes": ("fencing", "read_lease_tokens_read_but_never_write_and_fence_late_writers"),
     "readers_unfenced": ("fencing", "read_lease_tokens_read_but_never_write_and_fence_late_writers"),
     "writers_ignore_readers": ("fencing", "read_lease_tokens_read_but_never_write_and_fence_late_writers"),

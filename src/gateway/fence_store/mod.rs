@@ -35,6 +35,7 @@
 //! overtake it (issue 9 item 1). No database connection is held while a
 //! request is forwarded or waits its turn (issue 9 item 9).
 
+pub mod etcd;
 pub mod memory;
 pub mod mysql;
 mod mysql_sql;

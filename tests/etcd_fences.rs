@@ -237,8 +237,15 @@ async fn racing_replicas_never_lose_an_advance() {
     use std::sync::Arc;
     let etcd = EtcdCluster::with_size(1);
     let hold = Duration::from_secs(5);
+    let registry = prometheus::Registry::new();
+    let waits =
+        prometheus::IntCounterVec::new(prometheus::Opts::new("w", "w"), &["result"]).unwrap();
     let replicas = [
-        Arc::new(store(&etcd, hold).await),
+        Arc::new(
+            store(&etcd, hold)
+                .await
+                .with_metrics(waits.clone(), &registry),
+        ),
         Arc::new(store(&etcd, hold).await),
     ];
     let next = Arc::new(AtomicU64::new(1));
@@ -276,6 +283,20 @@ async fn racing_replicas_never_lose_an_advance() {
     let highest = advances.iter().map(|a| a.1).max().unwrap();
     let (mark, _) = replicas[0].highest("race").await.unwrap().unwrap();
     assert_eq!(mark, highest, "the mark went down");
+    // The races were real: replica 0 lost some compare-and-swaps.
+    let conflicts = registry
+        .gather()
+        .iter()
+        .find(|f| f.name() == "fencer_gateway_etcd_events_total")
+        .and_then(|f| {
+            f.get_metric()
+                .iter()
+                .find(|m| m.get_label().iter().any(|l| l.value() == "cas_conflict"))
+                .map(|m| m.get_counter().value())
+        })
+        .unwrap();
+    eprintln!("replica 0 lost {conflicts} compare-and-swaps");
+    assert!(conflicts >= 1.0);
 }
 
 /// Two gateway replicas with `gateway.fence_store = "etcd"` on a

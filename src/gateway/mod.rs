@@ -112,7 +112,7 @@ pub async fn build(
             })
             .await
             .map_err(StartError::Store)?
-            .with_metrics(metrics.remote_waits.clone()),
+            .with_metrics(metrics.remote_waits.clone(), registry),
         ),
     };
     metrics.init_known(store.name());

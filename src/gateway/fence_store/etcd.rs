@@ -61,12 +61,30 @@ pub struct EtcdFences {
     timeout: Duration,
     session: Arc<Session>,
     remote_waits: Option<prometheus::IntCounterVec>,
+    events: Events,
+}
+
+/// `fencer_gateway_etcd_events_total{event}`, once registered: a lost
+/// compare-and-swap (another replica admitted first), a stamp cleared
+/// after its hold, the session lease's keepalive failing or the lease
+/// replaced.
+#[derive(Clone, Default)]
+struct Events(Option<prometheus::IntCounterVec>);
+
+impl Events {
+    fn count(&self, event: &str) {
+        if let Some(c) = &self.0 {
+            c.with_label_values(&[event]).inc();
+        }
+    }
 }
 
 /// This gateway's session lease: its id, and until when it surely lasts.
 struct Session {
     ttl: Duration,
     state: Mutex<(i64, Instant)>,
+    /// The store's events, for the keepalive task.
+    events: Mutex<Events>,
 }
 
 /// A key's mark as stored, with the revision it was read at.
@@ -146,6 +164,7 @@ impl EtcdFences {
         let session = Arc::new(Session {
             ttl,
             state: Mutex::new((id, until)),
+            events: Mutex::new(Events::default()),
         });
         keep_alive(Arc::downgrade(&session), client.clone(), request_timeout);
         let prefix = prefix.trim_end_matches('/');
@@ -156,12 +175,39 @@ impl EtcdFences {
             timeout: request_timeout,
             session,
             remote_waits: None,
+            events: Events::default(),
         })
     }
 
-    /// Counts waits for another replica (`fencer_gateway_remote_waits_total`).
-    pub fn with_metrics(mut self, remote_waits: prometheus::IntCounterVec) -> EtcdFences {
+    /// Counts waits for another replica (`fencer_gateway_remote_waits_total`)
+    /// and registers `fencer_gateway_etcd_events_total` in `registry`.
+    pub fn with_metrics(
+        mut self,
+        remote_waits: prometheus::IntCounterVec,
+        registry: &prometheus::Registry,
+    ) -> EtcdFences {
         self.remote_waits = Some(remote_waits);
+        let events = crate::metrics::register(
+            registry,
+            prometheus::IntCounterVec::new(
+                prometheus::Opts::new(
+                    "fencer_gateway_etcd_events_total",
+                    "What the etcd fence store met, by event: cas_conflict (another replica admitted on the key between our read and write: decided again), stale_stamp_cleared (a stamp seen unchanged for its hold: its gateway died mid-forward), keepalive_failed, session_replaced (the session lease ran out and a new one was opened).",
+                ),
+                &["event"],
+            )
+            .expect("valid metric"),
+        );
+        for e in [
+            "cas_conflict",
+            "stale_stamp_cleared",
+            "keepalive_failed",
+            "session_replaced",
+        ] {
+            events.with_label_values(&[e]);
+        }
+        self.events = Events(Some(events));
+        *self.session.events.lock().expect("events") = self.events.clone();
         self
     }
 
@@ -206,6 +252,7 @@ fn keep_alive(session: std::sync::Weak<Session>, client: Arc<EtcdClient>, timeou
                     s.state.lock().expect("session").1 = sent + Duration::from_secs(k.ttl as u64);
                 }
                 Ok(_) => {
+                    s.events.lock().expect("events").count("session_replaced");
                     tracing::warn!(
                         lease = id,
                         "etcd fence store: the session lease ran out; its stamps are gone; opening a new one"
@@ -216,6 +263,7 @@ fn keep_alive(session: std::sync::Weak<Session>, client: Arc<EtcdClient>, timeou
                     }
                 }
                 Err(e) => {
+                    s.events.lock().expect("events").count("keepalive_failed");
                     tracing::warn!(lease = id, error = %e, "etcd fence store: session keepalive failed; retrying");
                 }
             }
@@ -292,6 +340,7 @@ impl FenceStore for EtcdFences {
                 if now >= since + hold {
                     // Seen unchanged for its whole hold: its gateway died
                     // mid-forward and the write has landed or died.
+                    self.events.count("stale_stamp_cleared");
                     tracing::warn!(
                         key,
                         hold_ms = hold.as_millis() as u64,
@@ -397,6 +446,11 @@ impl FenceStore for EtcdFences {
             }
             // Another replica moved the mark or stamped the key between
             // our read and our write: decide again on what it left.
+            self.events.count("cas_conflict");
+            tracing::debug!(
+                key,
+                "etcd fence store: another replica admitted first; deciding again"
+            );
         }
     }
 

@@ -424,6 +424,16 @@ RWLOCK_MUTANTS = {
     "writers_skip_readers": dict(name="m-writers-skip-readers", bite={},
                                  mutants={"sidecar": ["writers_skip_readers"]}),
 }
+# The gateways' fence store on etcd (issue 34 item 2): both gateways on
+# one 3-member etcd cluster whose leader is killed (restarted 1–3 s later),
+# beside worker pauses and self-pauses past the TTL; the lock backend is
+# Redis. Checked as every run (S1–S7 on the hot account, M1); S7 samples
+# the marks from etcd. Admissions that meet an election are refused 503,
+# never let through. In the PR tier.
+ETCD_FENCE = sc("etcd-fence", fence_store="etcd", self_pause_p=0.3, interval=(0.3, 1.0), duration_s=30,
+                nemesis=["kill_etcd_leader", "kill_etcd_leader", "pause_worker"],
+                bite={"etcd_leader_kills": 2, "etcd_new_leaders": 2, "stale_at_gateway": 3})
+FAMILIES += [ETCD_FENCE]
 SENTINEL_FAMILIES = [f for f in FAMILIES if f["backend"] == "redis-sentinel"]
 CLUSTER_FAMILIES = [f for f in FAMILIES if f["backend"] == "redis-cluster"]
 REDLOCK_FAMILIES = [f for f in FAMILIES if f["backend"] == "redlock"]

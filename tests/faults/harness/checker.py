@@ -267,6 +267,10 @@ def check(events, commits, injections, marks, nemesis, cfg, observed=None):
         r.bites["zk_partitions"] = kinds.count("partition_zk")
         r.bites["zk_long_pauses"] = kinds.count("pause_sidecar_long")
         r.bites["zk_holders_deleted"] = sum(1 for n in nemesis if n.get("kind") == "expire" and n.get("deleted"))
+    if cfg.get("fence_store") == "etcd":
+        kinds = [n.get("kind") for n in nemesis]
+        r.bites["etcd_leader_kills"] = kinds.count("kill_etcd_leader")
+        r.bites["etcd_new_leaders"] = kinds.count("etcd_leader_elected")
     if cfg.get("backend") == "mysql":
         # The MySQL faults that landed: server kills, one sidecar's link cut,
         # jumps of the server's clock (forward ones end live leases early).

@@ -34,6 +34,7 @@ import time
 
 from . import eviction
 from .faultproxy import FaultProxy
+from .etcd import EtcdCluster
 from .zookeeper import ZooKeeperEnsemble
 from .procs import (Fencer, MariaDB, Postgres, Proc, Redis, RedisClusterSet, RedisSentinelSet, RedLockMasters, free_port,
                     http_ok, metric_sum, proc_state, wait_for)
@@ -54,6 +55,7 @@ class Cluster:
         self.workers, self.sidecars, self.gateways = [], [], []
         self.storage = self.pg = None
         self.redis = self.rset = self.rcluster = self.lockp = self.redlock = self.zk = self.my = None
+        self.etcd = None
         self.eviction = None
         try:
             self._build()
@@ -81,6 +83,9 @@ class Cluster:
         self.pg = Postgres(self.run_dir, "pg", settings=sc.get("pg_settings", ()),
                            faketime=sc.get("pg_faketime"))
         self.redis = self.rset = self.rcluster = self.lockp = self.redlock = self.zk = self.my = None
+        if sc.get("fence_store") == "etcd":
+            # The gateways' etcd fence store (issue 34).
+            self.etcd = EtcdCluster(self.run_dir, sc.get("etcd_members", 3))
         if sc["backend"] == "mysql":
             # No shared lock-backend proxy: each sidecar gets its own
             # (below). clock_mysql needs the server under libfaketime.
@@ -132,6 +137,9 @@ class Cluster:
                 "gateway.serialize_timeout_ms": sc.get("serialize_timeout_ms", 3000),
                 "gateway.postgres_request_timeout_ms": 1000,
             }
+            if self.etcd:
+                settings["gateway.etcd_endpoints"] = self.etcd.endpoints()
+                settings["gateway.etcd_request_timeout_ms"] = 1000
             settings.update(sc.get("gateway_settings", {}))
             # gateway_routes: [(path pattern, key template)] binding storage
             # paths to the one key whose token may write them (the fuzzer's
@@ -456,7 +464,7 @@ class Cluster:
         for w in self.workers:
             w.start()
         threading.Thread(target=self._self_pauses, daemon=True).start()
-        if self.sc.get("fence_store", "postgres") == "postgres":
+        if self.sc.get("fence_store", "postgres") in ("postgres", "etcd"):
             threading.Thread(target=self._sample_marks, daemon=True).start()
 
     def _self_pauses(self):
@@ -483,6 +491,12 @@ class Cluster:
 
     def _sample_marks(self):
         while not self.stop_flag.is_set():
+            if self.etcd:
+                t = time.monotonic_ns()
+                for k, tok in self.etcd.marks().items():
+                    self.marks.append({"t": t, "key": k, "token": tok})
+                time.sleep(0.25)
+                continue
             try:
                 out = self.pg.psql("SELECT key, token FROM fencer_fences")
                 t = time.monotonic_ns()
@@ -585,6 +599,8 @@ class Cluster:
             self.redlock.stop()
         if self.zk:
             self.zk.stop()
+        if self.etcd:
+            self.etcd.stop()
         if self.my:
             self.my.stop()
         if self.rset:

@@ -64,6 +64,11 @@ to the histories. Families:
                   ensemble); the other two elect a new one; the old member
                   is restarted 1–3 s after the kill, and the next fault
                   waits until the ensemble is healthy again
+  kill_etcd_leader  the gateways' etcd fence store (fence_store = "etcd"):
+                  kill -9 the cluster's leader (from a healthy cluster);
+                  the other two elect a new one, the old member is
+                  restarted 1–3 s after the kill, and the next fault waits
+                  until the cluster is healthy again
   partition_zk    ZooKeeper: blackhole one sidecar's links to every member
                   for session timeout + 0.5–2 s: its session expires on the
                   ensemble (its nodes go, the others take its keys), then
@@ -135,6 +140,8 @@ NEEDS_SENTINELS = {"failover", "lossy_failover"}
 NEEDS_CLUSTER = {"shard_failover"}
 NEEDS_REDLOCK = {"kill_master_empty", "kill_masters_empty", "pause_master"}
 NEEDS_ZOOKEEPER = {"kill_zk_leader", "partition_zk", "pause_sidecar_long"}
+# The gateways' etcd fence store (a scenario's `fence_store = "etcd"`).
+NEEDS_ETCD = {"kill_etcd_leader"}
 NEEDS_MYSQL = {"kill_mysql", "cut_mysql", "clock_mysql"}
 # A single Redis started by a `redis_eviction` scenario (harness/eviction.py).
 NEEDS_REDIS_EVICTION = {"evict_policy", "evict_fill"}
@@ -816,6 +823,41 @@ class Nemesis:
         t0 = time.monotonic()
         zk.wait_healthy(20)
         self.c.event(kind="zk_healthy", after_restart_ms=round((time.monotonic() - t0) * 1000))
+
+    def kill_etcd_leader(self):
+        """kill -9 the leader of the gateways' etcd cluster (from a healthy
+        cluster), wait for the new one, start the old member again 1–3 s
+        after the kill, wait until the cluster is healthy again. Events:
+        `kill_etcd_leader` (t = when SIGKILL went out), `etcd_leader_elected`
+        (ms after the kill), `restarted`, `etcd_healthy`. Admissions that
+        meet the election fail (503 to the client): never let through."""
+        etcd = self.c.etcd
+        family = "kill_etcd_leader"
+        if etcd is None:
+            self.c.event(kind="skipped", families=[family], reason="no etcd fence store")
+            return
+        back_after = self.rng.uniform(1.0, 3.0)
+        left = self.end - time.monotonic() - ZK_FAILOVER_BUDGET_S
+        try:
+            if left <= 0:
+                raise RuntimeError("no time left to finish it before the heal")
+            etcd.wait_healthy(min(15, left))
+        except RuntimeError as e:
+            self.c.event(kind="skipped", families=[family], reason=str(e)[:500])
+            return
+        old, t_kill = etcd.kill_leader()
+        self.c.event(kind=family, target=f"etcd-{old}", t=t_kill, member=old, back_after_ms=int(back_after * 1000))
+        try:
+            new = etcd.wait_new_leader(old, 20)
+            self.c.event(kind="etcd_leader_elected", old=old, new=new,
+                         elapsed_ms=round((time.monotonic_ns() - t_kill) / 1e6))
+        finally:
+            time.sleep(max(0.0, t_kill / 1e9 + back_after - time.monotonic()))
+            etcd.restart(old)
+            self.c.event(kind="restarted", target=f"etcd-{old}")
+        t0 = time.monotonic()
+        etcd.wait_healthy(20)
+        self.c.event(kind="etcd_healthy", after_restart_ms=round((time.monotonic() - t0) * 1000))
 
     def _session_plus(self):
         return self.c.zk_session_s() + self.rng.uniform(0.5, 2.0)

@@ -284,6 +284,8 @@ def check(events, commits, injections, marks, nemesis, cfg, observed=None):
     tags = {lease_tag(l) for toks in issued.values() for ls in toks.values() for l in ls}
     r.stats = {"leases": len(tags), "unavailability_ms": unavailability(events, nemesis),
                "m1_excused": dict(excused), "m1_spans": span_counts(events)}
+    if cfg.get("fence_store") == "etcd":
+        r.stats["fence_unavailability_ms"] = unavailability(events, nemesis, ("kill_etcd_leader",), "write")
     return r
 
 
@@ -765,14 +767,21 @@ FAILOVER_KINDS = ("failover", "lossy_failover", "shard_failover")
 # after it).
 UNAVAILABILITY_KINDS = FAILOVER_KINDS + ("kill_zk_leader", "kill_mysql")
 # Nemesis events that report rather than inflict.
-NOT_FAULTS = ("heal", "cluster_healthy", "zk_healthy", "zk_leader_elected", "admits_overlap", "late_reply_fired")
+NOT_FAULTS = ("heal", "cluster_healthy", "zk_healthy", "zk_leader_elected", "admits_overlap", "late_reply_fired",
+              "etcd_healthy", "etcd_leader_elected")
 # The proxy's and the probes' records of late_request (late_requests.py).
 NOT_FAULTS += ("late_request_fired", "late_request_delivered", "late_request_probe")
 
 
-def unavailability(events, nemesis):
+def unavailability(events, nemesis, kinds=UNAVAILABILITY_KINDS, op="acquire"):
     """Per failover (kill -9 of the master, or of the ZooKeeper leader), ms from the kill to the first
-    acquire granted after it, by any worker. Only calls invoked after the
+    acquire granted after it, by any worker (with `op="write"` and the
+    etcd fence store's leader kills: the first write applied)."""
+    return _unavailability(events, nemesis, kinds, op)
+
+
+def _unavailability(events, nemesis, kinds, op):
+    """See `unavailability`. Only calls invoked after the
     kill count: one invoked before may have been granted by the old master
     with its answer still on the way (or held by a paused worker). None
     when no such acquire succeeded before the next kill.
@@ -780,10 +789,10 @@ def unavailability(events, nemesis):
     A shard failover (Redis Cluster) takes down one master: only acquires
     of the keys it served (the event's `keys`) count, since keys of other
     shards stay available until the cluster marks the master failed."""
-    kills = sorted((n["t"], n.get("keys")) for n in nemesis if n.get("kind") in UNAVAILABILITY_KINDS)
+    kills = sorted((n["t"], n.get("keys")) for n in nemesis if n.get("kind") in kinds)
     invoked, grants = {}, []
     for e in events:
-        if e["f"] != "acquire":
+        if e["f"] != op:
             continue
         if e["kind"] == "invoke":
             invoked[e["proc"]] = e["t"]

@@ -241,3 +241,64 @@ async fn a_client_authenticates_and_renews_an_expired_token() {
     let got = root.get(b"a/k", soon()).await.unwrap();
     assert_eq!(got.kvs[0].value, b"v");
 }
+
+/// TLS with a private CA, and client certificates when the member asks
+/// for them (`--client-cert-auth`): the client verifies the member
+/// against `ca_file`, presents its own certificate, and is refused
+/// without it or against the public roots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_with_a_private_ca_and_client_certificates() {
+    let certs = common::make_certs();
+    let d = certs.path();
+    std::fs::write(d.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
+    common::openssl(
+        d,
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "client.key",
+            "-out",
+            "client.csr",
+            "-subj",
+            "/CN=fencer",
+        ],
+    );
+    common::sign_csr(d, "client", "client.ext");
+    let etcd = EtcdCluster::with_tls(d, true);
+    let file = |f: &str| Some(d.join(f).display().to_string());
+    let tls_client = |tls: fencer::http::tls_client::UpstreamTls| {
+        EtcdClient::new(&ClientConfig {
+            endpoints: etcd.tls_endpoints(),
+            connect_timeout: Duration::from_millis(1_000),
+            credentials: None,
+            tls,
+        })
+        .unwrap()
+    };
+    let full = tls_client(fencer::http::tls_client::UpstreamTls {
+        ca_file: file("ca.crt"),
+        client_cert_file: file("client.crt"),
+        client_key_file: file("client.key"),
+        server_name: None,
+    });
+    full.put(b"t/k", b"v", 0, soon()).await.unwrap();
+    assert_eq!(full.get(b"t/k", soon()).await.unwrap().kvs[0].value, b"v");
+    let no_cert = tls_client(fencer::http::tls_client::UpstreamTls {
+        ca_file: file("ca.crt"),
+        ..Default::default()
+    });
+    let refused = no_cert.get(b"t/k", soon()).await;
+    assert!(
+        matches!(refused, Err(EtcdError::Unavailable(_))),
+        "{refused:?}"
+    );
+    let public_roots = tls_client(Default::default());
+    let refused = public_roots.get(b"t/k", soon()).await;
+    assert!(
+        matches!(&refused, Err(EtcdError::Unavailable(m)) if m.contains("certificate") || m.contains("UnknownIssuer")),
+        "{refused:?}"
+    );
+}

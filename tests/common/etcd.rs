@@ -129,6 +129,8 @@ impl Status {
 struct Member {
     name: String,
     client_port: u16,
+    /// A second client port serving TLS (the harness probes the plain one).
+    tls_port: Option<u16>,
     peer_port: u16,
     dir: PathBuf,
     /// `--initial-cluster`: every member's name and peer URL.
@@ -140,7 +142,10 @@ struct Member {
 
 impl Member {
     fn command(&self) -> Command {
-        let client = format!("http://{HOST}:{}", self.client_port);
+        let mut client = format!("http://{HOST}:{}", self.client_port);
+        if let Some(p) = self.tls_port {
+            client.push_str(&format!(",https://{HOST}:{p}"));
+        }
         let peer = format!("http://{HOST}:{}", self.peer_port);
         let mut cmd = Command::new(ETCD);
         cmd.args(["--name", &self.name])
@@ -212,6 +217,33 @@ impl EtcdCluster {
     /// `n` members started with `extra` arguments too (e.g.
     /// `--auth-token-ttl 1`).
     pub fn with_args(n: usize, extra: &[&str]) -> EtcdCluster {
+        EtcdCluster::build(n, extra, false)
+    }
+
+    /// One member that also serves TLS on [`Self::tls_endpoints`], with
+    /// the certificate and key `server.crt`/`server.key` in `certs` and,
+    /// when `client_ca` is set, client certificates required (signed by
+    /// `ca.crt` there).
+    pub fn with_tls(certs: &Path, client_ca: bool) -> EtcdCluster {
+        let file = |f: &str| certs.join(f).display().to_string();
+        let mut args = vec![
+            "--cert-file".to_owned(),
+            file("server.crt"),
+            "--key-file".to_owned(),
+            file("server.key"),
+        ];
+        if client_ca {
+            args.extend([
+                "--client-cert-auth".to_owned(),
+                "--trusted-ca-file".to_owned(),
+                file("ca.crt"),
+            ]);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        EtcdCluster::build(1, &args, true)
+    }
+
+    fn build(n: usize, extra: &[&str], tls: bool) -> EtcdCluster {
         assert!(n >= 1);
         let mut last = String::new();
         for _ in 0..3 {
@@ -239,6 +271,7 @@ impl EtcdCluster {
                     Member {
                         name: format!("m{i}"),
                         client_port,
+                        tls_port: tls.then(free_port),
                         peer_port,
                         proc: ServerProcess::new(format!("etcd-m{i}"), d.join("etcd.log")),
                         dir: d,
@@ -267,6 +300,15 @@ impl EtcdCluster {
     /// The client ports, by member index.
     pub fn ports(&self) -> Vec<u16> {
         self.members.iter().map(|m| m.client_port).collect()
+    }
+
+    /// `https://127.0.0.1:p` of every member that serves TLS.
+    pub fn tls_endpoints(&self) -> Vec<String> {
+        self.members
+            .iter()
+            .filter_map(|m| m.tls_port)
+            .map(|p| format!("https://{HOST}:{p}"))
+            .collect()
     }
 
     /// `http://127.0.0.1:p` of every member.

@@ -272,6 +272,7 @@ def check_references(where, docs, values):
         values.get("signing", {}).get("existingSecret"),
         values.get("gateway", {}).get("postgres", {}).get("existingSecret", "fencer-backend") if not values.get("trial", {}).get("enabled") else None,
         values.get("injector", {}).get("tls", {}).get("secretName"),
+        values.get("gateway", {}).get("etcd", {}).get("existingSecret"),
     } | {c["spec"]["secretName"] for c in kinds(docs, "Certificate")}
     have = {(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]) for d in docs}
     for d in kinds(docs, "Deployment"):

@@ -145,7 +145,8 @@ def hardening(docs, configmaps, overlay):
             fail(f"{name}: automountServiceAccountToken must be false")
         for c in spec.get("initContainers", []) + spec.get("containers", []):
             for e in c.get("env", []):
-                if "PASSWORD" in e["name"] and "value" in e:
+                # A *_FILE variable names where a Secret is mounted.
+                if "PASSWORD" in e["name"] and "value" in e and not e["name"].endswith("_FILE"):
                     fail(f"{name}/{c['name']}: {e['name']} is a plain value, not a secret")
             image = c.get("image", "")
             if overlay == "production" and image.split("/")[-1].startswith("fencer"):

@@ -245,6 +245,18 @@ fn gateway(settings: &Settings, read_files: bool, f: &mut Findings) {
             Some(FenceStoreKind::Mysql) => {
                 f.certs("gateway.mysql_ca_file", g.mysql_ca_file.as_deref())
             }
+            Some(FenceStoreKind::Etcd) => {
+                // The password file and the TLS files, as the gateway
+                // reads them.
+                f.check(g.etcd_client_config());
+                f.certs("gateway.etcd_tls.ca_file", g.etcd_tls.ca_file.as_deref());
+                f.check(
+                    g.etcd_tls
+                        .client_config()
+                        .map(|_| ())
+                        .map_err(|e| invalid("gateway.etcd_tls", e)),
+                );
+            }
             _ => {}
         }
     } else if g.keys.is_empty()

@@ -177,9 +177,8 @@ impl GatewaySettings {
             + 1_000
     }
 
-    /// The etcd client of `fence_store = "etcd"`: endpoints checked, the
-    /// password read from its file.
-    pub fn etcd_client_config(&self) -> Result<crate::etcd::ClientConfig, ConfigError> {
+    /// `fence_store = "etcd"`'s settings, without reading a file.
+    fn check_etcd(&self) -> Result<(), ConfigError> {
         let field = "gateway.etcd_endpoints";
         if self.etcd_endpoints.is_empty() {
             return Err(invalid(
@@ -200,6 +199,19 @@ impl GatewaySettings {
         if !self.etcd_prefix.starts_with('/') {
             return Err(invalid("gateway.etcd_prefix", "must start with `/`"));
         }
+        if self.etcd_user.is_some() != self.etcd_password_file.is_some() {
+            return Err(invalid(
+                "gateway.etcd_user",
+                "give etcd_user and etcd_password_file together (or neither)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The etcd client of `fence_store = "etcd"`: settings checked, the
+    /// password read from its file.
+    pub fn etcd_client_config(&self) -> Result<crate::etcd::ClientConfig, ConfigError> {
+        self.check_etcd()?;
         let credentials = match (&self.etcd_user, &self.etcd_password_file) {
             (None, None) => None,
             (Some(user), Some(file)) => Some(crate::etcd::Credentials {
@@ -209,12 +221,7 @@ impl GatewaySettings {
                     .trim_end_matches(['\n', '\r'])
                     .to_owned(),
             }),
-            _ => {
-                return Err(invalid(
-                    "gateway.etcd_user",
-                    "give etcd_user and etcd_password_file together (or neither)",
-                ))
-            }
+            _ => None, // refused by check_etcd
         };
         Ok(crate::etcd::ClientConfig {
             endpoints: self.etcd_endpoints.clone(),
@@ -320,7 +327,7 @@ impl GatewaySettings {
             }
         }
         if g.fence_store == Some(FenceStoreKind::Etcd) {
-            g.etcd_client_config()?;
+            g.check_etcd()?;
         }
         check_range(
             "gateway.etcd_request_timeout_ms",
@@ -384,6 +391,38 @@ impl GatewaySettings {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The etcd fence store's settings are checked without reading a file
+    /// (`check-config --no-files` in CI renders); the password file is
+    /// read when the client is built.
+    #[test]
+    fn etcd_settings_are_checked_and_the_password_read_only_for_the_client() {
+        let etcd = |endpoints: &[&str], user: Option<&str>, file: Option<&str>| GatewaySettings {
+            fence_store: Some(FenceStoreKind::Etcd),
+            etcd_endpoints: endpoints.iter().map(|e| e.to_string()).collect(),
+            etcd_user: user.map(str::to_owned),
+            etcd_password_file: file.map(str::to_owned),
+            ..GatewaySettings::default()
+        };
+        let err = |g: GatewaySettings| g.validate().unwrap_err().to_string();
+        assert!(err(etcd(&[], None, None)).contains("gateway.etcd_endpoints"));
+        assert!(err(etcd(&["http://a:2379", "https://b:2379"], None, None)).contains("mixes"));
+        assert!(err(etcd(&["ftp://a:2379"], None, None)).contains("gateway.etcd_endpoints"));
+        assert!(err(etcd(&["http://a:2379"], Some("u"), None)).contains("gateway.etcd_user"));
+        let missing = etcd(&["http://a:2379"], Some("u"), Some("/nonexistent/pw"));
+        assert!(missing.validate().is_ok(), "no file read to validate");
+        assert!(missing
+            .etcd_client_config()
+            .unwrap_err()
+            .to_string()
+            .contains("gateway.etcd_password_file"));
+        let dir = tempfile::tempdir().unwrap();
+        let pw = dir.path().join("pw");
+        std::fs::write(&pw, "s3cret\n").unwrap();
+        let ok = etcd(&["http://a:2379"], Some("u"), Some(pw.to_str().unwrap()));
+        let c = ok.etcd_client_config().unwrap();
+        assert_eq!(c.credentials.unwrap().password, "s3cret");
+    }
 
     /// `write_methods` can no longer let anything through: a method listed
     /// as both is refused rather than resolved either way.

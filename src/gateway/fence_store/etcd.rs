@@ -19,8 +19,9 @@
 //!
 //! **Stamps** are attached to this gateway's etcd *session lease*, kept
 //! alive every [`KEEPALIVE_EVERY`]: a gateway that dies leaves its stamps
-//! until the lease runs out. The lease's TTL is the stamp hold plus three
-//! keepalive periods, and a stamp is written only while the lease is known
+//! until the lease runs out. The lease's TTL is the stamp hold plus one
+//! request timeout and three keepalive periods, and a stamp is written only
+//! while the lease is known
 //! to last past the stamp's hold (from the send time of its last answered
 //! keepalive), so a stamp never goes before its hold is over — the time by
 //! which its forwarded write has landed or died. A waiting replica also
@@ -145,7 +146,10 @@ impl EtcdFences {
             startup,
         } = options;
         let client = Arc::new(client);
-        let ttl = (stamp_hold + 3 * KEEPALIVE_EVERY).max(Duration::from_secs(2));
+        // A stamp is written only while the lease lasts past its hold and
+        // the call that writes it (`lease_for`): with keepalives every
+        // second it always does, with two to spare.
+        let ttl = stamp_hold + request_timeout + 3 * KEEPALIVE_EVERY;
         let ttl = Duration::from_secs(ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0));
         let give_up = Instant::now() + startup;
         let (id, until) = loop {

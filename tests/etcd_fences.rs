@@ -49,6 +49,20 @@ fn within(ms: u64) -> Instant {
     Instant::now() + Duration::from_millis(ms)
 }
 
+/// `fencer_gateway_etcd_events_total{event}` in `registry`.
+fn events(registry: &prometheus::Registry, event: &str) -> f64 {
+    let family = registry.gather();
+    let f = family
+        .iter()
+        .find(|f| f.name() == "fencer_gateway_etcd_events_total")
+        .expect("registered");
+    f.get_metric()
+        .iter()
+        .find(|m| m.get_label().iter().any(|l| l.value() == event))
+        .map(|m| m.get_counter().value())
+        .expect("every event is exported from the start")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_store_decides_every_case_as_the_rule_does() {
     let etcd = EtcdCluster::with_size(1);
@@ -284,17 +298,7 @@ async fn racing_replicas_never_lose_an_advance() {
     let (mark, _) = replicas[0].highest("race").await.unwrap().unwrap();
     assert_eq!(mark, highest, "the mark went down");
     // The races were real: replica 0 lost some compare-and-swaps.
-    let conflicts = registry
-        .gather()
-        .iter()
-        .find(|f| f.name() == "fencer_gateway_etcd_events_total")
-        .and_then(|f| {
-            f.get_metric()
-                .iter()
-                .find(|m| m.get_label().iter().any(|l| l.value() == "cas_conflict"))
-                .map(|m| m.get_counter().value())
-        })
-        .unwrap();
+    let conflicts = events(&registry, "cas_conflict");
     eprintln!("replica 0 lost {conflicts} compare-and-swaps");
     assert!(conflicts >= 1.0);
 }
@@ -370,4 +374,59 @@ async fn gateway_replicas_share_their_marks_on_etcd_through_a_leader_kill() {
             .await,
         1.0
     );
+}
+
+/// The session lease ended under a live gateway (here revoked from
+/// outside, as an expiry during a partition would end it): its stamps went
+/// with it, the keepalive finds it gone and opens a new one
+/// (`session_replaced`), and stamps are written on the new lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_lease_that_ran_out_is_replaced() {
+    let etcd = EtcdCluster::with_size(1);
+    let hold = Duration::from_secs(5);
+    let registry = prometheus::Registry::new();
+    let waits =
+        prometheus::IntCounterVec::new(prometheus::Opts::new("w", "w"), &["result"]).unwrap();
+    let s = store(&etcd, hold).await.with_metrics(waits, &registry);
+    s.admit(
+        "s",
+        write(1, "l", 1),
+        Some(&stamp("s1", hold)),
+        within(2_000),
+    )
+    .await
+    .unwrap();
+    let port = etcd.ports()[0];
+    let (code, leases) = common::etcd::post_json(port, "/v3/lease/leases", "{}").unwrap();
+    assert_eq!(code, 200, "{leases}");
+    let leases: serde_json::Value = serde_json::from_str(&leases).unwrap();
+    for l in leases["leases"].as_array().unwrap() {
+        let id = l["ID"].as_str().unwrap();
+        let (code, text) =
+            common::etcd::post_json(port, "/v3/lease/revoke", &format!(r#"{{"ID":"{id}"}}"#))
+                .unwrap();
+        assert_eq!(code, 200, "{text}");
+    }
+    // The stamp went with the lease: the key is free at once.
+    let replaced = || events(&registry, "session_replaced");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while replaced() < 1.0 {
+        assert!(Instant::now() < deadline, "the session was not replaced");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let next = s
+        .admit(
+            "s",
+            write(2, "l", 1),
+            Some(&stamp("s2", hold)),
+            within(2_000),
+        )
+        .await
+        .unwrap();
+    assert_eq!(next.decision, Decision::Advanced);
+    // The new stamp holds: another admission waits for it.
+    assert!(matches!(
+        s.admit("s", write(3, "m", 1), None, within(300)).await,
+        Err(FenceError::Busy)
+    ));
 }

@@ -799,30 +799,7 @@ class Nemesis:
         `restarted`, `zk_healthy`. The sidecars' sessions outlive the
         election (3 s session): no lease needs to be lost for it, only
         requests in flight fail."""
-        zk = self.c.zk
-        family = "kill_zk_leader"
-        back_after = self.rng.uniform(1.0, 3.0)
-        left = self.end - time.monotonic() - ZK_FAILOVER_BUDGET_S
-        try:
-            if left <= 0:
-                raise RuntimeError("no time left to finish it before the heal")
-            zk.wait_healthy(min(15, left))
-        except RuntimeError as e:
-            self.c.event(kind="skipped", families=[family], reason=str(e)[:500])
-            return
-        old, t_kill = zk.kill_leader()
-        self.c.event(kind=family, target=f"zk-{old}", t=t_kill, member=old, back_after_ms=int(back_after * 1000))
-        try:
-            new = zk.wait_new_leader(old, 20)
-            self.c.event(kind="zk_leader_elected", old=old, new=new,
-                         elapsed_ms=round((time.monotonic_ns() - t_kill) / 1e6))
-        finally:
-            time.sleep(max(0.0, t_kill / 1e9 + back_after - time.monotonic()))
-            zk.restart(old)
-            self.c.event(kind="restarted", target=f"zk-{old}")
-        t0 = time.monotonic()
-        zk.wait_healthy(20)
-        self.c.event(kind="zk_healthy", after_restart_ms=round((time.monotonic() - t0) * 1000))
+        self._kill_leader(self.c.zk, "zk")
 
     def kill_etcd_leader(self):
         """kill -9 the leader of the gateways' etcd cluster (from a healthy
@@ -831,33 +808,39 @@ class Nemesis:
         `kill_etcd_leader` (t = when SIGKILL went out), `etcd_leader_elected`
         (ms after the kill), `restarted`, `etcd_healthy`. Admissions that
         meet the election fail (503 to the client): never let through."""
-        etcd = self.c.etcd
-        family = "kill_etcd_leader"
-        if etcd is None:
-            self.c.event(kind="skipped", families=[family], reason="no etcd fence store")
+        if self.c.etcd is None:
+            self.c.event(kind="skipped", families=["kill_etcd_leader"], reason="no etcd fence store")
             return
+        self._kill_leader(self.c.etcd, "etcd")
+
+    def _kill_leader(self, members, name):
+        """`kill_<name>_leader` on `members` (a ZooKeeperEnsemble or an
+        EtcdCluster: wait_healthy, kill_leader, wait_new_leader, restart):
+        from a healthy cluster, kill -9 the leader, wait for the new one,
+        restart the old member 1–3 s after the kill, wait until healthy."""
+        family = f"kill_{name}_leader"
         back_after = self.rng.uniform(1.0, 3.0)
         left = self.end - time.monotonic() - ZK_FAILOVER_BUDGET_S
         try:
             if left <= 0:
                 raise RuntimeError("no time left to finish it before the heal")
-            etcd.wait_healthy(min(15, left))
+            members.wait_healthy(min(15, left))
         except RuntimeError as e:
             self.c.event(kind="skipped", families=[family], reason=str(e)[:500])
             return
-        old, t_kill = etcd.kill_leader()
-        self.c.event(kind=family, target=f"etcd-{old}", t=t_kill, member=old, back_after_ms=int(back_after * 1000))
+        old, t_kill = members.kill_leader()
+        self.c.event(kind=family, target=f"{name}-{old}", t=t_kill, member=old, back_after_ms=int(back_after * 1000))
         try:
-            new = etcd.wait_new_leader(old, 20)
-            self.c.event(kind="etcd_leader_elected", old=old, new=new,
+            new = members.wait_new_leader(old, 20)
+            self.c.event(kind=f"{name}_leader_elected", old=old, new=new,
                          elapsed_ms=round((time.monotonic_ns() - t_kill) / 1e6))
         finally:
             time.sleep(max(0.0, t_kill / 1e9 + back_after - time.monotonic()))
-            etcd.restart(old)
-            self.c.event(kind="restarted", target=f"etcd-{old}")
+            members.restart(old)
+            self.c.event(kind="restarted", target=f"{name}-{old}")
         t0 = time.monotonic()
-        etcd.wait_healthy(20)
-        self.c.event(kind="etcd_healthy", after_restart_ms=round((time.monotonic() - t0) * 1000))
+        members.wait_healthy(20)
+        self.c.event(kind=f"{name}_healthy", after_restart_ms=round((time.monotonic() - t0) * 1000))
 
     def _session_plus(self):
         return self.c.zk_session_s() + self.rng.uniform(0.5, 2.0)

@@ -138,11 +138,10 @@ async fn members_fail_over_within_the_deadline() {
     c.put(b"f/k", b"v", 0, soon()).await.unwrap();
 
     // The first endpoint dead: nothing was sent to it, so even a write
-    // goes on to the next.
+    // goes on to the next (a write that may have arrived would fail as
+    // unknown: see `stuck` below).
     etcd.kill(follower);
-    let t = Instant::now();
     c.put(b"f/k", b"after-kill", 0, soon()).await.unwrap();
-    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
 
     // The leader killed (it may be any member left): reads go on.
     etcd.restart(follower);
@@ -158,28 +157,22 @@ async fn members_fail_over_within_the_deadline() {
     etcd.wait_healthy(Duration::from_secs(15));
 
     // A frozen member (a follower: the others keep their leader) first
-    // in line: a read gives it a share of the deadline and goes on; a
-    // write to it is reported unknown.
+    // in line: a read gives it a share of the deadline (a third) and goes
+    // on — were the whole 3 s its, the read would fail; a write to it is
+    // reported unknown.
     let frozen = (0..3).find(|&i| i != etcd.leader()).unwrap();
     let mut endpoints = etcd.endpoints();
     endpoints.rotate_left(frozen);
     let frozen_first = client(endpoints, None);
     frozen_first.get(b"f/k", soon()).await.unwrap(); // prefers it
     etcd.pause(frozen);
-    let t = Instant::now();
     let read = frozen_first
         .get(b"f/k", Instant::now() + Duration::from_secs(3))
         .await
         .unwrap();
     assert_eq!(read.kvs[0].value, b"after-kill");
-    assert!(
-        t.elapsed() < Duration::from_millis(2_500),
-        "{:?}",
-        t.elapsed()
-    );
-    let write = frozen_first
-        .put(b"f/k", b"x", 0, Instant::now() + Duration::from_millis(800))
-        .await;
+    // 3 s: a CI run under load saw a live member take over 800 ms.
+    let write = frozen_first.put(b"f/k", b"x", 0, soon()).await;
     // The read moved the preference on to a live member: the write goes
     // there.
     assert!(write.is_ok(), "{write:?}");

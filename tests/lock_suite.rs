@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::etcd::EtcdCluster;
 use common::mariadb::MariaDb;
 use common::postgres::PgServer;
 use common::redis_topology::{ClusterSet, SentinelOpts, SentinelSet};
@@ -40,6 +41,7 @@ struct Harness {
     /// tests in tests/zookeeper.rs).
     _zk: Option<Server<ZooKeeperEnsemble>>,
     _mysql: Option<MyDb>,
+    _etcd: Option<Server<EtcdCluster>>,
     sidecar: Fencer,
     /// What started `sidecar`, for [`Harness::another`].
     started_with: (Backend, Option<String>, Vec<(String, String)>),
@@ -105,6 +107,10 @@ fn harness_with(backend: Backend, extra: &[(&str, &str)], share: bool) -> Harnes
         true => MyDb::shared(),
         false => MyDb::own(MariaDb::start()),
     });
+    let etcd = (backend == Backend::Etcd).then(|| match share {
+        true => Server::Shared(shared::etcd()),
+        false => Server::Own(EtcdCluster::start()),
+    });
     let url = match (&pg, backend) {
         (Some(pg), _) => Some(pg.url()),
         (None, Backend::MySql) => mysql.as_ref().map(MyDb::url),
@@ -154,6 +160,10 @@ fn harness_with(backend: Backend, extra: &[(&str, &str)], share: bool) -> Harnes
             "70000".into(),
         ));
     }
+    if let Some(etcd) = &etcd {
+        settings.push(("backend.etcd.endpoints".into(), etcd.endpoints().join(",")));
+        settings.push(("backend.etcd.prefix".into(), format!("/fencer/{space}")));
+    }
     settings.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     let all: Vec<(&str, &str)> = settings
         .iter()
@@ -172,6 +182,7 @@ fn harness_with(backend: Backend, extra: &[(&str, &str)], share: bool) -> Harnes
         masters,
         _zk: zk,
         _mysql: mysql,
+        _etcd: etcd,
         sidecar,
         started_with: (backend, url, settings),
     }
@@ -1075,7 +1086,7 @@ async fn backend_view(backend: Backend) {
             "the lease id (a credential) in {}",
             v.body
         );
-        if backend == Backend::ZooKeeper {
+        if queued(backend) {
             assert_eq!(v.body["waiting"], 0, "{}", v.body);
         } else {
             let left = v.body["remaining_ms"].as_u64().expect("remaining_ms");
@@ -1084,7 +1095,7 @@ async fn backend_view(backend: Backend) {
             assert!(v.body.get("waiting").is_none(), "{}", v.body);
         }
     }
-    if backend == Backend::ZooKeeper {
+    if queued(backend) {
         // The queue: a waiter on the other sidecar is counted.
         let b = Arc::new(h.another());
         let b2 = b.clone();
@@ -1105,12 +1116,18 @@ async fn backend_view(backend: Backend) {
             (v.body["token"].clone(), v.body["held_here"].clone()),
             (got.body["token"].clone(), json!(false))
         );
-        return;
+        if backend == Backend::ZooKeeper {
+            return;
+        }
+        assert_eq!(b.release("view:1", &got.lease()).await.status, 200);
+    } else {
+        assert_eq!(a.release("view:1", &held.lease()).await.status, 200);
     }
-    assert_eq!(a.release("view:1", &held.lease()).await.status, 200);
     let v = view(b, "view:1").await;
     assert_eq!(v.body["state"], "free", "{}", v.body);
-    assert_eq!(v.body["last_token"], held.body["token"], "{}", v.body);
+    if !queued(backend) {
+        assert_eq!(v.body["last_token"], held.body["token"], "{}", v.body);
+    }
     // An expiry, not a release: the key is in its lock-delay.
     let short = a.acquire("view:1", 100 * f, 0).await;
     assert_eq!(short.status, 200, "{}", short.body);
@@ -1119,6 +1136,11 @@ async fn backend_view(backend: Backend) {
     assert_eq!(v.body["state"], "delayed", "{}", v.body);
     let left = v.body["retry_after_ms"].as_u64().expect("retry_after_ms");
     assert!((1..=2_000 * f).contains(&left), "{}", v.body);
+}
+
+/// Whether the backend keeps a queue of waiters (and no token counter).
+fn queued(backend: Backend) -> bool {
+    matches!(backend, Backend::ZooKeeper | Backend::Etcd)
 }
 
 /// `r` is the error `status` / `code`.
@@ -1766,6 +1788,12 @@ macro_rules! suite {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() { super::$name(super::Backend::MySql).await }
+            )*
+        }
+        mod etcd {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() { super::$name(super::Backend::Etcd).await }
             )*
         }
     };

@@ -169,6 +169,7 @@ fn backend_target(s: &Settings) -> String {
         Some(BackendKind::Postgres) => redact_url(&b.postgres.url),
         Some(BackendKind::MySql) => redact_url(&b.mysql.url),
         Some(BackendKind::ZooKeeper) => b.zookeeper.connect.clone(),
+        Some(BackendKind::Etcd) => join(&b.etcd.endpoints),
         Some(BackendKind::Memory) => "in-process".into(),
         None => "-".into(),
     }

@@ -72,6 +72,8 @@ struct BackendView<'a> {
     zookeeper: Option<&'a crate::lock::settings::ZooKeeperSettings>,
     #[serde(skip_serializing_if = "Option::is_none")]
     mysql: Option<&'a crate::lock::settings::MySqlSettings>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    etcd: Option<&'a crate::lock::settings::EtcdSettings>,
 }
 
 impl<'a> BackendView<'a> {
@@ -84,6 +86,7 @@ impl<'a> BackendView<'a> {
             postgres: pick(BackendKind::Postgres).then_some(&b.postgres),
             zookeeper: pick(BackendKind::ZooKeeper).then_some(&b.zookeeper),
             mysql: pick(BackendKind::MySql).then_some(&b.mysql),
+            etcd: pick(BackendKind::Etcd).then_some(&b.etcd),
         }
     }
 }

@@ -208,6 +208,18 @@ fn sidecar(settings: &Settings, read_files: bool, f: &mut Findings) {
             f.certs("backend.zookeeper.cert_file", z.cert_file.as_deref());
             f.key("backend.zookeeper.key_file", z.key_file.as_deref());
         }
+        Some(BackendKind::Etcd) => {
+            // The password file and the TLS files, as the sidecar reads them.
+            f.check(b.etcd.client_config());
+            f.certs("backend.etcd.tls.ca_file", b.etcd.tls.ca_file.as_deref());
+            f.check(
+                b.etcd
+                    .tls
+                    .client_config()
+                    .map(|_| ())
+                    .map_err(|e| invalid("backend.etcd.tls", e)),
+            );
+        }
         Some(BackendKind::Memory) | None => {}
     }
 }

@@ -19,8 +19,8 @@ use tokio::time::Instant;
 pub use super::error::EtcdError;
 use super::watch::Watch;
 use super::wire::{
-    b64, prefix_end, Compare, DeleteResponse, ErrorBody, KeepAliveResponse, LeaseGrantResponse, Op,
-    PutResponse, RangeResponse, TxnResponse,
+    b64, first_of, prefix_end, Compare, DeleteResponse, ErrorBody, KeepAliveResponse,
+    LeaseGrantResponse, Op, PutResponse, RangeResponse, TxnResponse,
 };
 use crate::http::tls_client::{Connector, Link, UpstreamTls};
 
@@ -263,7 +263,47 @@ impl EtcdClient {
         start_revision: i64,
         deadline: Instant,
     ) -> Result<Watch, EtcdError> {
+        self.watch_range(key, None, start_revision, deadline).await
+    }
+
+    /// The key under `prefix` with the lowest creation revision, and how
+    /// many keys are under it.
+    pub async fn first(
+        &self,
+        prefix: &[u8],
+        deadline: Instant,
+    ) -> Result<RangeResponse, EtcdError> {
+        self.call(
+            "/v3/kv/range",
+            first_of(prefix),
+            deadline,
+            Retry::Idempotent,
+        )
+        .await
+    }
+
+    /// Watches every key under `prefix`, as [`EtcdClient::watch`].
+    pub async fn watch_prefix(
+        &self,
+        prefix: &[u8],
+        start_revision: i64,
+        deadline: Instant,
+    ) -> Result<Watch, EtcdError> {
+        self.watch_range(prefix, Some(&prefix_end(prefix)), start_revision, deadline)
+            .await
+    }
+
+    async fn watch_range(
+        &self,
+        key: &[u8],
+        range_end: Option<&[u8]>,
+        start_revision: i64,
+        deadline: Instant,
+    ) -> Result<Watch, EtcdError> {
         let mut create = json!({"key": b64(key)});
+        if let Some(end) = range_end {
+            create["range_end"] = json!(b64(end));
+        }
         if start_revision > 0 {
             create["start_revision"] = json!(start_revision.to_string());
         }

@@ -19,6 +19,7 @@
 //! authentication; [`wire`]: the JSON forms; [`watch`]: a watch stream.
 
 pub mod client;
+pub mod connection;
 pub mod error;
 pub mod watch;
 pub mod wire;

@@ -219,6 +219,17 @@ impl Compare {
         }
     }
 
+    /// `key` exists and was created at `revision` (it is the same key,
+    /// not one deleted and made again).
+    pub fn created(key: &[u8], revision: i64) -> Compare {
+        Compare {
+            key: key.to_vec(),
+            target: Target::Create,
+            revision,
+            value: Vec::new(),
+        }
+    }
+
     /// `key`'s last write is `revision` (nobody wrote it since it was read;
     /// 0: it still does not exist).
     pub fn unchanged(key: &[u8], revision: i64) -> Compare {
@@ -270,6 +281,9 @@ pub enum Op {
     },
     /// Reads `key`.
     Get { key: Vec<u8> },
+    /// Reads the key under `prefix` created first, and how many there are
+    /// (a lock queue's head and length).
+    First { prefix: Vec<u8> },
     /// Deletes `key`.
     Delete { key: Vec<u8> },
 }
@@ -285,9 +299,22 @@ impl Op {
                 json!({ "request_put": put })
             }
             Op::Get { key } => json!({"request_range": {"key": b64(key)}}),
+            Op::First { prefix } => json!({"request_range": first_of(prefix)}),
             Op::Delete { key } => json!({"request_delete_range": {"key": b64(key)}}),
         }
     }
+}
+
+/// A range request for the key under `prefix` with the lowest creation
+/// revision (its `count` says how many keys are under it).
+pub fn first_of(prefix: &[u8]) -> Value {
+    json!({
+        "key": b64(prefix),
+        "range_end": b64(&prefix_end(prefix)),
+        "sort_order": "ASCEND",
+        "sort_target": "CREATE",
+        "limit": "1",
+    })
 }
 
 #[cfg(test)]

@@ -10,6 +10,14 @@ use crate::settings::check::{
     check_key_id, check_methods, check_range, check_upstream_url, config_enum, invalid, ConfigError,
 };
 
+/// The etcd fence store's fields, named in its errors.
+const ETCD_FIELDS: crate::etcd::connection::Fields = crate::etcd::connection::Fields {
+    endpoints: "gateway.etcd_endpoints",
+    prefix: "gateway.etcd_prefix",
+    user: "gateway.etcd_user",
+    password_file: "gateway.etcd_password_file",
+};
+
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
 #[serde(try_from = "String")]
 pub enum FenceStoreKind {
@@ -177,58 +185,29 @@ impl GatewaySettings {
             + 1_000
     }
 
+    /// `fence_store = "etcd"`'s connection, as the shared checks see it.
+    fn etcd_connection(&self) -> crate::etcd::connection::Connection<'_> {
+        crate::etcd::connection::Connection {
+            endpoints: &self.etcd_endpoints,
+            prefix: &self.etcd_prefix,
+            user: self.etcd_user.as_deref(),
+            password_file: self.etcd_password_file.as_deref(),
+            tls: &self.etcd_tls,
+            connect_timeout: std::time::Duration::from_millis(self.connect_timeout_ms),
+        }
+    }
+
     /// `fence_store = "etcd"`'s settings, without reading a file.
     fn check_etcd(&self) -> Result<(), ConfigError> {
-        let field = "gateway.etcd_endpoints";
-        if self.etcd_endpoints.is_empty() {
-            return Err(invalid(
-                field,
-                "required when gateway.fence_store = \"etcd\"",
-            ));
-        }
-        let mut scheme = None;
-        for e in &self.etcd_endpoints {
-            let s = check_upstream_url(field, e)?;
-            if scheme.is_some_and(|first| first != s) {
-                return Err(invalid(field, "mixes http:// and https:// endpoints"));
-            }
-            scheme = Some(s);
-        }
-        self.etcd_tls
-            .validate(crate::etcd::client::LINK, scheme.unwrap_or("http"))?;
-        if !self.etcd_prefix.starts_with('/') {
-            return Err(invalid("gateway.etcd_prefix", "must start with `/`"));
-        }
-        if self.etcd_user.is_some() != self.etcd_password_file.is_some() {
-            return Err(invalid(
-                "gateway.etcd_user",
-                "give etcd_user and etcd_password_file together (or neither)",
-            ));
-        }
-        Ok(())
+        self.etcd_connection()
+            .check(&ETCD_FIELDS, "when gateway.fence_store = \"etcd\"")
     }
 
     /// The etcd client of `fence_store = "etcd"`: settings checked, the
     /// password read from its file.
     pub fn etcd_client_config(&self) -> Result<crate::etcd::ClientConfig, ConfigError> {
-        self.check_etcd()?;
-        let credentials = match (&self.etcd_user, &self.etcd_password_file) {
-            (None, None) => None,
-            (Some(user), Some(file)) => Some(crate::etcd::Credentials {
-                user: user.clone(),
-                password: std::fs::read_to_string(file)
-                    .map_err(|e| invalid("gateway.etcd_password_file", format!("{file}: {e}")))?
-                    .trim_end_matches(['\n', '\r'])
-                    .to_owned(),
-            }),
-            _ => None, // refused by check_etcd
-        };
-        Ok(crate::etcd::ClientConfig {
-            endpoints: self.etcd_endpoints.clone(),
-            connect_timeout: std::time::Duration::from_millis(self.connect_timeout_ms),
-            credentials,
-            tls: self.etcd_tls.clone(),
-        })
+        self.etcd_connection()
+            .client_config(&ETCD_FIELDS, "when gateway.fence_store = \"etcd\"")
     }
 
     /// The bound on one call to the selected fence store.

@@ -15,6 +15,7 @@
 //! - a release wakes waiters through a [`WakeSink`] (pub/sub for Redis).
 
 pub mod channels;
+pub mod etcd;
 pub mod key;
 pub mod lease_id;
 pub mod memory;

@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use super::etcd::settings::EtcdSettings;
 pub use super::mysql::settings::MySqlSettings;
 pub use super::postgres::settings::PostgresSettings;
 pub use super::redis::settings::{RedisMode, RedisSettings, TokenMode};
@@ -21,8 +22,10 @@ pub enum BackendKind {
     ZooKeeper,
     /// A lock table in MySQL or MariaDB.
     MySql,
+    /// etcd's lock recipe, the holder's creation revision as the token.
+    Etcd,
 }
-config_enum!(BackendKind { Memory => "memory", Redis => "redis", RedLock => "redlock", Postgres => "postgres", ZooKeeper => "zookeeper", MySql => "mysql" });
+config_enum!(BackendKind { Memory => "memory", Redis => "redis", RedLock => "redlock", Postgres => "postgres", ZooKeeper => "zookeeper", MySql => "mysql", Etcd => "etcd" });
 
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]
 #[serde(default, deny_unknown_fields)]
@@ -35,6 +38,7 @@ pub struct BackendSettings {
     pub postgres: PostgresSettings,
     pub zookeeper: ZooKeeperSettings,
     pub mysql: MySqlSettings,
+    pub etcd: EtcdSettings,
 }
 
 impl BackendSettings {
@@ -47,6 +51,7 @@ impl BackendSettings {
         self.zookeeper
             .validate(self.kind == Some(BackendKind::ZooKeeper))?;
         self.mysql.validate(self.kind == Some(BackendKind::MySql))?;
+        self.etcd.validate(self.kind == Some(BackendKind::Etcd))?;
         Ok(())
     }
 }

@@ -9,6 +9,7 @@
 use std::collections::HashSet;
 use std::sync::Mutex;
 
+pub mod etcd;
 pub mod gateway;
 pub mod inject;
 pub mod mysql;

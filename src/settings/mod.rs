@@ -94,7 +94,8 @@ impl Settings {
                 .with_list_parse_key("backend.redis.sentinels")
                 .with_list_parse_key("backend.redis.nodes")
                 .with_list_parse_key("backend.redlock.urls")
-                .with_list_parse_key("gateway.etcd_endpoints"),
+                .with_list_parse_key("gateway.etcd_endpoints")
+                .with_list_parse_key("backend.etcd.endpoints"),
         );
         let raw = builder
             .build()

@@ -34,6 +34,7 @@ use self::preregister::Preregistrar;
 use self::waiters::WaitQueues;
 use crate::admin::{AdminState, Readiness, ReadyFuture};
 use crate::http::listen::{bind, bind_unix, serve, serve_unix, UnixSocket};
+use crate::lock::etcd::EtcdBackend;
 use crate::lock::memory::MemoryBackend;
 use crate::lock::mysql::MySqlBackend;
 use crate::lock::postgres::PgBackend;
@@ -76,6 +77,12 @@ pub fn build_backend(
             wake,
             registry,
         )?),
+        BackendKind::Etcd => Arc::new(EtcdBackend::new(
+            &settings.backend.etcd,
+            delay,
+            wake,
+            registry,
+        )?),
         BackendKind::ZooKeeper => Arc::new(ZooKeeperBackend::new(
             &settings.backend.zookeeper,
             delay,
@@ -91,7 +98,7 @@ pub fn backend_kind(settings: &Settings) -> Result<BackendKind, StartError> {
     settings.backend.kind.ok_or_else(|| {
         StartError::config(
             "backend.kind",
-            "required: redis, redlock, postgres, zookeeper, mysql, or memory (development only: locks vanish with the process)",
+            "required: redis, redlock, postgres, zookeeper, mysql, etcd, or memory (development only: locks vanish with the process)",
         )
     })
 }

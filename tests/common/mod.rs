@@ -316,6 +316,8 @@ pub enum Backend {
     ZooKeeper,
     /// MySQL/MariaDB.
     MySql,
+    /// etcd; the test passes the members' endpoints.
+    Etcd,
 }
 
 impl Backend {
@@ -328,6 +330,7 @@ impl Backend {
             Backend::Postgres => "postgres",
             Backend::ZooKeeper => "zookeeper",
             Backend::MySql => "mysql",
+            Backend::Etcd => "etcd",
         }
     }
 }

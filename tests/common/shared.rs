@@ -25,6 +25,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
+use super::etcd::EtcdCluster;
 use super::launcher::{detached, remove_at_exit};
 use super::mariadb::MariaDb;
 use super::postgres::PgServer;
@@ -86,6 +87,12 @@ pub fn zookeeper() -> &'static ZooKeeperEnsemble {
         remove_at_exit(ens.dir());
         ens
     })
+}
+
+/// The binary's one-member etcd cluster.
+pub fn etcd() -> &'static EtcdCluster {
+    static S: OnceLock<EtcdCluster> = OnceLock::new();
+    S.get_or_init(|| detached(EtcdCluster::start))
 }
 
 /// The binary's Sentinel set ([`SentinelOpts::default`]: a master, two

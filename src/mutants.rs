@@ -10,6 +10,10 @@
 
 /// Every mutant, with the mechanism it switches off.
 pub const ALL: &[(&str, &str)] = &[
+    ("etcd_token_per_place", "the etcd backend's token is the holder place's version (1 for a new place) plus the offset — a count that starts over with every place — not its creation revision"),
+    ("etcd_token_ignores_offset", "the etcd backend's token is the place's creation revision alone: a raised token offset (repair, pre-registration after a restore) is not added"),
+    ("etcd_early_expiry", "the etcd backend ends a held place at half its TTL, before the holder's local deadline"),
+    ("etcd_waiter_place_left", "an etcd waiter that gives up leaves its place in the key's queue (it lapses only with its etcd lease)"),
     ("etcd_stamp_early", "the etcd fence store lets a waiting replica clear another's in-flight stamp at once, not after its hold"),
     ("etcd_mark_blind_write", "the etcd fence store writes a mark without comparing it with the one it decided on (no compare-and-swap)"),
     ("read_token_writes", "the gateway forwards a write carrying a read lease's token"),

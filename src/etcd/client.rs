@@ -201,6 +201,11 @@ impl EtcdClient {
     }
 
     /// A lease of `ttl` (whole seconds, at least one: etcd's unit).
+    ///
+    /// Sent on to the next member like a read when one does not answer: a
+    /// grant applied twice leaves one lease unused, with no key on it, to
+    /// lapse at its TTL — while waiting out a member that lost its leader
+    /// took an acquire's whole budget at every leader kill.
     pub async fn grant(
         &self,
         ttl: Duration,
@@ -211,7 +216,7 @@ impl EtcdClient {
             "/v3/lease/grant",
             json!({"TTL": secs.to_string()}),
             deadline,
-            Retry::Once,
+            Retry::Idempotent,
         )
         .await
     }

@@ -398,6 +398,20 @@ impl EtcdCluster {
         );
     }
 
+    /// Starts member `i` of a one-member cluster again on the same ports
+    /// with its data gone, as a cluster restored from nothing (or from a
+    /// snapshot older than every token issued) would be: revisions start
+    /// over.
+    pub fn restart_empty(&mut self, i: usize) {
+        assert_eq!(self.len(), 1, "only a one-member cluster starts over alone");
+        self.members[i].proc.kill();
+        let data = self.members[i].dir.join("data");
+        if data.exists() {
+            std::fs::remove_dir_all(&data).unwrap();
+        }
+        self.restart(i);
+    }
+
     /// SIGSTOP member `i`: it keeps its sockets but answers nothing, like a
     /// frozen machine.
     pub fn pause(&self, i: usize) {

@@ -162,7 +162,21 @@ fn lease_secs(life: Duration) -> Duration {
 }
 
 fn token_of(created: i64, value: &Value) -> u64 {
+    if crate::mutants::active("etcd_token_per_place") {
+        return value.offset + 1;
+    }
+    if crate::mutants::active("etcd_token_ignores_offset") {
+        return created.max(0) as u64;
+    }
     (created.max(0) as u64).saturating_add(value.offset)
+}
+
+/// When a lease taken or renewed by a call sent at `sent` ends here.
+fn expiry(sent: Instant, ttl: Duration) -> Instant {
+    if crate::mutants::active("etcd_early_expiry") {
+        return sent + ttl / 2;
+    }
+    sent + ttl
 }
 
 /// The range answer at `at` of a transaction's branch.
@@ -444,7 +458,7 @@ impl Inner {
             let token = token_of(created, &e.value);
             e.state = State::Held {
                 token,
-                expires: sent + ttl,
+                expires: expiry(sent, ttl),
             };
             return Ok(Some(Attempt::Acquired { token }));
         }
@@ -646,7 +660,7 @@ impl LockBackend for EtcdBackend {
         e.value = value;
         e.state = State::Held {
             token,
-            expires: sent + ttl,
+            expires: expiry(sent, ttl),
         };
         Ok(Ownership::Owned { token })
     }
@@ -690,7 +704,7 @@ impl LockBackend for EtcdBackend {
             }
             State::Waiting => {
                 // A waiter that gave up: its place goes, now or later.
-                if e.etcd_lease.is_some() {
+                if e.etcd_lease.is_some() && !crate::mutants::active("etcd_waiter_place_left") {
                     let done = match e.created {
                         Some(_) => {
                             let delete = Op::Delete {

@@ -434,14 +434,40 @@ ETCD_FENCE = sc("etcd-fence", fence_store="etcd", self_pause_p=0.3, interval=(0.
                 nemesis=["kill_etcd_leader", "kill_etcd_leader", "pause_worker"],
                 bite={"etcd_leader_kills": 2, "etcd_new_leaders": 2, "stale_at_gateway": 3})
 FAMILIES += [ETCD_FENCE]
+FAMILIES += [
+    # The etcd lock backend (backend.kind = "etcd", issue 34 item 3): a
+    # 3-member cluster, each sidecar behind proxies of its own to every
+    # member, requests bounded at 1 s, TTL 500 ms (places' etcd leases of
+    # 1 s). The leader killed (restarted 1–3 s later) and the whole
+    # cluster killed and restarted on its data, beside worker pauses and
+    # self-pauses past the TTL, and lock-link replies held past the
+    # request bound (late_reply: a try answered after its caller gave
+    # up). `lock_unavailability_ms`: kill → first acquire granted. In the
+    # PR tier.
+    sc("etcd-leader", backend="etcd", self_pause_p=0.3, interval=(0.3, 1.0), duration_s=30,
+       nemesis=["kill_etcd_leader", "kill_etcd_leader", "kill_etcd_leader", "restart_etcd_all",
+                "late_reply", "pause_worker"],
+       bite={"etcd_leader_kills": 2, "stale_at_gateway": 3}),
+    # One member cut off from every sidecar (its calls unanswered, its
+    # watches broken), history compacted under the waiters, and a sidecar
+    # frozen past its places' etcd leases (they lapse while it sleeps: its
+    # leases ended on its own clock first), without worker pauses or clock
+    # faults: mutual exclusion must hold (M1). Workers think 50–400 ms so
+    # that many leases are held late in their TTL. In the PR tier.
+    sc("etcd-partition", backend="etcd", self_pause_p=0.0, interval=(0.5, 1.5), think_ms=[50, 400],
+       duration_s=30, nemesis=["partition_etcd_member", "partition_etcd_member", "compact_etcd",
+                               "pause_sidecar_long"],
+       bite={"etcd_partitions": 3, "etcd_compactions": 1, "etcd_long_pauses": 1, "acked": 60}),
+]
 SENTINEL_FAMILIES = [f for f in FAMILIES if f["backend"] == "redis-sentinel"]
 CLUSTER_FAMILIES = [f for f in FAMILIES if f["backend"] == "redis-cluster"]
 REDLOCK_FAMILIES = [f for f in FAMILIES if f["backend"] == "redlock"]
 ZOOKEEPER_FAMILIES = [f for f in FAMILIES if f["backend"] == "zookeeper"]
+ETCD_FAMILIES = [f for f in FAMILIES if f["backend"] == "etcd"]
 MYSQL_FAMILIES = [f for f in FAMILIES if f["backend"] == "mysql" and f is not SEAMS]
 # Families bound to the topology they fail: never re-targeted by --backend.
 TOPOLOGY_FAMILIES = (SENTINEL_FAMILIES + CLUSTER_FAMILIES + REDLOCK_FAMILIES + ZOOKEEPER_FAMILIES
-                     + MYSQL_FAMILIES)
+                     + MYSQL_FAMILIES + ETCD_FAMILIES)
 TOPOLOGY_FAMILIES += [EVICTION]  # a single Redis's memory policy
 
 # No faults: the throughput the fault runs are compared with.
@@ -928,7 +954,7 @@ def main():
     ap.add_argument("--minutes", type=float, default=30, help="long tier: minutes per backend")
     ap.add_argument("--only", help="run one family (by name)")
     ap.add_argument("--backend", choices=["redis", "postgres", "redis-sentinel", "redis-cluster", "redlock",
-                                          "zookeeper", "mysql"])
+                                          "zookeeper", "mysql", "etcd"])
     ap.add_argument("--mutant", help="run one mutant's kill test(s)")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--seed", type=int, default=None)
@@ -1060,6 +1086,9 @@ def main():
                     schedules.append(dict(MIXED_ZOOKEEPER, duration_s=300, name=f"mixed-zookeeper-{i}",
                                           bite={"stale_at_gateway": 50, "expiries_while_paused": 10,
                                                 "zk_leader_kills": 3, "zk_sessions_expired": 3}))
+                continue
+            if backend == "etcd":
+                schedules += ETCD_FAMILIES
                 continue
             if backend == "redis-cluster":
                 schedules += CLUSTER_FAMILIES

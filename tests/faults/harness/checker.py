@@ -267,7 +267,13 @@ def check(events, commits, injections, marks, nemesis, cfg, observed=None):
         r.bites["zk_partitions"] = kinds.count("partition_zk")
         r.bites["zk_long_pauses"] = kinds.count("pause_sidecar_long")
         r.bites["zk_holders_deleted"] = sum(1 for n in nemesis if n.get("kind") == "expire" and n.get("deleted"))
-    if cfg.get("fence_store") == "etcd":
+    if cfg.get("backend") == "etcd":
+        kinds = [n.get("kind") for n in nemesis]
+        r.bites["etcd_partitions"] = kinds.count("partition_etcd_member")
+        r.bites["etcd_compactions"] = kinds.count("compact_etcd")
+        r.bites["etcd_full_restarts"] = kinds.count("restart_etcd_all")
+        r.bites["etcd_long_pauses"] = kinds.count("pause_sidecar_long")
+    if cfg.get("fence_store") == "etcd" or cfg.get("backend") == "etcd":
         kinds = [n.get("kind") for n in nemesis]
         r.bites["etcd_leader_kills"] = kinds.count("kill_etcd_leader")
         r.bites["etcd_new_leaders"] = kinds.count("etcd_leader_elected")
@@ -284,6 +290,9 @@ def check(events, commits, injections, marks, nemesis, cfg, observed=None):
     tags = {lease_tag(l) for toks in issued.values() for ls in toks.values() for l in ls}
     r.stats = {"leases": len(tags), "unavailability_ms": unavailability(events, nemesis),
                "m1_excused": dict(excused), "m1_spans": span_counts(events)}
+    if cfg.get("backend") == "etcd":
+        # The lock backend's leader kills: kill → first acquire granted.
+        r.stats["lock_unavailability_ms"] = unavailability(events, nemesis, ("kill_etcd_leader",), "acquire")
     if cfg.get("fence_store") == "etcd":
         r.stats["fence_unavailability_ms"] = unavailability(events, nemesis, ("kill_etcd_leader",), "write")
     return r

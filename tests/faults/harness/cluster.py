@@ -83,8 +83,9 @@ class Cluster:
         self.pg = Postgres(self.run_dir, "pg", settings=sc.get("pg_settings", ()),
                            faketime=sc.get("pg_faketime"))
         self.redis = self.rset = self.rcluster = self.lockp = self.redlock = self.zk = self.my = None
-        if sc.get("fence_store") == "etcd":
-            # The gateways' etcd fence store (issue 34).
+        if sc.get("fence_store") == "etcd" or sc["backend"] == "etcd":
+            # The gateways' etcd fence store, or the lock backend (issue
+            # 34): each sidecar gets its own proxies to every member (below).
             self.etcd = EtcdCluster(self.run_dir, sc.get("etcd_members", 3))
         if sc["backend"] == "mysql":
             # No shared lock-backend proxy: each sidecar gets its own
@@ -137,7 +138,7 @@ class Cluster:
                 "gateway.serialize_timeout_ms": sc.get("serialize_timeout_ms", 3000),
                 "gateway.postgres_request_timeout_ms": 1000,
             }
-            if self.etcd:
+            if self.etcd and sc.get("fence_store") == "etcd":
                 settings["gateway.etcd_endpoints"] = self.etcd.endpoints()
                 settings["gateway.etcd_request_timeout_ms"] = 1000
             settings.update(sc.get("gateway_settings", {}))
@@ -179,6 +180,10 @@ class Cluster:
             elif self.zk:
                 zkp = [self.proxy(f"sidecar-{i}->zk-{j}", port) for j, port in enumerate(self.zk.ports)]
                 settings.update(self._zookeeper_settings(zkp))
+            elif sc["backend"] == "etcd":
+                etp = [self.proxy(f"sidecar-{i}->etcd-{j}", port) for j, port in enumerate(self.etcd.ports)]
+                settings["backend.etcd.endpoints"] = ",".join(f"http://127.0.0.1:{p.port}" for p in etp)
+                settings["backend.etcd.request_timeout_ms"] = sc.get("etcd_request_timeout_ms", 1000)
             elif self.my:
                 myp = self.proxy(f"sidecar-{i}->mysql", self.my.port)
                 settings.update(self._mysql_settings(myp))
@@ -210,6 +215,7 @@ class Cluster:
                        self.mutants("sidecar"), faketime=faketime, ready=self.eviction is None)
             s.gateway_proxy = gwp
             s.zk_proxies = zkp if self.zk else []
+            s.etcd_proxies = etp if sc["backend"] == "etcd" else []
             s.mysql_proxy = myp if self.my else None
             self.sidecars.append(s)
             mode = "direct" if i < direct else "proxy"
@@ -298,6 +304,8 @@ class Cluster:
         b = self.sc["backend"]
         if b == "zookeeper":
             return self.sc.get("zk_request_timeout_ms", 500)
+        if b == "etcd":
+            return self.sc.get("etcd_request_timeout_ms", 1000)
         if b == "mysql":
             return self.sc.get("mysql_request_timeout_ms", 1000)
         if b == "postgres":
@@ -323,6 +331,8 @@ class Cluster:
         PostgreSQL. None on the sentinel set and the cluster (no proxy)."""
         if self.zk:
             return [s.zk_proxies for s in self.sidecars]
+        if self.sc["backend"] == "etcd":
+            return [s.etcd_proxies for s in self.sidecars]
         if self.my:
             return [[s.mysql_proxy] for s in self.sidecars]
         if self.redlock:
@@ -335,6 +345,12 @@ class Cluster:
         return next(w.cfg["id"] for w in self.workers if w.sidecar is sidecar)
 
     def zk_session_s(self):
+        """How long a frozen or cut-off sidecar's hold on the backend lasts
+        on the backend's clock: its ZooKeeper session, or on etcd its
+        places' leases (TTL 500 ms + lock-delay, rounded up to etcd's whole
+        seconds: 1 s)."""
+        if self.sc["backend"] == "etcd":
+            return self.sc.get("etcd_lapse_s", 1.0)
         return self.sc.get("zk_session_timeout_ms", 3000) / 1000
 
     def zookeeper_metrics(self):
@@ -491,7 +507,7 @@ class Cluster:
 
     def _sample_marks(self):
         while not self.stop_flag.is_set():
-            if self.etcd:
+            if self.etcd and self.sc.get("fence_store") == "etcd":
                 t = time.monotonic_ns()
                 for k, tok in self.etcd.marks().items():
                     self.marks.append({"t": t, "key": k, "token": tok})

@@ -128,6 +128,7 @@ import time
 
 from . import clock_restarts, eviction, late_requests
 from .procs import lock_key
+from .etcd import post as etcd_post
 from .zkclient import ZkClient, key_dir, sequence
 
 
@@ -142,6 +143,8 @@ NEEDS_REDLOCK = {"kill_master_empty", "kill_masters_empty", "pause_master"}
 NEEDS_ZOOKEEPER = {"kill_zk_leader", "partition_zk", "pause_sidecar_long"}
 # The gateways' etcd fence store (a scenario's `fence_store = "etcd"`).
 NEEDS_ETCD = {"kill_etcd_leader"}
+# The etcd lock backend's own faults (a scenario's backend "etcd").
+NEEDS_ETCD_BACKEND = {"partition_etcd_member", "compact_etcd", "restart_etcd_all"}
 NEEDS_MYSQL = {"kill_mysql", "cut_mysql", "clock_mysql"}
 # A single Redis started by a `redis_eviction` scenario (harness/eviction.py).
 NEEDS_REDIS_EVICTION = {"evict_policy", "evict_fill"}
@@ -164,8 +167,10 @@ ZK_FAILOVER_BUDGET_S = 10
 # acquire and release carry the same bytes, and late_reply aims at
 # whichever comes next.
 AIM_MARKERS = {
-    "acquire": {"mysql": (["fencer:"], []), "postgres": ([], ["fencer_"])},
-    "release": {"mysql": ([], ["fencer:"]), "postgres": (["fencer_"], [])},
+    "acquire": {"mysql": (["fencer:"], []), "postgres": ([], ["fencer_"]),
+                "etcd": (["request_range"], ["request_delete_range"])},
+    "release": {"mysql": ([], ["fencer:"]), "postgres": (["fencer_"], []),
+                "etcd": (["request_delete_range"], [])},
 }
 
 
@@ -176,7 +181,10 @@ def arm_once(nem, mode, group, ms, timeout):
     (`<mode>_aims`) — for up to 3 s, records the fault, and disarms it if
     nothing matched. Returns whether a request or reply is being held."""
     c = nem.c
-    marker, unless = [key_marker(c.sc["keys"])], []
+    # etcd's JSON carries keys in base64: a transaction's body is told by
+    # its operations instead (an acquire's, a renewal's, a release's).
+    marker = ["request_"] if c.sc["backend"] == "etcd" else [key_marker(c.sc["keys"])]
+    unless = []
     aim = nem.rng.choice(c.sc.get(f"{mode}_aims", ["key"]))
     if c.sc["backend"] in AIM_MARKERS.get(aim, {}):
         also, unless = AIM_MARKERS[aim][c.sc["backend"]]
@@ -219,6 +227,10 @@ def available(family, backend):
         return backend not in MULTI_NODE_BACKENDS
     if family in NEEDS_MYSQL:
         return backend == "mysql"
+    if family in NEEDS_ETCD_BACKEND:
+        return backend == "etcd"
+    if family == "pause_sidecar_long":
+        return backend in ("zookeeper", "etcd")
     if family in NEEDS_ZOOKEEPER:
         return backend == "zookeeper"
     if backend == "zookeeper" and family in NEEDS_SINGLE_BACKEND:
@@ -863,6 +875,60 @@ class Nemesis:
             for p in s.zk_proxies:
                 p.set("pass")
         self.hold("partition_zk", d, apply, heal, target=s.name)
+
+    def partition_etcd_member(self):
+        """Blackholes every sidecar's link to one etcd member for 1–3 s
+        (held bytes are delivered at the heal, as TCP would retransmit
+        them): calls sent to it go unanswered and the sidecars' clients go
+        on to the other members; watches on it break and are opened again,
+        maybe from a revision compact_etcd has removed."""
+        j = self.rng.randrange(self.c.etcd.n)
+        d = self.rng.uniform(1.0, 3.0)
+        if not self._time_for("partition_etcd_member", d):
+            return
+        links = [s.etcd_proxies[j] for s in self.c.sidecars]
+
+        def apply():
+            for p in links:
+                p.set("blackhole")
+
+        def heal():
+            for p in links:
+                p.set("pass")
+        self.hold("partition_etcd_member", d, apply, heal, target=f"etcd-{j}")
+
+    def compact_etcd(self):
+        """Compacts etcd's history at its current revision: a watch that
+        must resume from an older revision (a waiter's, after its stream
+        broke) is cancelled, and its waiter must still learn of releases."""
+        e = self.c.etcd
+        for i in range(e.n):
+            r = etcd_post(e.ports[i], "/v3/kv/range", {"key": "AA=="})
+            rev = int((r or {}).get("header", {}).get("revision", 0) or 0)
+            if rev and etcd_post(e.ports[i], "/v3/kv/compaction", {"revision": str(rev)}) is not None:
+                self.c.event(kind="compact_etcd", revision=rev, member=i)
+                return
+        self.c.event(kind="skipped", families=["compact_etcd"], reason="no member answered")
+
+    def restart_etcd_all(self):
+        """kill -9 every etcd member at once, start them all again on their
+        data 0.5–1.5 s later, and wait until healthy: a full cluster
+        restart. Leases held across it must stay held or be lost — never
+        handed to a second holder."""
+        e = self.c.etcd
+        back_after = self.rng.uniform(0.5, 1.5)
+        if not self._time_for("restart_etcd_all", back_after + ZK_FAILOVER_BUDGET_S):
+            return
+        t_kill = [e.kill(i) for i in range(e.n)][0]
+        self.c.event(kind="restart_etcd_all", t=t_kill, back_after_ms=int(back_after * 1000))
+        time.sleep(back_after)
+        for p in e.procs:
+            p.start()
+        try:
+            e.wait_healthy(20)
+            self.c.event(kind="etcd_healthy", after_restart_ms=round((time.monotonic_ns() - t_kill) / 1e6))
+        except RuntimeError as err:
+            self.c.event(kind="skipped", families=["restart_etcd_all"], reason=str(err)[:500])
 
     def pause_sidecar_long(self):
         """SIGSTOP one sidecar for session timeout + 0.5–2 s: its session

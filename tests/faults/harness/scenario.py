@@ -201,6 +201,9 @@ def run(sc, seed, binary, out_dir, keep=False):
         each = report.stats["unavailability_ms"]
         result["unavailability_ms"] = checker.spread(each)
         result["unavailability_each_ms"] = each
+    if "lock_unavailability_ms" in report.stats:
+        # The etcd lock backend's leader kills: kill → first acquire granted.
+        result["lock_unavailability_ms"] = checker.spread(report.stats["lock_unavailability_ms"])
     if "fence_unavailability_ms" in report.stats:
         # The etcd fence store's leader kills: kill → first write applied.
         result["fence_unavailability_ms"] = checker.spread(report.stats["fence_unavailability_ms"])

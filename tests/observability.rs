@@ -217,7 +217,7 @@ async fn workload_round(s: &Fencer, g: &Fencer) {
     s.release("auto:1", &a.lease()).await;
 }
 
-/// A few acquire/release cycles on a ZooKeeper (or MySQL) sidecar.
+/// A few acquire/release cycles on a ZooKeeper (or MySQL, or etcd) sidecar.
 async fn zookeeper_round(zk: &Fencer) {
     for _ in 0..5 {
         let r = zk.acquire("acct:1", 5_000, 1_000).await;
@@ -296,6 +296,14 @@ async fn dashboards_and_alerts_work_against_a_real_prometheus() {
             ensemble.connect_string().as_str(),
         )],
     );
+    // And an etcd sidecar, for the etcd row.
+    let etcd_cluster = common::etcd::EtcdCluster::with_size(1);
+    let etcd_endpoints = etcd_cluster.endpoints().join(",");
+    let etcd = Fencer::sidecar(
+        Backend::Etcd,
+        None,
+        &[("backend.etcd.endpoints", etcd_endpoints.as_str())],
+    );
     // And a MySQL sidecar, for the MySQL row.
     let mut db = common::mariadb::MariaDb::start();
     let my = Fencer::sidecar(Backend::MySql, Some(&db.url()), &[]);
@@ -336,6 +344,7 @@ async fn dashboards_and_alerts_work_against_a_real_prometheus() {
         ("gateway", g.admin_port),
         ("sidecar-redlock", rl.admin_port),
         ("sidecar-zookeeper", zk.admin_port),
+        ("sidecar-etcd", etcd.admin_port),
         ("gateway-mysql", gm.admin_port),
         ("gateway-postgres", gp.admin_port),
     ]);
@@ -345,7 +354,7 @@ async fn dashboards_and_alerts_work_against_a_real_prometheus() {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let up = query(&client, &prom.url, "sum(up)").await;
-        if up["data"]["result"][0]["value"][1] == "8" {
+        if up["data"]["result"][0]["value"][1] == "9" {
             break;
         }
         assert!(Instant::now() < deadline, "targets not scraped: {up}");
@@ -365,12 +374,14 @@ async fn dashboards_and_alerts_work_against_a_real_prometheus() {
     redlock_round(&rl).await;
     zookeeper_round(&zk).await;
     zookeeper_round(&my).await;
+    zookeeper_round(&etcd).await;
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     token_jump(&s, &g).await;
     workload_round(&s, &g).await;
     redlock_round(&rl).await;
     zookeeper_round(&zk).await;
     zookeeper_round(&my).await;
+    zookeeper_round(&etcd).await;
     // A backend outage: errors and a failed readiness ping; and the MySQL
     // gateway's fence store gone for good.
     db.kill();
@@ -627,7 +638,7 @@ fn dashboards_have_units_an_overview_and_collapsed_backend_rows() {
         .filter(|p| p["type"] == "row" && p["collapsed"] == true)
         .map(|p| p["title"].as_str().unwrap().to_owned())
         .collect();
-    for row in ["Redis topology", "RedLock", "ZooKeeper", "MySQL"] {
+    for row in ["Redis topology", "RedLock", "ZooKeeper", "etcd", "MySQL"] {
         if !backend_rows.iter().any(|r| r == row) {
             problems.push(format!("lock-contention.json: no collapsed row {row}"));
         }

@@ -22,7 +22,7 @@ pub struct EtcdLockMetrics {
 
 impl EtcdLockMetrics {
     pub fn new(registry: &Registry) -> EtcdLockMetrics {
-        EtcdLockMetrics {
+        let m = EtcdLockMetrics {
             events: register(
                 registry,
                 IntCounterVec::new(
@@ -53,6 +53,25 @@ impl EtcdLockMetrics {
                 )
                 .expect("valid metric"),
             ),
+        };
+        // Every series from the start, at 0: a rate over an event that has
+        // not happened yet is 0, not absent.
+        for event in EVENTS {
+            m.events.with_label_values(&[event]);
         }
+        for result in ["ok", "gone", "error"] {
+            m.keepalives.with_label_values(&[result]);
+        }
+        m
     }
 }
+
+/// The `event` label's values.
+const EVENTS: [&str; 6] = [
+    "created",
+    "lapsed",
+    "expired",
+    "adopted",
+    "cleanup_retry",
+    "offset_conflict",
+];

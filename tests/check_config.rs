@@ -595,3 +595,72 @@ fn tracing_settings_are_checked_and_printed() {
         assert!(stderr(&out).contains(field), "{bad}: {}", stderr(&out));
     }
 }
+
+/// `backend.kind = "etcd"` (issue 34): `--live` reaches the members and
+/// names them; a dead member list fails naming its address; a password
+/// file that is not there is an error (exit 2) only when files are read.
+#[test]
+fn etcd_backend_settings_are_checked_and_reached_live() {
+    let etcd = common::etcd::EtcdCluster::with_size(1);
+    let endpoints = etcd.endpoints().join(",");
+    let ok = fencer(
+        &["check-config", "--live"],
+        &[
+            ("FENCER__BACKEND__KIND", "etcd"),
+            ("FENCER__BACKEND__ETCD__ENDPOINTS", &endpoints),
+        ],
+    );
+    let table = stdout(&ok);
+    let lock_row = table
+        .lines()
+        .find(|l| l.contains("lock backend"))
+        .unwrap_or("");
+    assert!(
+        lock_row.contains(&endpoints) && !lock_row.contains("FAIL"),
+        "{table}{}",
+        stderr(&ok)
+    );
+    let closed = format!("http://127.0.0.1:{}", common::free_port());
+    let dead = fencer(
+        &["check-config", "--live"],
+        &[
+            ("FENCER__BACKEND__KIND", "etcd"),
+            ("FENCER__BACKEND__ETCD__ENDPOINTS", &closed),
+        ],
+    );
+    let table = stdout(&dead);
+    assert_eq!(dead.status.code(), Some(1), "{table}{}", stderr(&dead));
+    let lock_row = table
+        .lines()
+        .find(|l| l.contains("lock backend"))
+        .unwrap_or("");
+    assert!(
+        lock_row.contains("FAIL") && lock_row.contains(&closed),
+        "{table}"
+    );
+    let pw = [
+        ("FENCER__BACKEND__KIND", "etcd"),
+        ("FENCER__BACKEND__ETCD__ENDPOINTS", endpoints.as_str()),
+        ("FENCER__BACKEND__ETCD__USER", "fencer"),
+        (
+            "FENCER__BACKEND__ETCD__PASSWORD_FILE",
+            "/nonexistent/etcd-pw",
+        ),
+    ];
+    let files = fencer(&["check-config"], &pw);
+    assert_eq!(files.status.code(), Some(2), "{}", stderr(&files));
+    assert!(
+        stderr(&files).contains("backend.etcd.password_file"),
+        "{}",
+        stderr(&files)
+    );
+    let no_files = fencer(&["check-config", "--no-files"], &pw);
+    assert_eq!(no_files.status.code(), Some(0), "{}", stderr(&no_files));
+    let missing = fencer(&["check-config"], &[("FENCER__BACKEND__KIND", "etcd")]);
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(
+        stderr(&missing).contains("backend.etcd.endpoints"),
+        "{}",
+        stderr(&missing)
+    );
+}

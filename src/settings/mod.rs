@@ -186,6 +186,9 @@ impl Settings {
         for url in &mut s.backend.redlock.urls {
             *url = redact_url(url);
         }
+        if s.backend.etcd.password.is_some() {
+            s.backend.etcd.password = Some("REDACTED".into());
+        }
         if s.backend.zookeeper.auth_digest.is_some() {
             s.backend.zookeeper.auth_digest = Some("REDACTED".into());
         }

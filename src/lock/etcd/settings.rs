@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::etcd::connection::{Connection, Fields};
 use crate::etcd::ClientConfig;
 use crate::http::tls_client::UpstreamTls;
-use crate::settings::check::{check_range, ConfigError};
+use crate::settings::check::{check_range, invalid, ConfigError};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -20,9 +20,13 @@ pub struct EtcdSettings {
     /// Prefix of every key fencer writes (`<prefix>/locks/…`), so several
     /// fleets can share a cluster.
     pub prefix: String,
-    /// etcd user (authentication on); its password in `password_file`.
+    /// etcd user (authentication on); its password in `password_file` (a
+    /// mounted Secret) or `password` — usually from
+    /// `FENCER__BACKEND__ETCD__PASSWORD`, which an injected sidecar gets
+    /// from its env Secret; never printed (`check-config` redacts it).
     pub user: Option<String>,
     pub password_file: Option<String>,
+    pub password: Option<String>,
     /// CA, client certificate and key for `https://` endpoints.
     pub tls: UpstreamTls,
     /// Bound on one acquire try, renewal or release, every call of it
@@ -40,6 +44,7 @@ impl Default for EtcdSettings {
             prefix: "/fencer".into(),
             user: None,
             password_file: None,
+            password: None,
             tls: UpstreamTls::default(),
             request_timeout_ms: 2_000,
             connect_timeout_ms: 1_000,
@@ -62,7 +67,11 @@ impl EtcdSettings {
             endpoints: &self.endpoints,
             prefix: &self.prefix,
             user: self.user.as_deref(),
-            password_file: self.password_file.as_deref(),
+            // An inline password stands for the file in the checks.
+            password_file: self
+                .password_file
+                .as_deref()
+                .or(self.password.as_ref().map(|_| "")),
             tls: &self.tls,
             connect_timeout: Duration::from_millis(self.connect_timeout_ms),
         }
@@ -83,15 +92,37 @@ impl EtcdSettings {
             10,
             60_000,
         )?;
+        if self.password.is_some() && self.password_file.is_some() {
+            return Err(invalid(
+                "backend.etcd.password",
+                "give password or password_file, not both",
+            ));
+        }
         if selected {
             self.connection().check(&FIELDS, WHY)?;
         }
         Ok(())
     }
 
-    /// The client: settings checked, the password read from its file.
+    /// The client: settings checked, the password read from its file (or
+    /// given inline).
     pub fn client_config(&self) -> Result<ClientConfig, ConfigError> {
-        self.connection().client_config(&FIELDS, WHY)
+        match (&self.user, &self.password) {
+            (Some(user), Some(password)) => {
+                let without = EtcdSettings {
+                    user: None,
+                    password: None,
+                    ..self.clone()
+                };
+                let mut config = without.connection().client_config(&FIELDS, WHY)?;
+                config.credentials = Some(crate::etcd::Credentials {
+                    user: user.clone(),
+                    password: password.clone(),
+                });
+                Ok(config)
+            }
+            _ => self.connection().client_config(&FIELDS, WHY),
+        }
     }
 
     pub fn request_timeout(&self) -> Duration {
@@ -136,5 +167,25 @@ mod tests {
             ..s(&["http://a:2379"], "/fencer")
         };
         assert!(err(half).contains("backend.etcd.user"));
+        let inline = EtcdSettings {
+            user: Some("u".into()),
+            password: Some("s3cret".into()),
+            ..s(&["http://a:2379"], "/fencer")
+        };
+        assert!(inline.validate(true).is_ok());
+        assert_eq!(
+            inline
+                .client_config()
+                .unwrap()
+                .credentials
+                .unwrap()
+                .password,
+            "s3cret"
+        );
+        let both = EtcdSettings {
+            password_file: Some("/p".into()),
+            ..inline
+        };
+        assert!(err(both).contains("backend.etcd.password"));
     }
 }

@@ -207,15 +207,28 @@ fn redis_topologies_scenario_runs_without_lost_updates() {
 }
 
 /// `lock-backends`: sidecars on Redis, PostgreSQL (with and without group
-/// commit), MySQL (a private MariaDB) and a 3-member ZooKeeper ensemble;
-/// MySQL is also compared with PostgreSQL, and PostgreSQL with itself
-/// without group commit.
+/// commit), MySQL (a private MariaDB), a 3-member ZooKeeper ensemble and
+/// a 3-member etcd cluster; MySQL is also compared with PostgreSQL,
+/// PostgreSQL with itself without group commit, and etcd with PostgreSQL
+/// and ZooKeeper.
 #[test]
 fn lock_backends_scenario_runs_without_lost_updates() {
     comparison_runs_without_lost_updates(
         "lock-backends",
-        &["redis", "postgres", "postgres-alone", "mysql", "zookeeper"],
-        &[("mysql", "postgres"), ("postgres", "postgres-alone")],
+        &[
+            "redis",
+            "postgres",
+            "postgres-alone",
+            "mysql",
+            "zookeeper",
+            "etcd",
+        ],
+        &[
+            ("mysql", "postgres"),
+            ("postgres", "postgres-alone"),
+            ("etcd", "postgres"),
+            ("etcd", "zookeeper"),
+        ],
     );
 }
 

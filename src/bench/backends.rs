@@ -1,10 +1,12 @@
 //! `lock-backends` (`--local` only): the lock scenarios `uncontended-16`
 //! and `contended-16` through sidecars that differ only in `backend.kind`
 //! — `redis` (one server), `postgres` (a private server), `mysql` (a
-//! private MariaDB server) and `zookeeper` (a 3-member ensemble, the
-//! smallest that survives a member's loss) — with the ratio of each to
-//! Redis in the same run, and of MySQL to PostgreSQL (the other SQL
-//! backend): cycles/s, owner changes/s and wait p99. `postgres-alone` is
+//! private MariaDB server), `zookeeper` (a 3-member ensemble, the
+//! smallest that survives a member's loss) and `etcd` (3 members, for the
+//! same reason) — with the ratio of each to Redis in the same run, of
+//! MySQL to PostgreSQL (the other SQL backend) and of etcd to PostgreSQL
+//! and to ZooKeeper (the other consensus store): cycles/s, owner
+//! changes/s and wait p99. `postgres-alone` is
 //! the same PostgreSQL with `backend.postgres.group_commit = false`, one
 //! statement per call: the group commit's gain, in the same run.
 //!
@@ -21,8 +23,16 @@ pub const NAME: &str = "lock-backends";
 /// ZooKeeper members measured: a production ensemble's smallest size.
 const ZK_MEMBERS: usize = 3;
 
+/// etcd members measured: the same.
+const ETCD_MEMBERS: usize = 3;
+
 /// Compared directly besides each with Redis: (target, base).
-const PAIRS: [(&str, &str); 2] = [("mysql", "postgres"), ("postgres", "postgres-alone")];
+const PAIRS: [(&str, &str); 4] = [
+    ("mysql", "postgres"),
+    ("postgres", "postgres-alone"),
+    ("etcd", "postgres"),
+    ("etcd", "zookeeper"),
+];
 
 /// Every process of the comparison; the sidecars drop first.
 struct Processes {
@@ -41,6 +51,8 @@ impl Processes {
         let (my_proc, my_url) = servers::mariadb().await?;
         let (zk_procs, zk_connect) = servers::zookeeper(ZK_MEMBERS).await?;
         let zk_pids: Vec<u32> = zk_procs.iter().map(Proc::pid).collect();
+        let (etcd_procs, etcd_endpoints) = servers::etcd(ETCD_MEMBERS).await?;
+        let etcd_pids: Vec<u32> = etcd_procs.iter().map(Proc::pid).collect();
         let pg_pid = pg_proc.pid();
         let my_pid = my_proc.pid();
         let specs = vec![
@@ -98,12 +110,23 @@ impl Processes {
                 others: vec![],
                 backend_label: format!("zookeeper ({ZK_MEMBERS} members)"),
             },
+            Spec {
+                label: "etcd",
+                env: vec![
+                    ("backend.kind", "etcd".into()),
+                    ("backend.etcd.endpoints", etcd_endpoints.join(",")),
+                ],
+                masters: etcd_pids,
+                others: vec![],
+                backend_label: format!("etcd ({ETCD_MEMBERS} members)"),
+            },
         ];
         let (targets, sidecars) = compare::start_sidecars(specs).await?;
         let counters = redis::Client::open(counters_url.as_str()).map_err(|e| e.to_string())?;
         let counters_pid = counters_proc.pid();
         let mut servers = vec![counters_proc, redis_proc, pg_proc, my_proc];
         servers.extend(zk_procs);
+        servers.extend(etcd_procs);
         Ok(Processes {
             targets,
             counters,

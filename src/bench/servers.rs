@@ -345,6 +345,98 @@ pub async fn zookeeper(n: usize) -> Result<(Vec<Proc>, String), String> {
     Ok((members, connect))
 }
 
+/// An etcd cluster of `n` members (Debian's `etcd-server` package) on
+/// loopback; returns the members and their client URLs once every member
+/// follows one leader. Data under /dev/shm where there is one: etcd 3.4
+/// fsyncs every commit and cannot be told not to, and ZooKeeper here runs
+/// with `forceSync=no` — the bench compares lock recipes, not disks.
+pub async fn etcd(n: usize) -> Result<(Vec<Proc>, Vec<String>), String> {
+    if !Path::new("/usr/bin/etcd").exists() {
+        return Err("etcd is not installed (apt-get install etcd-server)".into());
+    }
+    let ports: Vec<(u16, u16)> = (0..n)
+        .map(|_| Ok((local::free_port()?, local::free_port()?)))
+        .collect::<Result<_, String>>()?;
+    let cluster = ports
+        .iter()
+        .enumerate()
+        .map(|(i, (_, peer))| format!("m{i}=http://127.0.0.1:{peer}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut members = Vec::new();
+    for (i, (client, peer)) in ports.iter().enumerate() {
+        let shm = Path::new("/dev/shm");
+        let dir = if shm.is_dir() {
+            let d = shm.join(format!(
+                "fencer-bench-etcd-{}-{}",
+                std::process::id(),
+                rand::random::<u32>()
+            ));
+            std::fs::create_dir_all(&d).map_err(|e| format!("{}: {e}", d.display()))?;
+            d
+        } else {
+            local::temp_dir("etcd")?
+        };
+        let data = dir.join("data");
+        let (client, peer) = (
+            format!("http://127.0.0.1:{client}"),
+            format!("http://127.0.0.1:{peer}"),
+        );
+        let mut cmd = Command::new("/usr/bin/etcd");
+        cmd.args(["--name", &format!("m{i}")])
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["--listen-client-urls", &client])
+            .args(["--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer])
+            .args(["--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &cluster])
+            .args(["--initial-cluster-state", "new"])
+            .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+            .args(["--logger", "zap", "--log-level", "warn"]);
+        members.push(local::spawn("etcd", cmd, dir)?);
+    }
+    let started = Instant::now();
+    loop {
+        let leaders: Vec<Option<String>> = ports.iter().map(|(p, _)| etcd_leader(*p)).collect();
+        if leaders.iter().all(|l| l.is_some() && *l == leaders[0]) {
+            break;
+        }
+        for p in members.iter_mut() {
+            if p.exited().is_some() {
+                return Err(format!("an etcd member exited:\n{}", p.log_tail()));
+            }
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            return Err(format!("etcd did not elect a leader ({leaders:?})"));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let endpoints = ports
+        .iter()
+        .map(|(p, _)| format!("http://127.0.0.1:{p}"))
+        .collect();
+    Ok((members, endpoints))
+}
+
+/// The leader a member follows (`maintenance/status` on its JSON
+/// gateway), once it has one.
+fn etcd_leader(port: u16) -> Option<String> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_millis(500))).ok()?;
+    let body = "{}";
+    write!(
+        s,
+        "POST /v3/maintenance/status HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let json: serde_json::Value = serde_json::from_str(out.split_once("\r\n\r\n")?.1).ok()?;
+    json["leader"].as_str().map(str::to_owned)
+}
+
 /// The member's mode from the `srvr` four-letter word, once it serves.
 fn zk_mode(port: u16) -> Option<String> {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;

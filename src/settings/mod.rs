@@ -257,6 +257,9 @@ impl Settings {
             Some(BackendKind::ZooKeeper) => {
                 "backend.kind = \"zookeeper\" mints tokens from creation zxids, which start over when the ensemble is rebuilt from empty (data directories lost)"
             }
+            Some(BackendKind::Etcd) => {
+                "backend.kind = \"etcd\" mints tokens from creation revisions, which go back when the cluster is restored from an old snapshot or rebuilt from empty"
+            }
             Some(BackendKind::Redis) if self.backend.redis.token_mode == TokenMode::Counter => {
                 "backend.redis.token_mode = \"counter\" keeps the token counter in Redis, which a restart without persistence, a FLUSHALL or a failover to a replica that missed writes loses"
             }

@@ -8,6 +8,8 @@
 //! them. Half the workers write through their sidecar's proxy, half carry
 //! their signed token to the gateway themselves (as in the seeds), so the
 //! gateway is tested as the last line of defence, not only the sidecar.
+//! One schedule runs a gateway fleet on an etcd fence store with the locks
+//! on the same etcd, its leader killed mid-run (issue 34).
 
 mod common;
 
@@ -37,6 +39,10 @@ struct Schedule {
     locks: Backend,
 }
 
+/// An etcd cluster for a schedule's fence store and locks, whose leader is
+/// killed mid-run (and restarted).
+struct Etcd(std::sync::Arc<std::sync::Mutex<common::etcd::EtcdCluster>>);
+
 #[derive(Debug, Default)]
 struct Outcome {
     pauses: u64,
@@ -47,6 +53,7 @@ struct Outcome {
     balance: i64,
     tokens_in_order: bool,
     gateway_stale_metric: f64,
+    members_killed: u64,
 }
 
 impl Outcome {
@@ -62,15 +69,35 @@ fn signal(pid: u32, sig: i32) {
 }
 
 async fn run(s: &Schedule, redis: &RedisServer, pg: &PgServer, storage: &Fencer) -> Outcome {
+    run_with(s, redis, pg, storage, None).await
+}
+
+async fn run_with(
+    s: &Schedule,
+    redis: &RedisServer,
+    pg: &PgServer,
+    storage: &Fencer,
+    etcd: Option<&Etcd>,
+) -> Outcome {
     let key = format!("account:{}", s.name);
     let path = format!("accounts/{}", s.name);
     let enforce = if s.enforce { "true" } else { "false" };
-    let gw_extra = [
-        ("gateway.fence_store", "postgres"),
-        ("gateway.postgres_url", &pg.url() as &str),
+    let pg_url = pg.url();
+    let etcd_endpoints = etcd.map(|e| e.0.lock().unwrap().endpoints().join(","));
+    let mut gw_extra = vec![
         ("gateway.enforce", enforce),
         ("gateway.uncertain_hold_ms", "500"),
     ];
+    match &etcd_endpoints {
+        Some(endpoints) => {
+            gw_extra.push(("gateway.fence_store", "etcd"));
+            gw_extra.push(("gateway.etcd_endpoints", endpoints.as_str()));
+        }
+        None => {
+            gw_extra.push(("gateway.fence_store", "postgres"));
+            gw_extra.push(("gateway.postgres_url", pg_url.as_str()));
+        }
+    }
     let mut gateways: Vec<Fencer> = (0..s.replicas)
         .map(|_| Fencer::gateway(&storage.api, &gw_extra))
         .collect();
@@ -85,12 +112,15 @@ async fn run(s: &Schedule, redis: &RedisServer, pg: &PgServer, storage: &Fencer)
         if !s.write_only {
             extra.push(("sidecar.preregister_url", pre.as_str()));
         }
+        if let (Backend::Etcd, Some(endpoints)) = (s.locks, &etcd_endpoints) {
+            extra.push(("backend.etcd.endpoints", endpoints.as_str()));
+        }
         let url = match s.locks {
             Backend::Postgres => pg.url(),
             _ => redis.url(),
         };
         let sidecar = Fencer::sidecar(s.locks, Some(&url), &extra);
-        if s.locks == Backend::Postgres {
+        if matches!(s.locks, Backend::Postgres | Backend::Etcd) {
             let deadline = Instant::now() + Duration::from_secs(20);
             while !http_ok(&format!("{}/readyz", sidecar.admin)) {
                 assert!(Instant::now() < deadline, "sidecar not ready");
@@ -143,6 +173,7 @@ async fn run(s: &Schedule, redis: &RedisServer, pg: &PgServer, storage: &Fencer)
     let mut paused_until: Vec<Option<Instant>> = vec![None; WORKERS];
     let mut finished = 0;
     let mut restarted = false;
+    let mut restarter: Option<std::thread::JoinHandle<()>> = None;
     let started = Instant::now();
     let mut rng = rand::rng();
     while finished < WORKERS {
@@ -162,6 +193,24 @@ async fn run(s: &Schedule, redis: &RedisServer, pg: &PgServer, storage: &Fencer)
             // Crash the gateway mid-run; it must come back with its marks.
             gateways[0].crash_and_restart();
             restarted = true;
+        }
+        if let Some(etcd) = etcd.filter(|_| !restarted && outcome.pauses >= MIN_PAUSES / 2) {
+            // kill -9 etcd's leader mid-run (the fence store's and the
+            // locks'); it comes back once a new one leads, off this loop
+            // (which keeps resuming paused workers meanwhile).
+            restarted = true;
+            let (old, _) = etcd.0.lock().unwrap().kill_leader();
+            eprintln!(
+                "schedule {}: etcd member m{old} (the leader) killed",
+                s.name
+            );
+            outcome.members_killed += 1;
+            let cluster = etcd.0.clone();
+            restarter = Some(std::thread::spawn(move || {
+                let mut c = cluster.lock().unwrap();
+                c.wait_new_leader(old, Duration::from_secs(20));
+                c.restart(old);
+            }));
         }
         let Ok((i, line)) = rx.recv_timeout(Duration::from_millis(5)) else {
             continue;
@@ -194,6 +243,9 @@ async fn run(s: &Schedule, redis: &RedisServer, pg: &PgServer, storage: &Fencer)
     for mut w in workers {
         signal(w.id(), libc::SIGCONT);
         let _ = w.wait();
+    }
+    if let Some(t) = restarter {
+        t.join().expect("the etcd member came back");
     }
     let client = reqwest::Client::new();
     let log = send(
@@ -310,6 +362,42 @@ async fn fencing_keeps_every_update_that_pausing_holders_would_lose() {
         );
         assert!(o.logged_writes > 0);
     }
+
+    // 2c. A gateway fleet on an etcd fence store, the locks on the same
+    // etcd, its leader killed mid-run (issue 34).
+    let etcd = Etcd(std::sync::Arc::new(std::sync::Mutex::new(
+        common::etcd::EtcdCluster::start(),
+    )));
+    let e = run_with(
+        &Schedule {
+            name: "etcd",
+            enforce: true,
+            replicas: 2,
+            restart_gateway: false,
+            write_only: false,
+            locks: Backend::Etcd,
+        },
+        &redis,
+        &pg,
+        &storage,
+        Some(&etcd),
+    )
+    .await;
+    assert_eq!(e.members_killed, 1, "etcd: no member was killed mid-run");
+    assert!(
+        e.pauses >= MIN_PAUSES,
+        "etcd: only {} pauses injected",
+        e.pauses
+    );
+    assert!(
+        e.tokens_in_order,
+        "etcd: an accepted write carried a lower token than an earlier one"
+    );
+    assert_eq!(e.lost(), 0, "etcd: lost updates with fencing on: {e:?}");
+    assert!(
+        e.stale > 0,
+        "etcd: no stale write reached the gateway: {e:?}"
+    );
 
     // 3. The same schedule with enforcement off: updates ARE lost, so the
     // test above can fail.

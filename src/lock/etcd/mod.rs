@@ -574,10 +574,11 @@ impl LockBackend for EtcdBackend {
                 continue;
             }
             match e.state {
-                State::Held { token, .. } if e.lease == *lease => {
+                State::Held { token, expires } if e.lease == *lease && expires > sent => {
                     return Ok(Attempt::Acquired { token });
                 }
-                // Another lease of this sidecar holds it.
+                // Another lease of this sidecar holds it (or this one, past
+                // its TTL: the sweeper ends it next).
                 State::Held { expires, .. } => {
                     return Ok(Attempt::Held {
                         remaining: Some(expires.saturating_duration_since(Instant::now())),
@@ -625,6 +626,11 @@ impl LockBackend for EtcdBackend {
             return Ok(Ownership::Free);
         }
         let token = match e.state {
+            // Past its TTL on this clock: never brought back (the sweeper
+            // ends it, with its lock-delay).
+            State::Held { expires, .. } if e.lease == *lease && expires <= sent => {
+                return Ok(Ownership::Free)
+            }
             State::Held { token, .. } if e.lease == *lease => token,
             State::Held { .. } => return Ok(Ownership::OtherHolder),
             _ if e.lease == *lease => return Ok(Ownership::Free),
@@ -684,8 +690,10 @@ impl LockBackend for EtcdBackend {
             });
         }
         match e.state {
-            // Its TTL passed: the lock-delay stands.
+            // Its TTL passed: the lock-delay stands (the sweeper ends a
+            // lease just past its TTL within a sweep).
             State::Expired { .. } => Ok(Ownership::Free),
+            State::Held { expires, .. } if expires <= Instant::now() => Ok(Ownership::Free),
             State::Held { token, .. } => {
                 let delete = Op::Delete {
                     key: e.place.clone(),
@@ -819,6 +827,9 @@ impl LockBackend for EtcdBackend {
             return Ok(Holds::Free);
         }
         match e.state {
+            State::Held { expires, .. } if e.lease == *lease && expires <= Instant::now() => {
+                return Ok(Holds::Free)
+            }
             State::Held { .. } if e.lease == *lease => {}
             State::Held { .. } => return Ok(Holds::OtherHolder),
             _ if e.lease == *lease => return Ok(Holds::Free),

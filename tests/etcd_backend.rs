@@ -550,3 +550,24 @@ async fn tls_client_certificates_and_a_password() {
         r.body
     );
 }
+
+/// A lock cycle reuses the etcd lease its last place left (a keepalive,
+/// not a grant: no replicated write, and no lease left to lapse per
+/// cycle): ten cycles leave one lease, not ten.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_cycles_reuse_their_etcd_lease() {
+    let etcd = EtcdCluster::with_size(1);
+    let be = backend(&etcd, 2_000).await;
+    let key = LockKey::parse("reuse:1").unwrap();
+    let mut last = 0;
+    for _ in 0..10 {
+        let token = cycle(&be, &key).await;
+        assert!(token > last);
+        last = token;
+    }
+    let (code, text) = post_json(etcd.ports()[0], "/v3/lease/leases", "{}").unwrap();
+    assert_eq!(code, 200, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let leases = v["leases"].as_array().map_or(0, Vec::len);
+    assert_eq!(leases, 1, "{text}");
+}

@@ -88,6 +88,13 @@ struct Inner {
     doomed: Mutex<Vec<Doomed>>,
     /// The token offset as last seen: its key's last write and its value.
     offset: Mutex<(i64, u64)>,
+    /// etcd leases whose one place was deleted (confirmed by the delete's
+    /// comparison): the next place takes one with a keepalive — handled
+    /// by the leader alone — instead of a grant, a replicated write; and
+    /// no lease is left to lapse and be revoked (another replicated
+    /// write) per lock cycle. Never a lease whose place's fate is unknown:
+    /// keeping it alive could keep a forgotten place alive with it.
+    spare: Mutex<Vec<Spare>>,
     wake: Arc<dyn WakeSink>,
     metrics: Arc<EtcdLockMetrics>,
 }
@@ -136,6 +143,16 @@ enum State {
         until: Instant,
     },
 }
+
+/// An etcd lease with no key on it, and when it was last kept alive.
+struct Spare {
+    id: i64,
+    granted: Duration,
+    kept_at: Instant,
+}
+
+/// Spare leases kept at most (the rest lapse on their own).
+const SPARES: usize = 64;
 
 struct Doomed {
     place: Vec<u8>,
@@ -221,6 +238,7 @@ impl EtcdBackend {
             slots: Mutex::new(HashMap::new()),
             doomed: Mutex::new(Vec::new()),
             offset: Mutex::new((0, 0)),
+            spare: Mutex::new(Vec::new()),
             wake,
             metrics: Arc::new(EtcdLockMetrics::new(registry)),
         });
@@ -325,17 +343,70 @@ impl Inner {
                 }
                 e.etcd_lease = Some((id, Duration::from_secs(kept.ttl as u64)));
             }
-            _ => {
-                let g = self
-                    .client
-                    .grant(lease_secs(life), deadline)
-                    .await
-                    .map_err(unavailable)?;
-                e.etcd_lease = Some((g.id, Duration::from_secs(g.ttl.max(0) as u64)));
+            None => {
+                while let Some(id) = self.take_spare(life) {
+                    let kept = self
+                        .client
+                        .keep_alive(id, deadline)
+                        .await
+                        .map_err(unavailable)?;
+                    if kept.ttl > 0 {
+                        e.etcd_lease = Some((id, Duration::from_secs(kept.ttl as u64)));
+                        e.kept_at = sent;
+                        return Ok(true);
+                    }
+                }
+                self.grant(e, life, deadline).await?;
             }
+            Some(_) => self.grant(e, life, deadline).await?,
         }
         e.kept_at = sent;
         Ok(true)
+    }
+
+    async fn grant(
+        &self,
+        e: &mut Entry,
+        life: Duration,
+        deadline: Instant,
+    ) -> Result<(), BackendError> {
+        let g = self
+            .client
+            .grant(lease_secs(life), deadline)
+            .await
+            .map_err(unavailable)?;
+        e.etcd_lease = Some((g.id, Duration::from_secs(g.ttl.max(0) as u64)));
+        Ok(())
+    }
+
+    /// A spare lease granted for at least `life` — and at most twice what
+    /// a grant for it would ask, so a dead sidecar's key is not blocked
+    /// far longer than its TTL — with at least half its TTL left (one
+    /// closer to lapsing may lapse before its keepalive).
+    fn take_spare(&self, life: Duration) -> Option<i64> {
+        let now = Instant::now();
+        let most = lease_secs(life) * 2;
+        let mut spare = self.spare.lock().expect("spare");
+        spare.retain(|s| s.kept_at + s.granted / 2 > now);
+        let at = spare
+            .iter()
+            .rposition(|s| s.granted >= life && s.granted <= most)?;
+        Some(spare.swap_remove(at).id)
+    }
+
+    /// `e`'s place was deleted — by a comparison on its creation revision
+    /// that held, so no other place is on its lease: the lease is spare.
+    fn spare_lease(&self, e: &Entry) {
+        if let Some((id, granted)) = e.etcd_lease.filter(|(_, g)| !g.is_zero()) {
+            let mut spare = self.spare.lock().expect("spare");
+            if spare.len() < SPARES {
+                spare.push(Spare {
+                    id,
+                    granted,
+                    kept_at: e.kept_at,
+                });
+            }
+        }
     }
 
     /// The place lapsed with its etcd lease (or was deleted): the next
@@ -702,6 +773,9 @@ impl LockBackend for EtcdBackend {
                     .on_place(&e, &[delete], deadline)
                     .await
                     .map_err(unavailable)?;
+                if t.succeeded {
+                    i.spare_lease(&e);
+                }
                 i.forget(&mut e, &slot);
                 i.wake.released(key.as_str());
                 Ok(if t.succeeded {
@@ -718,7 +792,11 @@ impl LockBackend for EtcdBackend {
                             let delete = Op::Delete {
                                 key: e.place.clone(),
                             };
-                            i.on_place(&e, &[delete], deadline).await.map(drop)
+                            i.on_place(&e, &[delete], deadline).await.map(|t| {
+                                if t.succeeded {
+                                    i.spare_lease(&e);
+                                }
+                            })
                         }
                         // A create may have been sent: delete by name.
                         None => i.client.delete(&e.place, deadline).await.map(drop),

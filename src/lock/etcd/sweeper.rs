@@ -131,7 +131,10 @@ async fn act(inner: &Inner, slot: Slot, mut e: tokio::sync::OwnedMutexGuard<supe
                 key: e.place.clone(),
             };
             match inner.on_place(&e, &[delete], deadline).await {
-                Ok(_) => {
+                Ok(t) => {
+                    if t.succeeded {
+                        inner.spare_lease(&e);
+                    }
                     if was_held {
                         inner.event("expired");
                         tracing::info!(key = %e.key, "etcd: a lease's TTL passed without a renewal; its place is deleted");

@@ -270,11 +270,12 @@ def check(events, commits, injections, marks, nemesis, cfg, observed=None):
     if cfg.get("backend") == "etcd":
         kinds = [n.get("kind") for n in nemesis]
         r.bites["etcd_partitions"] = kinds.count("partition_etcd_member")
-        r.bites["etcd_compactions"] = kinds.count("compact_etcd")
-        r.bites["etcd_full_restarts"] = kinds.count("restart_etcd_all")
         r.bites["etcd_long_pauses"] = kinds.count("pause_sidecar_long")
     if cfg.get("fence_store") == "etcd" or cfg.get("backend") == "etcd":
         kinds = [n.get("kind") for n in nemesis]
+        r.bites["etcd_compactions"] = kinds.count("compact_etcd")
+        r.bites["etcd_full_restarts"] = kinds.count("restart_etcd_all")
+        r.bites["etcd_member_kills"] = kinds.count("kill_etcd_member")
         r.bites["etcd_leader_kills"] = kinds.count("kill_etcd_leader")
         r.bites["etcd_new_leaders"] = kinds.count("etcd_leader_elected")
     if cfg.get("backend") == "mysql":

@@ -142,9 +142,11 @@ NEEDS_CLUSTER = {"shard_failover"}
 NEEDS_REDLOCK = {"kill_master_empty", "kill_masters_empty", "pause_master"}
 NEEDS_ZOOKEEPER = {"kill_zk_leader", "partition_zk", "pause_sidecar_long"}
 # The gateways' etcd fence store (a scenario's `fence_store = "etcd"`).
-NEEDS_ETCD = {"kill_etcd_leader"}
-# The etcd lock backend's own faults (a scenario's backend "etcd").
-NEEDS_ETCD_BACKEND = {"partition_etcd_member", "compact_etcd", "restart_etcd_all"}
+# (Each skips itself, as an event, when the run has no etcd.)
+NEEDS_ETCD = {"kill_etcd_leader", "kill_etcd_member", "compact_etcd", "restart_etcd_all"}
+# The etcd lock backend's links (a scenario's backend "etcd": the sidecars'
+# proxies to each member; the gateways reach their fence store directly).
+NEEDS_ETCD_BACKEND = {"partition_etcd_member"}
 NEEDS_MYSQL = {"kill_mysql", "cut_mysql", "clock_mysql"}
 # A single Redis started by a `redis_eviction` scenario (harness/eviction.py).
 NEEDS_REDIS_EVICTION = {"evict_policy", "evict_fill"}
@@ -897,11 +899,44 @@ class Nemesis:
                 p.set("pass")
         self.hold("partition_etcd_member", d, apply, heal, target=f"etcd-{j}")
 
+    def kill_etcd_member(self):
+        """kill -9 one etcd member that does not lead (from a healthy
+        cluster), start it again on its data 1–3 s later, wait until
+        healthy: calls in flight to it fail, the clients go on to the
+        others, its watches break."""
+        e = self.c.etcd
+        if e is None:
+            self.c.event(kind="skipped", families=["kill_etcd_member"], reason="no etcd")
+            return
+        back_after = self.rng.uniform(1.0, 3.0)
+        if not self._time_for("kill_etcd_member", back_after + ZK_FAILOVER_BUDGET_S):
+            return
+        try:
+            e.wait_healthy(10)
+            leader = e.leader()
+        except RuntimeError as err:
+            self.c.event(kind="skipped", families=["kill_etcd_member"], reason=str(err)[:500])
+            return
+        i = self.rng.choice([j for j in range(e.n) if j != leader])
+        t_kill = e.kill(i)
+        self.c.event(kind="kill_etcd_member", target=f"etcd-{i}", t=t_kill, member=i,
+                     back_after_ms=int(back_after * 1000))
+        time.sleep(max(0.0, t_kill / 1e9 + back_after - time.monotonic()))
+        e.restart(i)
+        self.c.event(kind="restarted", target=f"etcd-{i}")
+        try:
+            e.wait_healthy(20)
+        except RuntimeError as err:
+            self.c.event(kind="skipped", families=["kill_etcd_member"], reason=str(err)[:500])
+
     def compact_etcd(self):
         """Compacts etcd's history at its current revision: a watch that
         must resume from an older revision (a waiter's, after its stream
         broke) is cancelled, and its waiter must still learn of releases."""
         e = self.c.etcd
+        if e is None:
+            self.c.event(kind="skipped", families=["compact_etcd"], reason="no etcd")
+            return
         for i in range(e.n):
             r = etcd_post(e.ports[i], "/v3/kv/range", {"key": "AA=="})
             rev = int((r or {}).get("header", {}).get("revision", 0) or 0)
@@ -916,6 +951,9 @@ class Nemesis:
         restart. Leases held across it must stay held or be lost — never
         handed to a second holder."""
         e = self.c.etcd
+        if e is None:
+            self.c.event(kind="skipped", families=["restart_etcd_all"], reason="no etcd")
+            return
         back_after = self.rng.uniform(0.5, 1.5)
         if not self._time_for("restart_etcd_all", back_after + ZK_FAILOVER_BUDGET_S):
             return

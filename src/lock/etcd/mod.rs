@@ -321,47 +321,66 @@ impl Inner {
             .await
     }
 
-    /// Makes the place's etcd lease last `life` from now: a keepalive, or
-    /// a new lease when the one it has is too short. `false`: the lease
-    /// had lapsed, and the place with it.
-    async fn keep_for(
+    /// The etcd lease `e`'s place is to be written with, to last `life`
+    /// from now: the one it has or a spare, with the keepalive that makes
+    /// it last still to be sent (`Some(id)`: sent beside the write, one
+    /// round trip for both), or a new one granted now (`None`).
+    async fn lease_for(
         &self,
         e: &mut Entry,
         life: Duration,
         deadline: Instant,
-    ) -> Result<bool, BackendError> {
-        let sent = Instant::now();
+    ) -> Result<Option<i64>, BackendError> {
         match e.etcd_lease {
-            Some((id, granted)) if granted >= life => {
-                let kept = self
-                    .client
-                    .keep_alive(id, deadline)
-                    .await
-                    .map_err(unavailable)?;
-                if kept.ttl <= 0 {
-                    return Ok(false);
-                }
-                e.etcd_lease = Some((id, Duration::from_secs(kept.ttl as u64)));
-            }
+            Some((id, granted)) if granted >= life => return Ok(Some(id)),
             None => {
-                while let Some(id) = self.take_spare(life) {
-                    let kept = self
-                        .client
-                        .keep_alive(id, deadline)
-                        .await
-                        .map_err(unavailable)?;
-                    if kept.ttl > 0 {
-                        e.etcd_lease = Some((id, Duration::from_secs(kept.ttl as u64)));
-                        e.kept_at = sent;
-                        return Ok(true);
-                    }
+                if let Some((id, granted)) = self.take_spare(life) {
+                    e.etcd_lease = Some((id, granted));
+                    return Ok(Some(id));
                 }
-                self.grant(e, life, deadline).await?;
             }
-            Some(_) => self.grant(e, life, deadline).await?,
+            Some(_) => {}
         }
+        let sent = Instant::now();
+        self.grant(e, life, deadline).await?;
         e.kept_at = sent;
-        Ok(true)
+        Ok(None)
+    }
+
+    /// Runs `write` beside the keepalive of `keep` (from
+    /// [`Self::lease_for`]); the keepalive's answer: `Ok(None)` when none
+    /// was sent, `Ok(Some((id, ttl, sent)))` with the TTL it gave (0: the
+    /// lease had lapsed — and the place with it, whatever the write
+    /// answered). An unanswered keepalive is an error even when the write
+    /// went through: the place may not last its TTL.
+    async fn kept_while<T>(
+        &self,
+        keep: Option<i64>,
+        deadline: Instant,
+        write: impl std::future::Future<Output = T>,
+    ) -> (T, Result<Option<(i64, i64, Instant)>, BackendError>) {
+        let Some(id) = keep else {
+            return (write.await, Ok(None));
+        };
+        let sent = Instant::now();
+        let (answer, kept) = tokio::join!(write, self.client.keep_alive(id, deadline));
+        (
+            answer,
+            kept.map(|k| Some((id, k.ttl, sent))).map_err(unavailable),
+        )
+    }
+
+    /// Records a keepalive's answer on `e`; `false`: the lease had lapsed.
+    fn kept(e: &mut Entry, kept: Option<(i64, i64, Instant)>) -> bool {
+        match kept {
+            None => true,
+            Some((_, ttl, _)) if ttl <= 0 => false,
+            Some((id, ttl, sent)) => {
+                e.etcd_lease = Some((id, Duration::from_secs(ttl as u64)));
+                e.kept_at = sent;
+                true
+            }
+        }
     }
 
     async fn grant(
@@ -383,7 +402,7 @@ impl Inner {
     /// a grant for it would ask, so a dead sidecar's key is not blocked
     /// far longer than its TTL — with at least half its TTL left (one
     /// closer to lapsing may lapse before its keepalive).
-    fn take_spare(&self, life: Duration) -> Option<i64> {
+    fn take_spare(&self, life: Duration) -> Option<(i64, Duration)> {
         let now = Instant::now();
         let most = lease_secs(life) * 2;
         let mut spare = self.spare.lock().expect("spare");
@@ -391,7 +410,8 @@ impl Inner {
         let at = spare
             .iter()
             .rposition(|s| s.granted >= life && s.granted <= most)?;
-        Some(spare.swap_remove(at).id)
+        let s = spare.swap_remove(at);
+        Some((s.id, s.granted))
     }
 
     /// `e`'s place was deleted — by a comparison on its creation revision
@@ -433,11 +453,8 @@ impl Inner {
         sent: Instant,
         deadline: Instant,
     ) -> Result<Option<Attempt>, BackendError> {
-        if !self.keep_for(e, ttl + self.lock_delay, deadline).await? {
-            self.lapsed(e);
-            return Ok(None);
-        }
-        let (etcd_lease, _) = e.etcd_lease.expect("kept");
+        let keep = self.lease_for(e, ttl + self.lock_delay, deadline).await?;
+        let (etcd_lease, _) = e.etcd_lease.expect("a lease");
         let offset_key = place::offset(&self.root);
         let (offset_rev, offset) = *self.offset.lock().expect("offset");
         let offset = e.created.map_or(offset, |_| e.value.offset);
@@ -450,28 +467,35 @@ impl Inner {
         let first = Op::First {
             prefix: e.queue.clone(),
         };
-        let answer = match e.created {
-            Some(_) => self.on_place(e, &[put, first], deadline).await,
-            None => {
-                self.client
-                    .txn(
-                        &[
-                            Compare::absent(&e.place),
-                            Compare::unchanged(&offset_key, offset_rev),
-                        ],
-                        &[put, first],
-                        &[
-                            Op::Get {
-                                key: e.place.clone(),
-                            },
-                            Op::Get { key: offset_key },
-                        ],
-                        deadline,
-                        Retry::Idempotent,
-                    )
-                    .await
+        let write = async {
+            match e.created {
+                Some(_) => self.on_place(e, &[put, first], deadline).await,
+                None => {
+                    self.client
+                        .txn(
+                            &[
+                                Compare::absent(&e.place),
+                                Compare::unchanged(&offset_key, offset_rev),
+                            ],
+                            &[put, first],
+                            &[
+                                Op::Get {
+                                    key: e.place.clone(),
+                                },
+                                Op::Get { key: offset_key },
+                            ],
+                            deadline,
+                            Retry::Idempotent,
+                        )
+                        .await
+                }
             }
         };
+        let (answer, kept) = self.kept_while(keep, deadline, write).await;
+        if !Self::kept(e, kept?) {
+            self.lapsed(e);
+            return Ok(None);
+        }
         let t = match answer {
             Ok(t) => t,
             Err(err) if lease_gone(&err) => {
@@ -707,12 +731,8 @@ impl LockBackend for EtcdBackend {
             _ if e.lease == *lease => return Ok(Ownership::Free),
             _ => return Ok(Ownership::OtherHolder),
         };
-        if !i.keep_for(&mut e, ttl + i.lock_delay, deadline).await? {
-            i.lapsed(&mut e);
-            i.forget(&mut e, &slot);
-            return Ok(Ownership::Free);
-        }
-        let (etcd_lease, _) = e.etcd_lease.expect("kept");
+        let keep = i.lease_for(&mut e, ttl + i.lock_delay, deadline).await?;
+        let (etcd_lease, _) = e.etcd_lease.expect("a lease");
         let mut value = e.value.clone();
         value.ttl = ttl;
         let put = Op::Put {
@@ -720,7 +740,15 @@ impl LockBackend for EtcdBackend {
             value: value.encode(),
             lease: etcd_lease,
         };
-        let t = match i.on_place(&e, &[put], deadline).await {
+        let (answer, kept) = i
+            .kept_while(keep, deadline, i.on_place(&e, &[put], deadline))
+            .await;
+        if !Inner::kept(&mut e, kept?) {
+            i.lapsed(&mut e);
+            i.forget(&mut e, &slot);
+            return Ok(Ownership::Free);
+        }
+        let t = match answer {
             Ok(t) => t,
             Err(err) if lease_gone(&err) => {
                 i.lapsed(&mut e);

@@ -571,3 +571,54 @@ async fn lock_cycles_reuse_their_etcd_lease() {
     let leases = v["leases"].as_array().map_or(0, Vec::len);
     assert_eq!(leases, 1, "{text}");
 }
+
+/// Waiters on one key in one sidecar share one watch of the key's queue:
+/// 8 clients × 10 cycles on one key open a handful of watch streams, not
+/// one per handover, and each cycle costs the backend two transactions
+/// (the place written, the place deleted) and one keepalive — no grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_on_one_key_share_one_watch_and_a_cycle_is_three_calls() {
+    let etcd = EtcdCluster::with_size(1);
+    let s = Arc::new(sidecar(&etcd, &[]));
+    let counts = |text: &str, method: &str, metric: &str| -> u64 {
+        text.lines()
+            .filter(|l| l.starts_with(metric) && l.contains(&format!("grpc_method=\"{method}\"")))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    };
+    let metrics = || async {
+        reqwest::get(format!("{}/metrics", etcd.endpoints()[0]))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    // One cycle first: its grant is the only one.
+    let r = s.acquire("shared:1", 10_000, 0).await;
+    assert_eq!(s.release("shared:1", &r.lease()).await.status, 200);
+    let before = metrics().await;
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let s = s.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..10 {
+                let r = s.acquire("shared:1", 10_000, 10_000).await;
+                assert_eq!(r.status, 200, "{}", r.body);
+                assert_eq!(s.release("shared:1", &r.lease()).await.status, 200);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let after = metrics().await;
+    let delta = |method: &str, metric: &str| {
+        counts(&after, method, metric) - counts(&before, method, metric)
+    };
+    let watches = delta("Watch", "grpc_server_started_total");
+    assert!(watches <= 4, "{watches} watch streams for 80 cycles");
+    assert_eq!(delta("Txn", "grpc_server_handled_total"), 160);
+    assert_eq!(delta("LeaseGrant", "grpc_server_handled_total"), 0);
+    assert_eq!(delta("LeaseKeepAlive", "grpc_server_handled_total"), 80);
+}

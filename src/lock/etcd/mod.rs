@@ -51,7 +51,7 @@ mod sweeper;
 mod watcher;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -83,6 +83,10 @@ struct Inner {
     lock_delay: Duration,
     /// This sidecar's place per key (at most one).
     slots: Mutex<HashMap<LockKey, Slot>>,
+    /// Each key's watch, shared by its waiters here: one stream per key,
+    /// not one per waiter (with many waiters on one key, a stream opened
+    /// at every handover).
+    watches: Mutex<HashMap<LockKey, std::sync::Weak<watcher::Shared>>>,
     /// Places to delete whose deletion failed, until their etcd lease
     /// would have lapsed anyway.
     doomed: Mutex<Vec<Doomed>>,
@@ -107,6 +111,9 @@ struct Slot(Arc<SlotInner>);
 struct SlotInner {
     entry: Arc<tokio::sync::Mutex<Entry>>,
     seen_revision: AtomicI64,
+    /// A lease of this sidecar holds the key (or its place stands for its
+    /// lock-delay): read without waiting for the entry, by `watch`.
+    held_here: AtomicBool,
 }
 
 /// This sidecar's place in one key's queue.
@@ -236,6 +243,7 @@ impl EtcdBackend {
             timeout: settings.request_timeout(),
             lock_delay,
             slots: Mutex::new(HashMap::new()),
+            watches: Mutex::new(HashMap::new()),
             doomed: Mutex::new(Vec::new()),
             offset: Mutex::new((0, 0)),
             spare: Mutex::new(Vec::new()),
@@ -278,6 +286,7 @@ impl Inner {
     /// Takes `e`'s slot out of the map (if it is still there).
     fn forget(&self, e: &mut Entry, slot: &Slot) {
         e.gone = true;
+        slot.0.held_here.store(false, Ordering::Relaxed);
         let mut slots = self.slots.lock().expect("slots");
         if slots
             .get(&e.key)
@@ -555,6 +564,7 @@ impl Inner {
                 token,
                 expires: expiry(sent, ttl),
             };
+            slot.0.held_here.store(true, Ordering::Relaxed);
             return Ok(Some(Attempt::Acquired { token }));
         }
         Ok(Some(not_first(first)))
@@ -616,6 +626,7 @@ impl Inner {
         // meanwhile, that one answers (the adopted lease is then told it
         // holds nothing: lost early, the safe side).
         let slot = Slot::new(entry);
+        slot.0.held_here.store(true, Ordering::Relaxed);
         let mut slots = self.slots.lock().expect("slots");
         Ok(Ok(slots.entry(key.clone()).or_insert(slot).clone()))
     }
@@ -626,6 +637,7 @@ impl Slot {
         Slot(Arc::new(SlotInner {
             entry: Arc::new(tokio::sync::Mutex::new(entry)),
             seen_revision: AtomicI64::new(0),
+            held_here: AtomicBool::new(false),
         }))
     }
 }
@@ -843,6 +855,27 @@ impl LockBackend for EtcdBackend {
 
     async fn watch(&self, key: &LockKey, timeout: Duration) -> WatchGuard {
         let i = &self.inner;
+        // A lease of this sidecar holds the key: its end — a release, or
+        // the sweeper's delete — wakes the waiters here directly, so no
+        // watch stream is opened (one per handover, with many waiters on
+        // one key here). Once another sidecar holds it, the waiter's next
+        // try finds it held and watches.
+        if i.slot(key)
+            .is_some_and(|s| s.0.held_here.load(Ordering::Relaxed))
+        {
+            return WatchGuard::none();
+        }
+        // Another waiter here watches the key already: its stream, opened
+        // earlier and followed since, sees every deletion from now on.
+        let live = i
+            .watches
+            .lock()
+            .expect("watches")
+            .get(key)
+            .and_then(|w| w.upgrade());
+        if let Some(shared) = live {
+            return WatchGuard::new(shared);
+        }
         let queue = place::queue(&i.root, key.as_str());
         // From just after what this sidecar's last try saw: a deletion
         // between that try and now is not missed. Else from now.
@@ -850,7 +883,7 @@ impl LockBackend for EtcdBackend {
             .slot(key)
             .map_or(0, |s| s.0.seen_revision.load(Ordering::Relaxed));
         let start = if seen > 0 { seen + 1 } else { 0 };
-        watcher::start(
+        let Some(shared) = watcher::start(
             i.client.clone(),
             queue,
             key.clone(),
@@ -859,6 +892,13 @@ impl LockBackend for EtcdBackend {
             i.wake.clone(),
         )
         .await
+        else {
+            return WatchGuard::none();
+        };
+        let mut watches = i.watches.lock().expect("watches");
+        watches.retain(|_, w| w.strong_count() > 0);
+        watches.insert(key.clone(), Arc::downgrade(&shared));
+        WatchGuard::new(shared)
     }
 
     async fn raise_token_floor(&self, _key: &LockKey, floor: u64) -> Result<(), BackendError> {

@@ -11,25 +11,26 @@ use tokio::time::Instant;
 use crate::etcd::watch::Watch;
 use crate::etcd::wire::EventType;
 use crate::etcd::EtcdClient;
-use crate::lock::{LockKey, WakeSink, WatchGuard};
+use crate::lock::{LockKey, WakeSink};
 
 /// A watch that broke is opened again after this (each opening bounded
 /// by it too).
 const REOPEN_AFTER: Duration = Duration::from_millis(200);
 const REOPEN_WITHIN: Duration = Duration::from_secs(2);
 
-/// Ends the watch with the guard.
-struct Abort(tokio::task::AbortHandle);
+/// One key's watch, shared by every waiter of the key here (each holds
+/// it in its `WatchGuard`); it ends when the last one lets go.
+pub(super) struct Shared(tokio::task::AbortHandle);
 
-impl Drop for Abort {
+impl Drop for Shared {
     fn drop(&mut self) {
         self.0.abort();
     }
 }
 
 /// Watches `queue` from `start` (0: now), in effect when this returns —
-/// unless opening it takes past `until`: then nothing is watched and the
-/// waiter relies on its fallback re-check.
+/// unless opening it takes past `until`: then nothing is watched (`None`)
+/// and the waiter relies on its fallback re-check.
 pub(super) async fn start(
     client: Arc<EtcdClient>,
     queue: Vec<u8>,
@@ -37,15 +38,15 @@ pub(super) async fn start(
     start: i64,
     until: Instant,
     wake: Arc<dyn WakeSink>,
-) -> WatchGuard {
+) -> Option<Arc<Shared>> {
     match client.watch_prefix(&queue, start, until).await {
         Ok(first) => {
             let task = tokio::spawn(follow(client, queue, key, first, start, wake));
-            WatchGuard::new(Abort(task.abort_handle()))
+            Some(Arc::new(Shared(task.abort_handle())))
         }
         Err(e) => {
             tracing::debug!(key = %key, error = %e, "etcd: watching the key's queue failed; the waiter re-checks on its timer");
-            WatchGuard::none()
+            None
         }
     }
 }

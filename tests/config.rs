@@ -56,7 +56,7 @@ fn shipped_example_configs_are_valid() {
 
 #[test]
 fn unknown_backend_names_field_and_allowed_values() {
-    let out = check_file("[backend]\nkind = \"etcd\"\n", &[]);
+    let out = check_file("[backend]\nkind = \"consul\"\n", &[]);
     assert_eq!(out.status.code(), Some(2));
     let err = stderr(&out);
     assert!(

@@ -487,23 +487,7 @@ async fn a_full_cluster_restart_keeps_held_leases_and_rising_tokens() {
 async fn tls_client_certificates_and_a_password() {
     let certs = common::make_certs();
     let d = certs.path();
-    std::fs::write(d.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
-    common::openssl(
-        d,
-        &[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "client.key",
-            "-out",
-            "client.csr",
-            "-subj",
-            "/O=fencer",
-        ],
-    );
-    common::sign_csr(d, "client", "client.ext");
+    common::make_client_cert(d, "/O=fencer");
     let etcd = EtcdCluster::with_tls(d, true);
     let port = etcd.ports()[0];
     for (path, body) in [

@@ -257,23 +257,7 @@ async fn a_client_authenticates_and_renews_an_expired_token() {
 async fn tls_with_a_private_ca_and_client_certificates() {
     let certs = common::make_certs();
     let d = certs.path();
-    std::fs::write(d.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
-    common::openssl(
-        d,
-        &[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "client.key",
-            "-out",
-            "client.csr",
-            "-subj",
-            "/CN=fencer",
-        ],
-    );
-    common::sign_csr(d, "client", "client.ext");
+    common::make_client_cert(d, "/CN=fencer");
     let etcd = EtcdCluster::with_tls(d, true);
     let file = |f: &str| Some(d.join(f).display().to_string());
     let tls_client = |tls: fencer::http::tls_client::UpstreamTls| {

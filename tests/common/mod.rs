@@ -220,6 +220,28 @@ pub fn openssl(dir: &std::path::Path, args: &[&str]) {
 
 /// Signs `NAME.csr` in `dir` with the CA `ca.crt`/`ca.key` there into
 /// `NAME.crt` (2 days), with the extensions in the file `ext`.
+/// A client certificate `client.crt` / `client.key` in `dir` (made by
+/// [`make_certs`]), for `subject`, signed by its CA for client auth.
+pub fn make_client_cert(dir: &std::path::Path, subject: &str) {
+    std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "client.key",
+            "-out",
+            "client.csr",
+            "-subj",
+            subject,
+        ],
+    );
+    sign_csr(dir, "client", "client.ext");
+}
+
 pub fn sign_csr(dir: &std::path::Path, name: &str, ext: &str) {
     let (csr, crt) = (format!("{name}.csr"), format!("{name}.crt"));
     openssl(

@@ -311,6 +311,27 @@ impl Inner {
         self.metrics.events.with_label_values(&[event]).inc();
     }
 
+    /// What a write on a held place came to: `true` written; `false` the
+    /// place is gone (lapsed with its etcd lease, or deleted) and the slot
+    /// with it.
+    fn settle(
+        &self,
+        e: &mut Entry,
+        slot: &Slot,
+        answer: Result<TxnResponse, EtcdError>,
+    ) -> Result<bool, BackendError> {
+        let written = match answer {
+            Ok(t) => t.succeeded,
+            Err(err) if lease_gone(&err) => false,
+            Err(err) => return Err(unavailable(err)),
+        };
+        if !written {
+            self.lapsed(e);
+            self.forget(e, slot);
+        }
+        Ok(written)
+    }
+
     /// Runs `ops` if `e`'s place is still the one it created.
     async fn on_place(
         &self,
@@ -760,18 +781,7 @@ impl LockBackend for EtcdBackend {
             i.forget(&mut e, &slot);
             return Ok(Ownership::Free);
         }
-        let t = match answer {
-            Ok(t) => t,
-            Err(err) if lease_gone(&err) => {
-                i.lapsed(&mut e);
-                i.forget(&mut e, &slot);
-                return Ok(Ownership::Free);
-            }
-            Err(err) => return Err(unavailable(err)),
-        };
-        if !t.succeeded {
-            i.lapsed(&mut e);
-            i.forget(&mut e, &slot);
+        if !i.settle(&mut e, &slot, answer)? {
             return Ok(Ownership::Free);
         }
         e.value = value;
@@ -1019,18 +1029,8 @@ impl LockBackend for EtcdBackend {
             value: value.encode(),
             lease: etcd_lease,
         };
-        let t = match i.on_place(&e, &[put], deadline).await {
-            Ok(t) => t,
-            Err(err) if lease_gone(&err) => {
-                i.lapsed(&mut e);
-                i.forget(&mut e, &slot);
-                return Ok(Holds::Free);
-            }
-            Err(err) => return Err(unavailable(err)),
-        };
-        if !t.succeeded {
-            i.lapsed(&mut e);
-            i.forget(&mut e, &slot);
+        let answer = i.on_place(&e, &[put], deadline).await;
+        if !i.settle(&mut e, &slot, answer)? {
             return Ok(Holds::Free);
         }
         e.value = value;

@@ -997,6 +997,9 @@ def main():
         if r.get("fence_unavailability_ms"):
             u = r["fence_unavailability_ms"]
             bites += f" fence_unavail_ms={u['min']}/{u['median']}/{u['max']}"
+        if r.get("lock_unavailability_ms"):
+            u = r["lock_unavailability_ms"]
+            bites += f" lock_unavail_ms={u['min']}/{u['median']}/{u['max']}"
         zm = r.get("zookeeper_metrics")
         if zm:
             bites += f" zk_expired_per_sidecar={','.join(str(n) for n in zm['sessions_expired'])}"

@@ -109,7 +109,7 @@ fn harness_with(backend: Backend, extra: &[(&str, &str)], share: bool) -> Harnes
     });
     let etcd = (backend == Backend::Etcd).then(|| match share {
         true => Server::Shared(shared::etcd()),
-        false => Server::Own(EtcdCluster::start()),
+        false => Server::Own(EtcdCluster::with_size(shared::etcd_members())),
     });
     let url = match (&pg, backend) {
         (Some(pg), _) => Some(pg.url()),

@@ -89,10 +89,21 @@ pub fn zookeeper() -> &'static ZooKeeperEnsemble {
     })
 }
 
-/// The binary's one-member etcd cluster.
+/// The binary's etcd cluster: three members, or
+/// `FENCER_TEST_ETCD_MEMBERS` (the behavioural suite on one member:
+/// `FENCER_TEST_ETCD_MEMBERS=1 cargo test --test lock_suite etcd::`).
 pub fn etcd() -> &'static EtcdCluster {
     static S: OnceLock<EtcdCluster> = OnceLock::new();
-    S.get_or_init(|| detached(EtcdCluster::start))
+    S.get_or_init(|| detached(|| EtcdCluster::with_size(etcd_members())))
+}
+
+/// Members of the etcd clusters the behavioural suite starts.
+pub fn etcd_members() -> usize {
+    std::env::var("FENCER_TEST_ETCD_MEMBERS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .filter(|n| (1..=7).contains(n))
+        .unwrap_or(3)
 }
 
 /// The binary's Sentinel set ([`SentinelOpts::default`]: a master, two

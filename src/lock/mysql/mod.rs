@@ -238,8 +238,8 @@ fn lease_value(lease: &LeaseId) -> Value {
 /// How soon a waiter re-checks a key held without a bell.
 const NO_BELL_RECHECK: Duration = Duration::from_millis(500);
 
-const ACQUIRE: &str = "CALL fencer_lock_acquire_v4(?, ?, ?, ?, ?, ?)";
-const READ_ACQUIRE: &str = "CALL fencer_lock_read_acquire_v1(?, ?, ?, ?, ?)";
+const ACQUIRE: &str = "CALL fencer_lock_acquire_v5(?, ?, ?, ?, ?, ?)";
+const READ_ACQUIRE: &str = "CALL fencer_lock_read_acquire_v2(?, ?, ?, ?, ?)";
 const READ_RENEW: &str = "CALL fencer_lock_read_renew_v1(?, ?, ?)";
 const READ_RELEASE: &str = "CALL fencer_lock_read_release_v1(?, ?, ?)";
 const RENEW: &str = "CALL fencer_lock_renew_v1(?, ?, ?)";
@@ -396,7 +396,7 @@ pub async fn cleanup(pool: &Pool, idle: Duration) -> Result<Option<i64>, mysql_a
 }
 
 impl MySqlBackend {
-    /// A read lease's acquire (`fencer_lock_read_acquire_v1`). A reader
+    /// A read lease's acquire (`fencer_lock_read_acquire_v2`). A reader
     /// takes no bell: a writer it holds off re-checks within
     /// [`NO_BELL_RECHECK`] (or at once, in this sidecar, on its release);
     /// a reader held off by a writer watches the writer's bell as any

@@ -94,6 +94,16 @@ pub fn pieces() -> Vec<crate::mysql::schema::Piece> {
             READ_ACQUIRE_PROC,
         ),
         (
+            "fencer_lock_acquire_v5",
+            routine("fencer_lock_acquire_v5"),
+            ACQUIRE_V5_PROC.as_str(),
+        ),
+        (
+            "fencer_lock_read_acquire_v2",
+            routine("fencer_lock_read_acquire_v2"),
+            READ_ACQUIRE_V2_PROC.as_str(),
+        ),
+        (
             "fencer_lock_read_renew_v1",
             routine("fencer_lock_read_renew_v1"),
             READ_RENEW_PROC,
@@ -251,6 +261,59 @@ pub static ACQUIRE_V4_PROC: std::sync::LazyLock<String> = std::sync::LazyLock::n
     for (from, to) in swaps {
         assert_eq!(p.matches(from).count(), 1, "v3 text: {from}");
         p = p.replacen(from, to, 1);
+    }
+    p
+});
+
+/// A confirmation of a grant by a later try of its lease takes the grant's
+/// undo from the earlier try — never the reverse. The confirm branches
+/// wrote `attempt_id = p_attempt` whatever the row carried, so the
+/// statement of a try whose caller gave up, reaching the server *after*
+/// its retry had been answered, took the grant back for its own undo, and
+/// that undo then released the lease the retry had handed to the
+/// application (a second holder: the `seams` fault family found it, M1 at
+/// seed 62877). Attempt ids of one process sort in the order they were
+/// made ([`crate::lock::lease_id::attempt_id`]).
+const LATER_ATTEMPT: &str = "(attempt_id IS NULL OR attempt_id < p_attempt)";
+
+/// [`ACQUIRE_V4_PROC`] whose confirmation of an existing grant keeps the
+/// later attempt ([`LATER_ATTEMPT`]).
+pub static ACQUIRE_V5_PROC: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let confirm = "    UPDATE fencer_locks SET attempt_id = p_attempt WHERE lock_key = p_key;\n";
+    assert_eq!(
+        ACQUIRE_V4_PROC.matches(confirm).count(),
+        1,
+        "v4's confirm branch"
+    );
+    ACQUIRE_V4_PROC
+        .replacen("fencer_lock_acquire_v4", "fencer_lock_acquire_v5", 1)
+        .replacen(
+        confirm,
+        &format!(
+            "    UPDATE fencer_locks SET attempt_id = p_attempt WHERE lock_key = p_key AND {LATER_ATTEMPT};\n"
+        ),
+        1,
+    )
+});
+
+/// [`READ_ACQUIRE_PROC`] whose confirmation of an existing reader keeps the
+/// later attempt ([`LATER_ATTEMPT`]).
+pub static READ_ACQUIRE_V2_PROC: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let swaps = [
+        ("fencer_lock_read_acquire_v1", "fencer_lock_read_acquire_v2".to_owned()),
+        (
+            "    UPDATE fencer_readers SET attempt_id = p_attempt WHERE lock_key = p_key AND lease_id = p_lease;\n",
+            format!("    UPDATE fencer_readers SET attempt_id = p_attempt WHERE lock_key = p_key AND lease_id = p_lease AND {LATER_ATTEMPT};\n"),
+        ),
+        (
+            "                            attempt_id = VALUES(attempt_id);\n",
+            "                            attempt_id = IF(attempt_id IS NULL OR attempt_id < VALUES(attempt_id), VALUES(attempt_id), attempt_id);\n".to_owned(),
+        ),
+    ];
+    let mut p = READ_ACQUIRE_PROC.to_owned();
+    for (from, to) in swaps {
+        assert_eq!(p.matches(from).count(), 1, "read v1 text: {from}");
+        p = p.replacen(from, &to, 1);
     }
     p
 });
@@ -738,3 +801,19 @@ pub fn cleanup_delete() -> String {
 pub const RAISE_FLOOR: &str = "INSERT INTO fencer_locks (lock_key, token, updated_at)
 VALUES (?, ?, SYSDATE(6))
 ON DUPLICATE KEY UPDATE token = GREATEST(token, VALUES(token))";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The procedures made by text swaps are made (each swap found its
+    /// text once), and only the later attempt of a lease confirms a grant.
+    #[test]
+    fn confirmations_keep_the_later_attempt() {
+        assert!(ACQUIRE_V5_PROC.contains("fencer_lock_acquire_v5("));
+        assert!(ACQUIRE_V5_PROC.contains(&format!("lock_key = p_key AND {LATER_ATTEMPT};")));
+        assert!(READ_ACQUIRE_V2_PROC.contains("fencer_lock_read_acquire_v2("));
+        assert!(READ_ACQUIRE_V2_PROC.contains(&format!("lease_id = p_lease AND {LATER_ATTEMPT};")));
+        assert!(READ_ACQUIRE_V2_PROC.contains("attempt_id < VALUES(attempt_id)"));
+    }
+}

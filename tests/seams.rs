@@ -3,7 +3,8 @@
 //! of the try before it, an answer and the lease's deadline, a release and
 //! the client's disconnect, and the credentials a local client may read.
 //! Every test runs real processes (the fencer binary, MariaDB, PostgreSQL,
-//! Redis) with a relay that holds back a *reply*, not a request.
+//! Redis) with a relay that holds back a *reply* — or, in one, the request
+//! of the try before the retry.
 
 mod common;
 
@@ -805,4 +806,51 @@ async fn redis_a_read_acquire_answered_too_late_leaves_no_reader_behind() {
     let b = Fencer::sidecar(Backend::Redis, Some(&redis.url()), &[]);
     b.wait_ready();
     a_read_acquire_answered_too_late_leaves_no_reader_behind(&a, &b, &relay).await;
+}
+
+/// The same seam with the *request* late, not the reply (found by the
+/// `seams` fault family on MySQL, M1): try 1's statement is held on its
+/// way past the request timeout, try 2 (same lease id) is answered "held",
+/// then try 1's statement reaches MariaDB — after the retry — and its
+/// compensation runs once it is done. The late statement's confirmation
+/// must not take the grant back from try 2 (attempt ids are ordered), so
+/// its undo finds nothing of its own and the lease stays the client's.
+/// Before `fencer_lock_acquire_v5` it released it: another sidecar got the
+/// key (two holders).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_a_late_first_request_does_not_take_back_the_lease_its_retry_handed_out() {
+    const KEY: &str = "seam-late-request";
+    let db = MariaDb::start();
+    let relay = TcpFault::start(db.port);
+    let via_relay = format!("mysql://root@127.0.0.1:{}/fencer", relay.port);
+    let a = Fencer::sidecar(
+        Backend::MySql,
+        Some(&via_relay),
+        &[("backend.mysql.request_timeout_ms", "1000")],
+    );
+    a.wait_ready();
+    let b = Fencer::sidecar(Backend::MySql, Some(&db.url()), &[]);
+    b.wait_ready();
+    let started = Instant::now();
+    relay.delay_request_to(KEY.as_bytes(), LATE_REPLY);
+    let got = a.acquire(KEY, 30_000, 0).await;
+    assert_eq!(got.status, 200, "{}", got.body);
+    assert_eq!(relay.requests_held(), 1, "try 1's statement was not held");
+    assert!(
+        a.metric("fencer_acquire_retries_total", &[]).await >= 1.0,
+        "the first try was not retried"
+    );
+    // Try 1's statement lands, then its compensation runs.
+    tokio::time::sleep((started + LATE_REPLY + Duration::from_millis(1_000)) - Instant::now())
+        .await;
+    let other = b.acquire(KEY, 10_000, 0).await;
+    assert_eq!(
+        (other.status, other.code()),
+        (409, "lock_held"),
+        "a second sidecar acquired a key the first still holds: {}\n{}",
+        other.body,
+        a.logs()
+    );
+    let renewed = a.renew(KEY, &got.lease(), 30_000).await;
+    assert_eq!(renewed.status, 200, "{}", renewed.body);
 }

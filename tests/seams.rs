@@ -80,8 +80,9 @@ async fn late_first_reply(a: &Fencer, b: &Fencer, relay: &TcpFault) -> Resp {
     other
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mysql_a_late_first_reply_does_not_release_the_lease_its_retry_handed_out() {
+/// A MariaDB, sidecar `a` on it through a relay (request timeout 1 s), and
+/// sidecar `b` on it directly.
+fn mysql_sidecars_one_behind_a_relay() -> (MariaDb, TcpFault, Fencer, Fencer) {
     let db = MariaDb::start();
     let relay = TcpFault::start(db.port);
     let via_relay = format!("mysql://root@127.0.0.1:{}/fencer", relay.port);
@@ -93,6 +94,12 @@ async fn mysql_a_late_first_reply_does_not_release_the_lease_its_retry_handed_ou
     a.wait_ready();
     let b = Fencer::sidecar(Backend::MySql, Some(&db.url()), &[]);
     b.wait_ready();
+    (db, relay, a, b)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_a_late_first_reply_does_not_release_the_lease_its_retry_handed_out() {
+    let (_db, relay, a, b) = mysql_sidecars_one_behind_a_relay();
     late_first_reply_keeps_the_retried_lease(&a, &b, &relay).await;
 }
 
@@ -779,17 +786,7 @@ async fn postgres_a_read_acquire_answered_too_late_leaves_no_reader_behind() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mysql_a_read_acquire_answered_too_late_leaves_no_reader_behind() {
-    let db = MariaDb::start();
-    let relay = TcpFault::start(db.port);
-    let via_relay = format!("mysql://root@127.0.0.1:{}/fencer", relay.port);
-    let a = Fencer::sidecar(
-        Backend::MySql,
-        Some(&via_relay),
-        &[("backend.mysql.request_timeout_ms", "1000")],
-    );
-    a.wait_ready();
-    let b = Fencer::sidecar(Backend::MySql, Some(&db.url()), &[]);
-    b.wait_ready();
+    let (_db, relay, a, b) = mysql_sidecars_one_behind_a_relay();
     a_read_acquire_answered_too_late_leaves_no_reader_behind(&a, &b, &relay).await;
 }
 
@@ -820,17 +817,7 @@ async fn redis_a_read_acquire_answered_too_late_leaves_no_reader_behind() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mysql_a_late_first_request_does_not_take_back_the_lease_its_retry_handed_out() {
     const KEY: &str = "seam-late-request";
-    let db = MariaDb::start();
-    let relay = TcpFault::start(db.port);
-    let via_relay = format!("mysql://root@127.0.0.1:{}/fencer", relay.port);
-    let a = Fencer::sidecar(
-        Backend::MySql,
-        Some(&via_relay),
-        &[("backend.mysql.request_timeout_ms", "1000")],
-    );
-    a.wait_ready();
-    let b = Fencer::sidecar(Backend::MySql, Some(&db.url()), &[]);
-    b.wait_ready();
+    let (_db, relay, a, b) = mysql_sidecars_one_behind_a_relay();
     let started = Instant::now();
     relay.delay_request_to(KEY.as_bytes(), LATE_REPLY);
     let got = a.acquire(KEY, 30_000, 0).await;

@@ -96,7 +96,10 @@ fn run() -> ExitCode {
         .expect("tokio runtime");
     runtime.block_on(async move {
         let shutdown = CancellationToken::new();
-        tokio::spawn(wait_for_signal(shutdown.clone()));
+        // Registered here, before any role binds a listener; the spawned
+        // task only waits.
+        let signals = StopSignals::register();
+        tokio::spawn(signals.wait(shutdown.clone()));
         let result = match cli.command {
             Command::Sidecar => sidecar::run(settings, shutdown).await,
             Command::Gateway => gateway::run(settings, shutdown).await,
@@ -143,21 +146,52 @@ fn run() -> ExitCode {
     })
 }
 
-async fn wait_for_signal(shutdown: CancellationToken) {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// SIGTERM and SIGINT, registered synchronously. A spawned task that
+/// registered them on its first poll left a window on a busy machine: the
+/// gateway, its listeners bound by the main thread, answered its health
+/// check while no worker had yet polled that task, and a SIGTERM sent then
+/// killed it outright (no drain, no release; seen once in CI as
+/// `tests/log_pipe.rs` reading no exit code). Registering before the role
+/// starts makes "listening" imply "obeys SIGTERM".
+struct StopSignals {
     #[cfg(unix)]
-    {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("SIGTERM handler");
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
+    term: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    int: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    /// Needs the runtime's context (its signal driver).
+    fn register() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            StopSignals {
+                term: signal(SignalKind::terminate()).expect("SIGTERM handler"),
+                int: signal(SignalKind::interrupt()).expect("SIGINT handler"),
+            }
         }
+        #[cfg(not(unix))]
+        StopSignals {}
     }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
-    // Cancel first: shutdown must not depend on logging (a log line that
-    // panicked here once left SIGTERM ignored and every lease held).
-    shutdown.cancel();
-    tracing::info!("signal received");
+
+    async fn wait(self, shutdown: CancellationToken) {
+        #[cfg(unix)]
+        {
+            let StopSignals { mut term, mut int } = self;
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = self;
+            let _ = tokio::signal::ctrl_c().await;
+        }
+        // Cancel first: shutdown must not depend on logging (a log line that
+        // panicked here once left SIGTERM ignored and every lease held).
+        shutdown.cancel();
+        tracing::info!("signal received");
+    }
 }

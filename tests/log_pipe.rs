@@ -47,6 +47,15 @@ impl Drop for Piped {
 
 impl Piped {
     fn start(role: &str, settings: &[(&str, String)]) -> (Piped, File) {
+        Piped::spawn(role, settings, false)
+    }
+
+    /// As `start`, the process and its threads on CPU 0 only.
+    fn start_on_cpu0(role: &str, settings: &[(&str, String)]) -> (Piped, File) {
+        Piped::spawn(role, settings, true)
+    }
+
+    fn spawn(role: &str, settings: &[(&str, String)], cpu0: bool) -> (Piped, File) {
         let (reader, writer) = pipe();
         let (api_port, proxy_port, admin_port) = (free_port(), free_port(), free_port());
         let listen_var = match role {
@@ -69,6 +78,17 @@ impl Piped {
                 format!("FENCER__{}", k.replace('.', "__").to_uppercase()),
                 v,
             );
+        }
+        if cpu0 {
+            use std::os::unix::process::CommandExt;
+            // In the child before exec: every thread it starts inherits it.
+            // sched_setaffinity is a plain system call, safe after fork.
+            unsafe {
+                cmd.pre_exec(|| {
+                    pin_to_cpu0(0);
+                    Ok(())
+                });
+            }
         }
         let child = cmd.spawn().unwrap();
         // The command holds the parent's copies of the write end: gone, so
@@ -269,6 +289,68 @@ async fn gateway_obeys_sigterm_when_the_log_reader_has_gone() {
         .terminate()
         .unwrap_or_else(|e| panic!("gateway {e}"));
     assert_eq!(code, Some(0), "exit code after SIGTERM");
+}
+
+/// A role obeys SIGTERM from the moment it says it is listening: the
+/// handlers are registered before any listener binds. They were once
+/// registered by a spawned task on its first poll, and on a busy machine a
+/// multi-threaded gateway answered its health check before any worker had
+/// polled it; a SIGTERM then killed it outright (no exit code). The
+/// gateway runs here on one CPU beside two spinning threads, so that its
+/// workers wait for the CPU as they did in CI, and the signal is sent the
+/// moment the line is read.
+#[test]
+fn sigterm_the_moment_a_role_says_listening_stops_it_cleanly() {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let spinners: Vec<_> = (0..2)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                pin_to_cpu0(0);
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        })
+        .collect();
+    let mut codes = Vec::new();
+    for _ in 0..ROUNDS {
+        let (mut gateway, reader) = Piped::start_on_cpu0(
+            "gateway",
+            &[
+                ("gateway.upstream", "http://127.0.0.1:9".into()),
+                ("gateway.fence_store", "memory".into()),
+                ("runtime.worker_threads", "2".into()),
+                ("log.level", "info".into()),
+            ],
+        );
+        let lines = read_until(reader, "gateway listening");
+        let code = gateway.terminate();
+        drop(lines);
+        codes.push(code);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for s in spinners {
+        s.join().unwrap();
+    }
+    let bad: Vec<_> = codes.iter().filter(|c| **c != Ok(Some(0))).collect();
+    assert!(
+        bad.is_empty(),
+        "{} of {ROUNDS} gateways did not exit 0 on a SIGTERM sent at their listening line: {bad:?}",
+        bad.len()
+    );
+}
+
+const ROUNDS: usize = 20;
+
+/// Pins the calling thread (pid 0) or a process to CPU 0. No assert:
+/// it runs between fork and exec too.
+fn pin_to_cpu0(pid: libc::pid_t) {
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(0, &mut set);
+        libc::sched_setaffinity(pid, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
 }
 
 fn check_config(stdout: Stdio) -> Child {

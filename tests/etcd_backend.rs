@@ -4,7 +4,8 @@
 //! lapsing, a create whose reply was lost, the token offset and a cluster
 //! rebuilt from empty, compaction while a waiter waits, a full cluster
 //! restart, a waiter that gives up, TLS with client certificates and a
-//! password. The behavioural suite runs on it in tests/lock_suite.rs.
+//! password, and a lease past its TTL that the sweeper could not end
+//! first (never renewed, released as held or acquired again). The behavioural suite runs on it in tests/lock_suite.rs.
 //!
 //! Every test starts its own etcd (tests/common/etcd.rs).
 
@@ -605,4 +606,77 @@ async fn waiters_on_one_key_share_one_watch_and_a_cycle_is_three_calls() {
     assert_eq!(delta("Txn", "grpc_server_handled_total"), 160);
     assert_eq!(delta("LeaseGrant", "grpc_server_handled_total"), 0);
     assert_eq!(delta("LeaseKeepAlive", "grpc_server_handled_total"), 80);
+}
+
+/// What a call of `lease` does once its TTL has passed, when the sweeper
+/// could not end it first: the slot was busy with a renewal stalled on a
+/// stopped member (the sweeper passes over a busy slot), and the call
+/// queued behind it.
+#[derive(Debug, Clone, Copy)]
+enum LateCall {
+    Renew,
+    Release,
+    Acquire,
+}
+
+/// Holds `key` with a 400 ms TTL, stops the member under a renewal, and
+/// sends `call` 700 ms in — past the TTL, the renewal still holding the
+/// key's slot. The member resumes at 900 ms; the stalled renewal, sent in
+/// time, may then succeed, but its TTL counts from when it was sent and
+/// ends before `call` gets the slot.
+async fn call_past_the_ttl(call: LateCall) -> String {
+    let etcd = EtcdCluster::with_size(1);
+    let be = Arc::new(backend(&etcd, 2_000).await);
+    let key = LockKey::parse(&format!("late:{call:?}")).unwrap();
+    let lease = LeaseId::generate();
+    let ttl = Duration::from_millis(400);
+    let t0 = Instant::now();
+    let attempt = be.try_acquire(&key, &lease, ttl).await.unwrap();
+    assert!(matches!(attempt, Attempt::Acquired { .. }), "{attempt:?}");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    etcd.pause(0);
+    let stalled = {
+        let (be, key, lease) = (be.clone(), key.clone(), lease.clone());
+        tokio::spawn(async move { be.renew(&key, &lease, ttl).await })
+    };
+    tokio::time::sleep_until((t0 + Duration::from_millis(700)).into()).await;
+    let late = {
+        let (be, key, lease) = (be.clone(), key.clone(), lease.clone());
+        tokio::spawn(async move {
+            match call {
+                LateCall::Renew => format!("{:?}", be.renew(&key, &lease, ttl).await),
+                LateCall::Release => format!("{:?}", be.release(&key, &lease).await),
+                LateCall::Acquire => format!("{:?}", be.try_acquire(&key, &lease, ttl).await),
+            }
+        })
+    };
+    tokio::time::sleep_until((t0 + Duration::from_millis(900)).into()).await;
+    etcd.resume(0);
+    let stalled = stalled.await.unwrap();
+    let late = late.await.unwrap();
+    assert!(
+        !late.contains("Unavailable"),
+        "the late call failed ({late}) rather than answering (stalled renewal: {stalled:?})"
+    );
+    late
+}
+
+/// A lease whose TTL has passed on this sidecar's clock is over, whatever
+/// etcd still holds: a renewal does not bring it back, a release does not
+/// call it held (and skip the lock-delay the sweeper would keep), and a
+/// retried acquire of the same lease is not told it holds. These guards
+/// are reached only when the sweeper did not end the lease first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_past_its_ttl_is_never_renewed_released_as_held_or_acquired_again() {
+    let (renew, release, acquire) = tokio::join!(
+        call_past_the_ttl(LateCall::Renew),
+        call_past_the_ttl(LateCall::Release),
+        call_past_the_ttl(LateCall::Acquire),
+    );
+    let ok = renew == "Ok(Free)" && release == "Ok(Free)" && acquire.starts_with("Ok(Held");
+    assert!(
+        ok,
+        "past the TTL: renewal answered {renew} (not Free), release {release} (not Free), \
+         acquire of the same lease {acquire} (not Held)"
+    );
 }

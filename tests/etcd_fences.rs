@@ -2,7 +2,8 @@
 //! issue 34 item 2) against real members: the decision rule, two replicas
 //! on one cluster serialized by in-flight stamps, the stamp of a replica
 //! that died mid-forward (never cleared before its hold, cleared after it),
-//! and marks that survive the leader's kill. Every test starts its own
+//! marks that survive the leader's kill, and no stamp written on a session
+//! lease whose keepalives fail once it may end within the stamp's hold. Every test starts its own
 //! members (tests/common/etcd.rs).
 
 mod common;
@@ -10,14 +11,19 @@ mod common;
 use std::time::Duration;
 
 use common::etcd::EtcdCluster;
+use fencer::etcd::wire::b64;
 use fencer::etcd::{ClientConfig, EtcdClient};
 use fencer::gateway::fence_store::etcd::{EtcdFenceOptions, EtcdFences};
 use fencer::gateway::fence_store::{Decision, FenceError, FenceStore, Mode, Presented, Stamp};
 use tokio::time::Instant;
 
 async fn store(etcd: &EtcdCluster, hold: Duration) -> EtcdFences {
+    store_at(etcd.endpoints(), hold, Duration::from_secs(2)).await
+}
+
+async fn store_at(endpoints: Vec<String>, hold: Duration, request_timeout: Duration) -> EtcdFences {
     let client = EtcdClient::new(&ClientConfig {
-        endpoints: etcd.endpoints(),
+        endpoints,
         connect_timeout: Duration::from_millis(500),
         credentials: None,
         tls: Default::default(),
@@ -26,7 +32,7 @@ async fn store(etcd: &EtcdCluster, hold: Duration) -> EtcdFences {
     EtcdFences::connect(EtcdFenceOptions {
         client,
         prefix: "/fencer".into(),
-        request_timeout: Duration::from_secs(2),
+        request_timeout,
         stamp_hold: hold,
         startup: Duration::from_secs(10),
     })
@@ -429,4 +435,86 @@ async fn a_session_lease_that_ran_out_is_replaced() {
         s.admit("s", write(3, "m", 1), None, within(300)).await,
         Err(FenceError::Busy)
     ));
+}
+
+/// Whether `key`'s in-flight stamp is in etcd (read directly).
+fn stamp_present(etcd: &EtcdCluster, key: &str) -> bool {
+    let k = format!("/fencer/fence/stamps/{key}");
+    let body = serde_json::json!({"key": b64(k.as_bytes()), "count_only": true});
+    let (code, text) =
+        common::etcd::post_json(etcd.ports()[0], "/v3/kv/range", &body.to_string()).unwrap();
+    assert_eq!(code, 200, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["count"].as_str() == Some("1")
+}
+
+/// A stamp must outlive its hold (the time by which its forwarded write
+/// has landed or died), so it is written only on a session lease known to
+/// last that long. Here every keepalive of the session is held back by a
+/// proxy in front of the member while other calls pass: the lease runs out
+/// on etcd's clock. The gateway admits stamped writes every 100 ms on new
+/// keys and never finishes them; every stamp it wrote must still be in
+/// etcd until its hold, counted from the admission's answer, is over.
+/// Admissions are refused instead once the lease is not known to last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_stamp_is_written_on_a_session_lease_that_may_end_within_its_hold() {
+    let etcd = EtcdCluster::with_size(1);
+    let proxy = common::tcp_fault::TcpFault::start(etcd.ports()[0]);
+    let hold = Duration::from_secs(2);
+    let timeout = Duration::from_millis(500);
+    let s = store_at(
+        vec![format!("http://127.0.0.1:{}", proxy.port)],
+        hold,
+        timeout,
+    )
+    .await;
+    for _ in 0..40 {
+        proxy.delay_request_to(b"/v3/lease/keepalive", Duration::from_secs(60));
+    }
+    // The session's TTL is hold + timeout + 3 s, rounded up: 6 s.
+    let end = Instant::now() + Duration::from_secs(6) + hold + Duration::from_secs(1);
+    let mut admitted: Vec<(String, Instant)> = Vec::new();
+    let (mut refused, mut early) = (0, Vec::new());
+    let mut n = 0;
+    while Instant::now() < end {
+        if admitted.len() + refused < 60 {
+            n += 1;
+            let key = format!("g{n}");
+            match s
+                .admit(
+                    &key,
+                    write(1, "l", 1),
+                    Some(&stamp(&key, hold)),
+                    within(1_000),
+                )
+                .await
+            {
+                Ok(a) => {
+                    assert_eq!(a.decision, Decision::Advanced);
+                    admitted.push((key, Instant::now()));
+                }
+                Err(FenceError::Unavailable(_)) => refused += 1,
+                Err(e) => panic!("{key}: {e:?}"),
+            }
+        }
+        let now = Instant::now();
+        for (key, at) in &admitted {
+            if now < *at + hold && !stamp_present(&etcd, key) && !early.contains(key) {
+                early.push(key.clone());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(proxy.requests_held() > 0, "no keepalive was held back");
+    assert!(
+        !admitted.is_empty(),
+        "nothing admitted while the lease lasted"
+    );
+    assert!(refused > 0, "admissions went on to the lease's end");
+    assert!(
+        early.is_empty(),
+        "{} of {} stamps went before their hold was over ({early:?}): written on a lease that ended first",
+        early.len(),
+        admitted.len()
+    );
 }

@@ -680,3 +680,50 @@ async fn a_lease_past_its_ttl_is_never_renewed_released_as_held_or_acquired_agai
          acquire of the same lease {acquire} (not Held)"
     );
 }
+
+/// A client that renews its lease through another sidecar process while
+/// the first one lives (two processes of one sidecar, or a client that
+/// moved): the second adopts the lease id and moves the place to an etcd
+/// lease of its own. The first process must then leave the place alone —
+/// its sweeper at its old deadline, its release of the lease — and a
+/// release through it, finding the place moved, adopts it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_renewed_through_another_live_process_is_ended_by_neither() {
+    let etcd = EtcdCluster::with_size(1);
+    let (a, b, c) = (
+        sidecar(&etcd, &[]),
+        sidecar(&etcd, &[]),
+        sidecar(&etcd, &[]),
+    );
+    // a's deadline passes while b's renewal still holds.
+    let held = a.acquire("moved:k", 2_000, 0).await;
+    assert_eq!(held.status, 200, "{}", held.body);
+    let renewed = b.renew("moved:k", &held.lease(), 10_000).await;
+    assert_eq!(renewed.status, 200, "{}", renewed.body);
+    tokio::time::sleep(Duration::from_millis(3_000)).await;
+    let other = c.acquire("moved:k", 5_000, 0).await;
+    assert_eq!(
+        other.status, 409,
+        "the key was taken while the lease b renewed for 10 s still held: {}",
+        other.body
+    );
+    let again = b.renew("moved:k", &held.lease(), 10_000).await;
+    assert_eq!(again.status, 200, "b's renewal: {}", again.body);
+
+    // A release through a, the place on b's etcd lease: released.
+    let held = a.acquire("moved:r", 10_000, 0).await;
+    assert_eq!(held.status, 200, "{}", held.body);
+    let renewed = b.renew("moved:r", &held.lease(), 10_000).await;
+    assert_eq!(renewed.status, 200, "{}", renewed.body);
+    let released = a.release("moved:r", &held.lease()).await;
+    assert_eq!(released.status, 200, "release through a: {}", released.body);
+    let next = c.acquire("moved:r", 5_000, 0).await;
+    assert_eq!(next.status, 200, "after the release: {}", next.body);
+    assert!(next.token() > held.token());
+    let late = b.renew("moved:r", &held.lease(), 10_000).await;
+    assert_eq!(
+        late.status, 409,
+        "b renewed a released lease: {}",
+        late.body
+    );
+}

@@ -196,10 +196,12 @@ pub enum Target {
     Mod,
     /// Its value.
     Value,
+    /// The lease it is attached to (0: none).
+    Lease,
 }
 
 /// A comparison of a transaction: `target` of `key` equal to `revision`
-/// (or, for [`Target::Value`], to `value`).
+/// (a lease id for [`Target::Lease`]; for [`Target::Value`], `value`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Compare {
     pub key: Vec<u8>,
@@ -251,6 +253,17 @@ impl Compare {
         }
     }
 
+    /// `key` is attached to lease `id`: nobody moved it to a lease of
+    /// their own since this process wrote or read it.
+    pub fn leased(key: &[u8], id: i64) -> Compare {
+        Compare {
+            key: key.to_vec(),
+            target: Target::Lease,
+            revision: id,
+            value: Vec::new(),
+        }
+    }
+
     pub fn json(&self) -> Value {
         let (target, field, operand) = match self.target {
             Target::Create => (
@@ -260,6 +273,7 @@ impl Compare {
             ),
             Target::Mod => ("MOD", "mod_revision", json!(self.revision.to_string())),
             Target::Value => ("VALUE", "value", json!(b64(&self.value))),
+            Target::Lease => ("LEASE", "lease", json!(self.revision.to_string())),
         };
         json!({
             "key": b64(&self.key),
@@ -365,6 +379,10 @@ mod tests {
         assert_eq!(
             Compare::absent(b"k").json(),
             json!({"key": "aw==", "target": "CREATE", "result": "EQUAL", "create_revision": "0"})
+        );
+        assert_eq!(
+            Compare::leased(b"k", 7).json(),
+            json!({"key": "aw==", "target": "LEASE", "result": "EQUAL", "lease": "7"})
         );
         assert_eq!(
             Op::Put {

@@ -125,6 +125,13 @@ struct Entry {
     etcd_lease: Option<(i64, Duration)>,
     /// The place's creation revision, once a create or a read showed it.
     created: Option<i64>,
+    /// The etcd lease the place is on as this process last wrote or read
+    /// it (0: not known). Every write compares it: a sidecar that adopted
+    /// the lease id while this process lives (a client that renewed
+    /// through it) moves the place to an etcd lease of its own, and this
+    /// process's sweeper, drain or late call must not end the place it
+    /// now answers for.
+    on_lease: i64,
     /// The newest lease id that tried the place: only it may release it.
     lease: LeaseId,
     /// What the place says, as last written.
@@ -273,6 +280,7 @@ impl Inner {
                     queue,
                     etcd_lease: None,
                     created: None,
+                    on_lease: 0,
                     lease: lease.clone(),
                     value: Value::new(0, lease.as_str(), Duration::ZERO, Duration::ZERO),
                     state: State::Waiting,
@@ -332,22 +340,21 @@ impl Inner {
         Ok(written)
     }
 
-    /// Runs `ops` if `e`'s place is still the one it created.
+    /// Runs `ops` if `e`'s place is still the one it created, on the etcd
+    /// lease it left it on.
     async fn on_place(
         &self,
         e: &Entry,
         ops: &[Op],
         deadline: Instant,
     ) -> Result<TxnResponse, EtcdError> {
-        let created = e.created.unwrap_or(0);
+        let created = Compare::created(&e.place, e.created.unwrap_or(0));
+        let compares = match e.on_lease {
+            0 => vec![created],
+            id => vec![created, Compare::leased(&e.place, id)],
+        };
         self.client
-            .txn(
-                &[Compare::created(&e.place, created)],
-                ops,
-                &[],
-                deadline,
-                Retry::Idempotent,
-            )
+            .txn(&compares, ops, &[], deadline, Retry::Idempotent)
             .await
     }
 
@@ -464,10 +471,24 @@ impl Inner {
     fn lapsed(&self, e: &mut Entry) {
         if e.created.is_some() {
             self.event("lapsed");
-            tracing::warn!(key = %e.key, "etcd: this sidecar's place in the lock queue lapsed with its etcd lease; queueing again");
+            tracing::warn!(key = %e.key, "etcd: this sidecar's place in the lock queue lapsed with its etcd lease, or another process of this sidecar took it over; looking again");
         }
         e.created = None;
         e.etcd_lease = None;
+        e.on_lease = 0;
+    }
+
+    /// Records in `e.on_lease` what a write of `e`'s place attached to
+    /// `lease` came to: written, the place is on `lease`; unanswered, on
+    /// it or on the one before — unknown, unless they are the same (the
+    /// next write then compares the creation revision alone).
+    fn wrote(e: &mut Entry, lease: i64, answer: &Result<TxnResponse, EtcdError>) {
+        match answer {
+            Ok(t) if t.succeeded => e.on_lease = lease,
+            Ok(_) => {}
+            Err(_) if e.on_lease != lease => e.on_lease = 0,
+            Err(_) => {}
+        }
     }
 
     /// One round of a try: the place's lease made to last, then the place
@@ -522,6 +543,7 @@ impl Inner {
             }
         };
         let (answer, kept) = self.kept_while(keep, deadline, write).await;
+        Self::wrote(e, etcd_lease, &answer);
         if !Self::kept(e, kept?) {
             self.lapsed(e);
             return Ok(None);
@@ -558,6 +580,7 @@ impl Inner {
             }
             if let Some(kv) = range_at(&t, 0)?.kvs.first() {
                 e.created = Some(kv.create_revision);
+                e.on_lease = kv.lease;
                 if let Some(v) = Value::parse(&kv.value) {
                     e.value = v;
                 }
@@ -631,6 +654,7 @@ impl Inner {
             // lease of its own.
             etcd_lease: Some((kv.lease, Duration::ZERO)),
             created: Some(kv.create_revision),
+            on_lease: kv.lease,
             lease: lease.clone(),
             value: value.clone(),
             state: State::Held {
@@ -745,122 +769,133 @@ impl LockBackend for EtcdBackend {
         let i = &self.inner;
         let sent = Instant::now();
         let deadline = sent + i.timeout;
-        let slot = match i.holder_slot(key, lease, deadline).await? {
-            Ok(slot) => slot,
-            Err(found) => return Ok(found),
-        };
-        let mut e = lock(&slot, deadline).await?;
-        if e.gone {
-            return Ok(Ownership::Free);
-        }
-        let token = match e.state {
-            // Past its TTL on this clock: never brought back (the sweeper
-            // ends it, with its lock-delay).
-            State::Held { expires, .. } if e.lease == *lease && expires <= sent => {
-                return Ok(Ownership::Free)
+        // Twice: a place another process of this sidecar moved to an etcd
+        // lease of its own (it adopted the lease id: the client renewed
+        // through it) is looked up again and adopted back.
+        for _ in 0..2 {
+            let slot = match i.holder_slot(key, lease, deadline).await? {
+                Ok(slot) => slot,
+                Err(found) => return Ok(found),
+            };
+            let mut e = lock(&slot, deadline).await?;
+            if e.gone {
+                return Ok(Ownership::Free);
             }
-            State::Held { token, .. } if e.lease == *lease => token,
-            State::Held { .. } => return Ok(Ownership::OtherHolder),
-            _ if e.lease == *lease => return Ok(Ownership::Free),
-            _ => return Ok(Ownership::OtherHolder),
-        };
-        let keep = i.lease_for(&mut e, ttl + i.lock_delay, deadline).await?;
-        let (etcd_lease, _) = e.etcd_lease.expect("a lease");
-        let mut value = e.value.clone();
-        value.ttl = ttl;
-        let put = Op::Put {
-            key: e.place.clone(),
-            value: value.encode(),
-            lease: etcd_lease,
-        };
-        let (answer, kept) = i
-            .kept_while(keep, deadline, i.on_place(&e, &[put], deadline))
-            .await;
-        if !Inner::kept(&mut e, kept?) {
-            i.lapsed(&mut e);
-            i.forget(&mut e, &slot);
-            return Ok(Ownership::Free);
+            let token = match e.state {
+                // Past its TTL on this clock: never brought back (the sweeper
+                // ends it, with its lock-delay).
+                State::Held { expires, .. } if e.lease == *lease && expires <= sent => {
+                    return Ok(Ownership::Free)
+                }
+                State::Held { token, .. } if e.lease == *lease => token,
+                State::Held { .. } => return Ok(Ownership::OtherHolder),
+                _ if e.lease == *lease => return Ok(Ownership::Free),
+                _ => return Ok(Ownership::OtherHolder),
+            };
+            let keep = i.lease_for(&mut e, ttl + i.lock_delay, deadline).await?;
+            let (etcd_lease, _) = e.etcd_lease.expect("a lease");
+            let mut value = e.value.clone();
+            value.ttl = ttl;
+            let put = Op::Put {
+                key: e.place.clone(),
+                value: value.encode(),
+                lease: etcd_lease,
+            };
+            let (answer, kept) = i
+                .kept_while(keep, deadline, i.on_place(&e, &[put], deadline))
+                .await;
+            Inner::wrote(&mut e, etcd_lease, &answer);
+            if !Inner::kept(&mut e, kept?) {
+                i.lapsed(&mut e);
+                i.forget(&mut e, &slot);
+                return Ok(Ownership::Free);
+            }
+            if !i.settle(&mut e, &slot, answer)? {
+                continue;
+            }
+            e.value = value;
+            e.state = State::Held {
+                token,
+                expires: expiry(sent, ttl),
+            };
+            return Ok(Ownership::Owned { token });
         }
-        if !i.settle(&mut e, &slot, answer)? {
-            return Ok(Ownership::Free);
-        }
-        e.value = value;
-        e.state = State::Held {
-            token,
-            expires: expiry(sent, ttl),
-        };
-        Ok(Ownership::Owned { token })
+        Ok(Ownership::Free)
     }
 
     async fn release(&self, key: &LockKey, lease: &LeaseId) -> Result<Ownership, BackendError> {
         let i = &self.inner;
         let deadline = Instant::now() + i.timeout;
-        let slot = match i.holder_slot(key, lease, deadline).await? {
-            Ok(slot) => slot,
-            Err(found) => return Ok(found),
-        };
-        let mut e = lock(&slot, deadline).await?;
-        if e.gone {
-            return Ok(Ownership::Free);
-        }
-        if e.lease != *lease {
-            // A newer try of this sidecar owns the place now.
-            return Ok(match e.state {
-                State::Held { .. } => Ownership::OtherHolder,
-                _ => Ownership::Free,
-            });
-        }
-        match e.state {
-            // Its TTL passed: the lock-delay stands (the sweeper ends a
-            // lease just past its TTL within a sweep).
-            State::Expired { .. } => Ok(Ownership::Free),
-            State::Held { expires, .. } if expires <= Instant::now() => Ok(Ownership::Free),
-            State::Held { token, .. } => {
-                let delete = Op::Delete {
-                    key: e.place.clone(),
-                };
-                let t = i
-                    .on_place(&e, &[delete], deadline)
-                    .await
-                    .map_err(unavailable)?;
-                if t.succeeded {
-                    i.spare_lease(&e);
-                }
-                i.forget(&mut e, &slot);
-                i.wake.released(key.as_str());
-                Ok(if t.succeeded {
-                    Ownership::Owned { token }
-                } else {
-                    Ownership::Free
-                })
+        // Twice, as for a renewal: a place another process moved to an
+        // etcd lease of its own is looked up again.
+        for _ in 0..2 {
+            let slot = match i.holder_slot(key, lease, deadline).await? {
+                Ok(slot) => slot,
+                Err(found) => return Ok(found),
+            };
+            let mut e = lock(&slot, deadline).await?;
+            if e.gone {
+                return Ok(Ownership::Free);
             }
-            State::Waiting => {
-                // A waiter that gave up: its place goes, now or later.
-                if e.etcd_lease.is_some() && !crate::mutants::active("etcd_waiter_place_left") {
-                    let done = match e.created {
-                        Some(_) => {
-                            let delete = Op::Delete {
-                                key: e.place.clone(),
-                            };
-                            i.on_place(&e, &[delete], deadline).await.map(|t| {
-                                if t.succeeded {
-                                    i.spare_lease(&e);
-                                }
-                            })
-                        }
-                        // A create may have been sent: delete by name.
-                        None => i.client.delete(&e.place, deadline).await.map(drop),
+            if e.lease != *lease {
+                // A newer try of this sidecar owns the place now.
+                return Ok(match e.state {
+                    State::Held { .. } => Ownership::OtherHolder,
+                    _ => Ownership::Free,
+                });
+            }
+            return match e.state {
+                // Its TTL passed: the lock-delay stands (the sweeper ends a
+                // lease just past its TTL within a sweep).
+                State::Expired { .. } => Ok(Ownership::Free),
+                State::Held { expires, .. } if expires <= Instant::now() => Ok(Ownership::Free),
+                State::Held { token, .. } => {
+                    let delete = Op::Delete {
+                        key: e.place.clone(),
                     };
-                    if let Err(err) = done {
-                        i.event("cleanup_retry");
-                        tracing::warn!(key = %key, error = %err, "etcd: deleting a waiter's place failed; the sweeper tries again");
-                        i.doom(&e);
+                    let t = i
+                        .on_place(&e, &[delete], deadline)
+                        .await
+                        .map_err(unavailable)?;
+                    i.forget(&mut e, &slot);
+                    i.wake.released(key.as_str());
+                    if !t.succeeded {
+                        // Gone, or moved by another process of this sidecar
+                        // that adopted the lease id: looked up again.
+                        continue;
                     }
+                    i.spare_lease(&e);
+                    return Ok(Ownership::Owned { token });
                 }
-                i.forget(&mut e, &slot);
-                Ok(Ownership::Free)
-            }
+                State::Waiting => {
+                    // A waiter that gave up: its place goes, now or later.
+                    if e.etcd_lease.is_some() && !crate::mutants::active("etcd_waiter_place_left") {
+                        let done = match e.created {
+                            Some(_) => {
+                                let delete = Op::Delete {
+                                    key: e.place.clone(),
+                                };
+                                i.on_place(&e, &[delete], deadline).await.map(|t| {
+                                    if t.succeeded {
+                                        i.spare_lease(&e);
+                                    }
+                                })
+                            }
+                            // A create may have been sent: delete by name.
+                            None => i.client.delete(&e.place, deadline).await.map(drop),
+                        };
+                        if let Err(err) = done {
+                            i.event("cleanup_retry");
+                            tracing::warn!(key = %key, error = %err, "etcd: deleting a waiter's place failed; the sweeper tries again");
+                            i.doom(&e);
+                        }
+                    }
+                    i.forget(&mut e, &slot);
+                    Ok(Ownership::Free)
+                }
+            };
         }
+        Ok(Ownership::Free)
     }
 
     async fn watch(&self, key: &LockKey, timeout: Duration) -> WatchGuard {
@@ -1030,6 +1065,7 @@ impl LockBackend for EtcdBackend {
             lease: etcd_lease,
         };
         let answer = i.on_place(&e, &[put], deadline).await;
+        Inner::wrote(&mut e, etcd_lease, &answer);
         if !i.settle(&mut e, &slot, answer)? {
             return Ok(Holds::Free);
         }

@@ -739,9 +739,9 @@ DIRECTED_MUTANTS = {
 # bite per step; the families keep their length. The mutant runs of other schedules keep the workload they
 # were measured with (no `clients`).
 CLIENTS = {"renew_p": 0.35, "hold_p": 0.25, "hold_think_ttl": [0.2, 1.2], "disconnect_p": 0.15,
-           "disconnect_ms": [0, 30], "probe_delay_ms": 100}
-CLIENT_BITES = {"renewals": 1, "holds": 1, "hold_heartbeats": 1, "disconnects_acquire": 1, "disconnects_renew": 1,
-                "disconnects_release": 1, "disconnects_hold": 1}
+           "disconnect_ms": [0, 30], "probe_delay_ms": 100, "elsewhere_p": 0.3}
+CLIENT_BITES = {"renewals": 1, "renewals_elsewhere": 1, "holds": 1, "hold_heartbeats": 1, "disconnects_acquire": 1,
+                "disconnects_renew": 1, "disconnects_release": 1, "disconnects_hold": 1}
 # Family → its `clients` overrides. `seams` renews and walks away (10 %)
 # but does not hold: its own bite `releases_given_up` needs releases its
 # clients wait 250 ms for while a late reply aimed at releases is armed,
@@ -749,7 +749,12 @@ CLIENT_BITES = {"renewals": 1, "holds": 1, "hold_heartbeats": 1, "disconnects_ac
 # runs; so no hold bites there.
 CLIENT_FAMILIES = {"network": {}, "seams": {"hold_p": 0, "disconnect_p": 0.1}, "zk-session": {},
                    "mysql-cut": {}, "backend-crash-pg": {}, "redlock-restarts": {},
-                   "redis-lossy-failover": {}}
+                   "redis-lossy-failover": {}, "etcd-partition": {}}
+
+
+# Bites a backend that adopts no lease of another sidecar process cannot
+# give: ZooKeeper's nodes belong to the session that made them.
+NO_ADOPTION_BITES = {"zookeeper": ("adopted_writes", "renewals_elsewhere")}
 
 
 def with_clients(family, clients=None, bite=True):
@@ -759,7 +764,8 @@ def with_clients(family, clients=None, bite=True):
                                       **{"sidecar.hold_heartbeat_ms": max(10, family["ttl_ms"] // 3)})
     if bite:
         bites = {k: v for k, v in CLIENT_BITES.items()
-                 if family["clients"].get("hold_p") or k not in ("holds", "hold_heartbeats")}
+                 if (family["clients"].get("hold_p") or k not in ("holds", "hold_heartbeats"))
+                 and k not in NO_ADOPTION_BITES.get(family["backend"], ())}
         family["bite"] = dict(family.get("bite", {}), **bites)
     return family
 
@@ -852,10 +858,11 @@ def retarget(family, backend):
         out["bite"] = {k: v for k, v in SEAMS["bite"].items() if k not in drop}
     if family is SEAMS and backend == "zookeeper":
         out["ttl_ms"] = 1200  # the longest lease a 3 s session allows (1 350 ms)
-    if backend == "zookeeper" and "adopted_writes" in out.get("bite", {}):
+    if backend in NO_ADOPTION_BITES:
         # No adoption on ZooKeeper (README, "Restarted sidecar"): the
-        # stepped restarts still run, nothing is adopted.
-        out["bite"] = {k: v for k, v in out["bite"].items() if k != "adopted_writes"}
+        # stepped restarts still run, nothing is adopted; a renewal
+        # through another sidecar is answered lease_lost.
+        out["bite"] = {k: v for k, v in out.get("bite", {}).items() if k not in NO_ADOPTION_BITES[backend]}
     return out
 
 

@@ -692,7 +692,8 @@ def m1_clients(events, cfg):
 
     Bites: `disconnects_<step>` (requests walked away from, by step),
     `disconnects_unanswered` (of those, closed before any answer came),
-    `renewals` (answered 200), `holds` (granted), `hold_heartbeats`,
+    `renewals` (answered 200; `renewals_elsewhere`, those answered by
+    another sidecar than the client's own), `holds` (granted), `hold_heartbeats`,
     `probes_untold` (`get` answers "held" for a lease the client never
     received) and `m1_untold_overlaps` (their spans overlapping another
     lease's: reported, not a violation)."""
@@ -719,6 +720,7 @@ def m1_clients(events, cfg):
             bites["disconnects_unanswered"] += e.get("answered") is None
         if kind == "ok":
             bites["renewals"] += f == "renew"
+            bites["renewals_elsewhere"] += f == "renew" and bool(e.get("elsewhere"))
             bites["holds"] += f == "hold"
             bites["hold_heartbeats"] += f == "hold_line" and (e.get("resp") or {}).get("type") == "heartbeat"
         if f in ("read", "write") and kind == "invoke" and e.get("tag") and not e.get("forged"):
@@ -733,11 +735,14 @@ def m1_clients(events, cfg):
         tag, t = resp.get("lease_tag"), e["t"]
         left, held, ttl = resp.get("remaining_ms", 0), resp.get("held_ms", 0), resp.get("ttl_ms", cfg["ttl_ms"])
         until = t + left * 1_000_000
-        if tag in told[proc]:
-            gone = [c for c in ends.get((proc, tag), []) if c <= asked.get(proc, t)]
+        # Another client's lease, renewed through this client's sidecar
+        # (`elsewhere_p`): judged by when its own client let go of it.
+        owner = proc if tag in told[proc] else next((p for p in told if tag in told[p]), None)
+        if owner is not None:
+            gone = [c for c in ends.get((owner, tag), []) if c <= asked.get(proc, t)]
             if gone and until > max(gone) + ttl * 1_000_000 + slack:
                 out.append(("M1", f"{proc}'s sidecar says lease {tag[:8]} of {e['key']} is held for "
-                                  f"{(until - max(gone)) / 1e6:.0f} ms after its client let go of it "
+                                  f"{(until - max(gone)) / 1e6:.0f} ms after its client {owner} let go of it "
                                   f"(TTL {ttl} ms): kept past its client", [e]))
             continue
         bites["probes_untold"] += 1

@@ -478,6 +478,11 @@ class Cluster:
 
     def start_workers(self):
         for w in self.workers:
+            # The other sidecars' lock APIs (renewals `elsewhere_p`), known
+            # once every sidecar is up.
+            w.cfg["other_apis"] = [s.api for s in self.sidecars if s is not w.sidecar]
+            with open(os.path.join(os.path.dirname(w.cfg["history"]), "config.json"), "w") as f:
+                json.dump(w.cfg, f)
             w.start()
         threading.Thread(target=self._self_pauses, daemon=True).start()
         if self.sc.get("fence_store", "postgres") in ("postgres", "etcd"):

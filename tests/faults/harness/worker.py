@@ -12,7 +12,9 @@ a timeout or a 502/504 after the request may have been forwarded).
 With the scenario's `clients` options (issue 28; all off by default):
 `renew_p` renews the lease halfway through the think time (a 200 answer
 is another "held" span; lease_lost or any other refusal ends the cycle
-without the write), `hold_p` takes the lock through `POST …/hold` instead
+without the write) — in `elsewhere_p` of them through another sidecar of
+the run, which adopts the lease id while its own sidecar lives on (the
+release still goes to its own), `hold_p` takes the lock through `POST …/hold` instead
 (an NDJSON stream: the grant, then heartbeats with the time left; closing
 the stream is the release; such a cycle thinks `hold_think_ttl` × TTL),
 and `disconnect_p` makes the client walk away from one step of the cycle
@@ -230,9 +232,15 @@ class Worker:
             think = rng.uniform(*cl["hold_think_ttl"]) * cfg["ttl_ms"]
         if not hold and (drop == "renew" or (cl.get("renew_p") and rng.random() < cl["renew_p"])):
             # Halfway through the think time: a client making sure of its
-            # lease before it writes.
+            # lease before it writes. Through another sidecar, it thinks
+            # past the TTL its own sidecar granted (the renewal carries it):
+            # whatever its own sidecar does at that deadline must leave the
+            # renewed lease alone.
+            elsewhere = None if drop == "renew" else self.elsewhere()
+            if elsewhere:
+                think = max(think, rng.uniform(*cl.get("elsewhere_think_ttl", [1.2, 1.8])) * cfg["ttl_ms"])
             time.sleep(think / 2000)
-            if not self.renew(lock, lease_id, ctx, abandon=drop == "renew"):
+            if not self.renew(lock, lease_id, ctx, abandon=drop == "renew", api=elsewhere):
                 end()
                 return
             time.sleep(think / 2000)
@@ -279,18 +287,28 @@ class Worker:
             self.rng.shuffle(self.deck)
         return self.deck.pop()
 
-    def renew(self, lock, lease_id, ctx, abandon=False):
+    def elsewhere(self):
+        """Another sidecar's lock API to renew through, in `elsewhere_p` of
+        the renewals (a client that moved, or one with two sidecars: that
+        one adopts the lease id while this one lives on); else None."""
+        p, others = self.clients.get("elsewhere_p", 0), self.cfg.get("other_apis") or []
+        if p and others and self.rng.random() < p:
+            return self.rng.choice(others)
+        return None
+
+    def renew(self, lock, lease_id, ctx, abandon=False, api=None):
         """Renews the lease; True if the client may go on (a 200 answer —
         its time left is a "held" span for M1 — or, after walking away
         from the renewal, a probe that still says "held" for this lease).
         lease_lost, an expired lease or any other refusal: False, and the
         cycle ends without its write."""
-        url = f"{self.cfg['api']}/v1/locks/{lock}/renew"
+        via = {"elsewhere": True} if api else {}
+        url = f"{api or self.cfg['api']}/v1/locks/{lock}/renew"
         body = {"lease_id": lease_id, "ttl_ms": self.cfg["ttl_ms"]}
         if abandon:
             p = self.abandon("renew", url, body, lock, **ctx)
             return bool(p and p[0] == 200 and p[1].get("state") == "held" and p[1].get("lease_tag") == ctx["tag"])
-        r = self.call("renew", "POST", url, body=body, **ctx)
+        r = self.call("renew", "POST", url, body=body, **via, **ctx)
         return bool(r and r[0] == 200)
 
     def abandon(self, step, url, body, lock, **ctx):

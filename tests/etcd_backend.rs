@@ -19,7 +19,7 @@ use common::*;
 use fencer::etcd::wire::{b64, prefix_end};
 use fencer::lock::etcd::settings::EtcdSettings;
 use fencer::lock::etcd::{place, EtcdBackend};
-use fencer::lock::{Attempt, LeaseId, LockBackend, LockKey, WakeSink};
+use fencer::lock::{Attempt, Holds, HoldsChange, LeaseId, LockBackend, LockKey, WakeSink};
 use serde_json::json;
 
 fn sidecar(etcd: &EtcdCluster, extra: &[(&str, &str)]) -> Fencer {
@@ -725,5 +725,58 @@ async fn a_lease_renewed_through_another_live_process_is_ended_by_neither() {
         late.status, 409,
         "b renewed a released lease: {}",
         late.body
+    );
+}
+
+/// A lease adopted from an earlier process of the sidecar (it died, its
+/// sweeper with it) is held here no longer than its TTL from that
+/// process's last renewal — which is written nowhere: the place's etcd
+/// lease, kept for the TTL plus the lock-delay, tells it. Adopted by a
+/// hold-count read, the lease is not held on past its TTL (answered
+/// "acquired" with its old token, while its place lapses soon after and
+/// another sidecar takes the key); adopted early by a renewal, it renews.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adopted_lease_is_held_no_longer_than_its_earlier_processs_deadline() {
+    let etcd = EtcdCluster::with_size(1);
+    let (read, renewed) = (
+        LockKey::parse("adopt:read").unwrap(),
+        LockKey::parse("adopt:renewed").unwrap(),
+    );
+    let (lease, lease2) = (LeaseId::generate(), LeaseId::generate());
+    let ttl = Duration::from_millis(1_500);
+    let acquired = Instant::now();
+    let mut tokens = Vec::new();
+    {
+        let earlier = backend(&etcd, 2_000).await;
+        for (key, lease) in [(&read, &lease), (&renewed, &lease2)] {
+            let a = earlier.try_acquire(key, lease, ttl).await.unwrap();
+            let Attempt::Acquired { token } = a else {
+                panic!("{a:?}")
+            };
+            tokens.push(token);
+        }
+    }
+    let later = backend(&etcd, 2_000).await;
+    let r = later.renew(&renewed, &lease2, ttl).await.unwrap();
+    assert!(
+        matches!(r, fencer::lock::Ownership::Owned { .. }),
+        "adopted {:?} into the TTL: {r:?}",
+        acquired.elapsed()
+    );
+    // Adopted late in its TTL: held here as long as its TTL again, it
+    // would outlive its deadline.
+    tokio::time::sleep_until((acquired + Duration::from_millis(600)).into()).await;
+    let h = later.holds(&read, &lease, HoldsChange::Read).await.unwrap();
+    assert!(matches!(h, Holds::Owned { .. }), "{h:?}");
+    tokio::time::sleep_until((acquired + ttl + Duration::from_millis(200)).into()).await;
+    // Past the TTL the adopted lease is over: the key is held (its place
+    // not yet ended) or free — taken then with a new place and token —
+    // but the old lease is not held on.
+    let again = later.try_acquire(&read, &lease, ttl).await.unwrap();
+    assert_ne!(
+        again,
+        Attempt::Acquired { token: tokens[0] },
+        "{:?} after its acquire, past its {ttl:?} TTL, the adopted lease was held on",
+        acquired.elapsed()
     );
 }

@@ -20,7 +20,7 @@ pub use super::error::EtcdError;
 use super::watch::Watch;
 use super::wire::{
     b64, first_of, prefix_end, Compare, DeleteResponse, ErrorBody, KeepAliveResponse,
-    LeaseGrantResponse, Op, PutResponse, RangeResponse, TxnResponse,
+    LeaseGrantResponse, LeaseTimeToLiveResponse, Op, PutResponse, RangeResponse, TxnResponse,
 };
 use crate::http::tls_client::{Connector, Link, UpstreamTls};
 
@@ -237,6 +237,21 @@ impl EtcdClient {
             .await?;
         serde_json::from_value(v["result"].clone())
             .map_err(|e| EtcdError::Protocol(format!("keepalive answer: {e}")))
+    }
+
+    /// What lease `id` has left (a read: sent on to the next member).
+    pub async fn time_to_live(
+        &self,
+        id: i64,
+        deadline: Instant,
+    ) -> Result<LeaseTimeToLiveResponse, EtcdError> {
+        self.call(
+            "/v3/lease/timetolive",
+            json!({"ID": id.to_string()}),
+            deadline,
+            Retry::Idempotent,
+        )
+        .await
     }
 
     /// Ends lease `id` and deletes every key attached to it.

@@ -134,6 +134,21 @@ pub struct LeaseGrantResponse {
     pub ttl: i64,
 }
 
+/// What a lease has left: `ttl` whole seconds (etcd truncates; -1: the
+/// lease is gone) of the `granted_ttl` it was granted or last kept alive
+/// for.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub struct LeaseTimeToLiveResponse {
+    pub header: Header,
+    #[serde(rename = "ID", deserialize_with = "num")]
+    pub id: i64,
+    #[serde(rename = "TTL", deserialize_with = "num")]
+    pub ttl: i64,
+    #[serde(rename = "grantedTTL", deserialize_with = "num")]
+    pub granted_ttl: i64,
+}
+
 /// A keepalive's answer: the lease's TTL again, or 0 — the lease is gone
 /// (expired or revoked).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -372,6 +387,9 @@ mod tests {
         assert_eq!(w.events[0].kind, EventType::Delete);
         let k: KeepAliveResponse = serde_json::from_str(r#"{"header":{},"ID":"12345"}"#).unwrap();
         assert_eq!((k.id, k.ttl), (12_345, 0), "a gone lease: no TTL");
+        let t: LeaseTimeToLiveResponse =
+            serde_json::from_str(r#"{"header":{},"ID":"7","TTL":"3","grantedTTL":"4"}"#).unwrap();
+        assert_eq!((t.id, t.ttl, t.granted_ttl), (7, 3, 4));
     }
 
     #[test]

@@ -645,6 +645,24 @@ impl Inner {
         if value.expired {
             return Ok(Err(Ownership::Free));
         }
+        // The earlier process's deadline is not written anywhere; the
+        // place's etcd lease tells when the place goes: it was granted or
+        // kept alive for the TTL plus the lock-delay (and rounding) at the
+        // last renewal, so that much before its end the TTL ran out. Never
+        // later than the place lasts, whoever renews it no more.
+        let left = self
+            .client
+            .time_to_live(kv.lease, deadline)
+            .await
+            .map_err(unavailable)?;
+        if left.ttl <= 0 {
+            return Ok(Err(Ownership::Free));
+        }
+        let after_ttl =
+            Duration::from_secs(left.granted_ttl.max(0) as u64).saturating_sub(value.ttl);
+        let Some(held_for) = Duration::from_secs(left.ttl as u64).checked_sub(after_ttl) else {
+            return Ok(Err(Ownership::Free));
+        };
         let token = token_of(kv.create_revision, &value);
         let entry = Entry {
             key: key.clone(),
@@ -659,8 +677,7 @@ impl Inner {
             value: value.clone(),
             state: State::Held {
                 token,
-                // No later than the earlier process's own deadline.
-                expires: Instant::now() + value.ttl,
+                expires: Instant::now() + held_for.min(value.ttl),
             },
             kept_at: Instant::now(),
             gone: false,

@@ -617,11 +617,16 @@ impl Inner {
     /// The slot of `lease` on `key`: this process's, or — a lease of an
     /// earlier process of this sidecar (a restart), found by its id as the
     /// queue's first place — adopted. `Err`: the lease holds nothing here.
+    /// `renewing`: the caller writes the place at once, and its write's
+    /// comparisons decide; a lease whose place still stands is adopted for
+    /// it, however little of its TTL is known to be left (etcd tells a
+    /// lease's time in whole seconds: a short TTL would never be).
     async fn holder_slot(
         &self,
         key: &LockKey,
         lease: &LeaseId,
         deadline: Instant,
+        renewing: bool,
     ) -> Result<Result<Slot, Ownership>, BackendError> {
         // This process's slot answers for the key, whichever lease it is.
         if let Some(slot) = self.slot(key) {
@@ -655,13 +660,16 @@ impl Inner {
             .time_to_live(kv.lease, deadline)
             .await
             .map_err(unavailable)?;
-        if left.ttl <= 0 {
+        // -1: the lease is gone (its place with it); 0: under a second left.
+        if left.ttl < 0 {
             return Ok(Err(Ownership::Free));
         }
         let after_ttl =
             Duration::from_secs(left.granted_ttl.max(0) as u64).saturating_sub(value.ttl);
-        let Some(held_for) = Duration::from_secs(left.ttl as u64).checked_sub(after_ttl) else {
-            return Ok(Err(Ownership::Free));
+        let held_for = match Duration::from_secs(left.ttl as u64).checked_sub(after_ttl) {
+            Some(d) => d,
+            None if renewing => Duration::ZERO,
+            None => return Ok(Err(Ownership::Free)),
         };
         let token = token_of(kv.create_revision, &value);
         let entry = Entry {
@@ -790,7 +798,7 @@ impl LockBackend for EtcdBackend {
         // lease of its own (it adopted the lease id: the client renewed
         // through it) is looked up again and adopted back.
         for _ in 0..2 {
-            let slot = match i.holder_slot(key, lease, deadline).await? {
+            let slot = match i.holder_slot(key, lease, deadline, true).await? {
                 Ok(slot) => slot,
                 Err(found) => return Ok(found),
             };
@@ -846,7 +854,7 @@ impl LockBackend for EtcdBackend {
         // Twice, as for a renewal: a place another process moved to an
         // etcd lease of its own is looked up again.
         for _ in 0..2 {
-            let slot = match i.holder_slot(key, lease, deadline).await? {
+            let slot = match i.holder_slot(key, lease, deadline, false).await? {
                 Ok(slot) => slot,
                 Err(found) => return Ok(found),
             };
@@ -1025,7 +1033,7 @@ impl LockBackend for EtcdBackend {
     ) -> Result<Holds, BackendError> {
         let i = &self.inner;
         let deadline = Instant::now() + i.timeout;
-        let slot = match i.holder_slot(key, lease, deadline).await? {
+        let slot = match i.holder_slot(key, lease, deadline, false).await? {
             Ok(slot) => slot,
             Err(Ownership::OtherHolder) => return Ok(Holds::OtherHolder),
             Err(_) => return Ok(Holds::Free),

@@ -66,15 +66,7 @@ fn acquire_in_background(
     ttl_ms: u64,
     wait_ms: u64,
 ) -> tokio::task::JoinHandle<Option<(Resp, Instant)>> {
-    let url = format!("{}{}", s.api, Fencer::path(key, "acquire"));
-    let http = s.http.clone();
-    let body = json!({"ttl_ms": ttl_ms, "wait_ms": wait_ms});
-    tokio::spawn(async move {
-        let r = http.post(url).json(&body).send().await.ok()?;
-        let status = r.status().as_u16();
-        let body = r.json().await.ok()?;
-        Some((Resp { status, body }, Instant::now()))
-    })
+    s.acquire_in_background(key, json!({"ttl_ms": ttl_ms, "wait_ms": wait_ms}))
 }
 
 /// Tokens rise through three leader kills, a lease held across them

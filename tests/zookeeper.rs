@@ -657,23 +657,7 @@ fn acquire_in_background(
     ttl_ms: u64,
     wait_ms: u64,
 ) -> tokio::task::JoinHandle<Option<(Resp, Instant)>> {
-    acquire_in_background_with(s, key, json!({"ttl_ms": ttl_ms, "wait_ms": wait_ms}))
-}
-
-/// [`acquire_in_background`] with a body of its own (a read lease's).
-fn acquire_in_background_with(
-    s: &Fencer,
-    key: &str,
-    body: serde_json::Value,
-) -> tokio::task::JoinHandle<Option<(Resp, Instant)>> {
-    let url = format!("{}{}", s.api, Fencer::path(key, "acquire"));
-    let http = s.http.clone();
-    tokio::spawn(async move {
-        let r = http.post(url).json(&body).send().await.ok()?;
-        let status = r.status().as_u16();
-        let body = r.json().await.ok()?;
-        Some((Resp { status, body }, Instant::now()))
-    })
+    s.acquire_in_background(key, json!({"ttl_ms": ttl_ms, "wait_ms": wait_ms}))
 }
 
 /// Waits until `key`'s queue has `n` nodes (a background acquire queued).
@@ -819,7 +803,7 @@ async fn a_killed_sidecars_readers_and_waiting_writers_free_the_key_after_the_tt
     assert_eq!(b_read.status, 200, "{}", b_read.body);
     let _a_writes = acquire_in_background(&a, "rwk:queued", 2_000, 15_000);
     queued(&c, "rwk:queued", 2).await;
-    let w_reads = acquire_in_background_with(&w, "rwk:queued", read(2_000, 10_000));
+    let w_reads = w.acquire_in_background("rwk:queued", read(2_000, 10_000));
     queued(&c, "rwk:queued", 3).await;
     let nodes = in_queue_order(queue_of(&c, "rwk:queued").await);
     assert!(

@@ -812,6 +812,23 @@ impl Fencer {
             .await
     }
 
+    /// An acquire with `body` sent in a task of its own: its answer, and
+    /// when it came (`None`: no answer — the sidecar was killed, say).
+    pub fn acquire_in_background(
+        &self,
+        key: &str,
+        body: Value,
+    ) -> tokio::task::JoinHandle<Option<(Resp, Instant)>> {
+        let url = format!("{}{}", self.api, Self::path(key, "acquire"));
+        let http = self.http.clone();
+        tokio::spawn(async move {
+            let r = http.post(url).json(&body).send().await.ok()?;
+            let status = r.status().as_u16();
+            let body = r.json().await.ok()?;
+            Some((Resp { status, body }, Instant::now()))
+        })
+    }
+
     pub async fn renew(&self, key: &str, lease: &str, ttl_ms: u64) -> Resp {
         self.post(
             &Self::path(key, "renew"),

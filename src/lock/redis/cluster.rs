@@ -40,7 +40,18 @@ pub struct ClusterConfig {
 
 pub struct ClusterTopology {
     config: ClusterConfig,
+    /// Lock scripts only: never subscribed to anything.
     conn: RwLock<Option<ClusterConnection>>,
+    /// Sharded pub/sub only. redis-rs takes every `sunsubscribe` push as
+    /// the reply to the oldest command in flight on its node connection —
+    /// also the one a node sends by itself when a slot moves away — and
+    /// every later reply on that connection then answers the command
+    /// before it. On a connection that also ran lock scripts, a script's
+    /// caller got the push as its reply (a 503, seen in CI in
+    /// `cluster_slot_move_under_a_waiter_keeps_its_wakeup`) and the next
+    /// script the script's reply. So subscriptions live on a connection of
+    /// their own, where only (un)subscriptions can be mistaken.
+    pubsub: RwLock<Option<ClusterConnection>>,
     epoch: watch::Sender<u64>,
     metrics: Arc<RedisMetrics>,
     eviction: Arc<EvictionGuard>,
@@ -65,9 +76,31 @@ impl ClusterTopology {
         eviction: Arc<EvictionGuard>,
         pushes: mpsc::UnboundedSender<PushInfo>,
     ) -> Result<Arc<ClusterTopology>, redis::RedisError> {
+        let client = Self::client(&config, None)?;
+        let pubsub = Self::client(&config, Some(pushes))?;
+        let (epoch, _) = watch::channel(0);
+        let me = Arc::new(ClusterTopology {
+            config,
+            conn: RwLock::new(None),
+            pubsub: RwLock::new(None),
+            epoch,
+            metrics,
+            eviction,
+            node_conns: Mutex::new(HashMap::new()),
+        });
+        tokio::spawn(me.clone().run(client));
+        tokio::spawn(me.clone().run_pubsub(pubsub));
+        Ok(me)
+    }
+
+    /// A cluster client with fencer's bounds; `pushes`: the one that
+    /// subscribes, its pushes (messages, disconnections) sent there.
+    fn client(
+        config: &ClusterConfig,
+        pushes: Option<mpsc::UnboundedSender<PushInfo>>,
+    ) -> Result<redis::cluster::ClusterClient, redis::RedisError> {
         let mut builder = ClusterClientBuilder::new(config.nodes.clone())
             .use_protocol(ProtocolVersion::RESP3)
-            .push_sender(pushes)
             .connection_timeout(config.connect_timeout)
             .response_timeout(config.request_timeout)
             .tcp_settings(super::client::tcp_settings())
@@ -76,27 +109,58 @@ impl ClusterTopology {
             .retries(2)
             .min_retry_wait(10)
             .max_retry_wait(100);
+        if let Some(pushes) = pushes {
+            builder = builder.push_sender(pushes);
+        }
         if let Some(certs) = config.tls.certificates() {
             if config.nodes.iter().any(|n| n.starts_with("rediss://")) {
                 builder = builder.certs(certs);
             }
         }
-        let client = builder.build()?;
-        let (epoch, _) = watch::channel(0);
-        let me = Arc::new(ClusterTopology {
-            config,
-            conn: RwLock::new(None),
-            epoch,
-            metrics,
-            eviction,
-            node_conns: Mutex::new(HashMap::new()),
-        });
-        tokio::spawn(me.clone().run(client));
-        Ok(me)
+        builder.build()
     }
 
+    /// The connection lock scripts run on.
     pub fn conn(&self) -> Option<ClusterConnection> {
         self.conn.read().expect("cluster lock").clone()
+    }
+
+    /// The connection sharded subscriptions live on.
+    pub fn pubsub_conn(&self) -> Option<ClusterConnection> {
+        self.pubsub.read().expect("cluster lock").clone()
+    }
+
+    /// Connects `client`, retrying with a backoff until it does.
+    async fn connect(
+        &self,
+        client: &redis::cluster::ClusterClient,
+        what: &str,
+    ) -> ClusterConnection {
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            let attempt = tokio::time::timeout(
+                self.config.connect_timeout * 2 + self.config.request_timeout,
+                client.get_async_connection(),
+            )
+            .await;
+            match attempt {
+                Ok(Ok(conn)) => return conn,
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, connection = what, "cannot reach the redis cluster yet")
+                }
+                Err(_) => tracing::warn!(
+                    connection = what,
+                    "connecting to the redis cluster timed out"
+                ),
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(2));
+        }
+    }
+
+    async fn run_pubsub(self: Arc<Self>, client: redis::cluster::ClusterClient) {
+        let conn = self.connect(&client, "pubsub").await;
+        *self.pubsub.write().expect("cluster lock") = Some(conn);
     }
 
     pub fn failovers(&self) -> watch::Receiver<u64> {
@@ -104,21 +168,7 @@ impl ClusterTopology {
     }
 
     async fn run(self: Arc<Self>, client: redis::cluster::ClusterClient) {
-        let mut backoff = Duration::from_millis(50);
-        let conn = loop {
-            let attempt = tokio::time::timeout(
-                self.config.connect_timeout * 2 + self.config.request_timeout,
-                client.get_async_connection(),
-            )
-            .await;
-            match attempt {
-                Ok(Ok(conn)) => break conn,
-                Ok(Err(e)) => tracing::warn!(error = %e, "cannot reach the redis cluster yet"),
-                Err(_) => tracing::warn!("connecting to the redis cluster timed out"),
-            }
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(2));
-        };
+        let conn = self.connect(&client, "scripts").await;
         tracing::info!("redis cluster connected");
         *self.conn.write().expect("cluster lock") = Some(conn.clone());
         let mut seen: Option<(u64, SlotMap)> = None;

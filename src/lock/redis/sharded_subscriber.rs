@@ -2,7 +2,8 @@
 //!
 //! A release `SPUBLISH`es on its lock's channel, which shares the lock's
 //! hash tag, so the message stays on that shard instead of being broadcast
-//! over the whole cluster bus. The cluster connection (RESP3) sends each
+//! over the whole cluster bus. A cluster connection of its own (RESP3; lock
+//! scripts never run on it, see [`super::cluster`]) sends each
 //! `SSUBSCRIBE` to the shard that owns the channel and subscribes again
 //! after a reconnect; messages arrive as pushes. Whatever was published
 //! while a shard connection was down, or while a shard failed over, is
@@ -125,7 +126,7 @@ async fn run(
     metrics: Arc<RedisMetrics>,
 ) {
     let conn = loop {
-        if let Some(conn) = topology.conn() {
+        if let Some(conn) = topology.pubsub_conn() {
             break conn;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;

@@ -291,8 +291,12 @@ impl ServerProcess {
     pub fn pause(&self) {
         let pid = self.pid();
         signal(pid, libc::SIGSTOP);
+        // Returns once it is stopped: a request sent right after must meet
+        // a frozen server (a busy machine may still run it for a moment
+        // after the signal: an etcd member then answered a read sent after
+        // `pause`, and the client kept preferring it).
+        wait_stopped(pid);
         if self.family {
-            wait_stopped(pid);
             for c in children_of(pid) {
                 signal(c, libc::SIGSTOP);
             }
